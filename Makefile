@@ -1,0 +1,32 @@
+# The README's two commands: `make run` and `make test`. Both create .venv and install on first use.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+# On a CUDA machine: make TORCH_INDEX=https://download.pytorch.org/whl/cu128 run
+TORCH_INDEX ?=
+
+.PHONY: setup run test lint bench clean
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps -e .
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(PY) -m cachecore.demo
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .strata .pytest_cache .hypothesis
