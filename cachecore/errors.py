@@ -1,0 +1,49 @@
+"""Typed errors raised by cachecore. Callers (workers, the serving API) map them to HTTP statuses.
+
+Every error carries a stable ``code`` string so the API layer can shape an OpenAI-style error body
+without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class CacheError(Exception):
+    """Base class of every error cachecore raises on purpose."""
+
+    code = "cache_error"
+
+
+class InvalidPrompt(CacheError, ValueError):
+    """The prompt is empty, holds non-integer tokens or token ids outside the vocabulary."""
+
+    code = "invalid_prompt"
+
+
+class PromptTooLong(CacheError, ValueError):
+    """Prompt (plus requested generation) exceeds the model's context length."""
+
+    code = "context_length_exceeded"
+
+
+class UnknownNamespaceField(CacheError, TypeError):
+    """A namespace was built with a field name that is not part of the cache-key schema."""
+
+    code = "unknown_namespace_field"
+
+
+class InvalidNamespace(CacheError, ValueError):
+    """A namespace field has the wrong type or value (e.g. a scope salt that is not 32 bytes)."""
+
+    code = "invalid_namespace"
+
+
+class OutOfBlocks(CacheError, RuntimeError):
+    """Not enough free blocks to admit the request right now (all others are held by running requests)."""
+
+    code = "out_of_blocks"
+
+
+class InvalidKV(CacheError, ValueError):
+    """KV bytes handed to ``store`` do not match the layout (shape, dtype or block count)."""
+
+    code = "invalid_kv"
