@@ -1,0 +1,192 @@
+"""Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV.
+
+``forward`` is the serving path: it writes the new positions' K/V into the page tensor through the
+block table and attends over K/V *read back from the pages*, so a request whose prefix KV came from
+the cache computes exactly what a cold request computes. ``forward_dense`` is an independent,
+page-free reference used by tests to prove that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from cachecore.errors import InvalidPrompt, PromptTooLong
+from cachecore.layout import DTYPES
+from cachecore.model.config import ModelConfig
+from cachecore.model.weights import validate_weights
+from cachecore.pages import KVPages
+
+
+class _Layer(NamedTuple):
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # rows: wq, then wk, then wv (fused: one matmul)
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w13: torch.Tensor  # rows: w1 (gate), then w3 (up)
+    w2: torch.Tensor
+
+
+class LlamaModel:
+    """Decoder with ``config`` and ``weights`` (names as in ``weights.weight_shapes``) on ``device``.
+
+    Weights are validated (``ValueError``), cast to ``config.dtype`` and moved to ``device`` once.
+    Without ``output.weight`` the lm head is tied to the embeddings. Stateless between calls: all
+    sequence state lives in the pages and the caller's block table.
+    """
+
+    def __init__(
+        self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str
+    ) -> None:
+        validate_weights(weights, config)
+        self.config = config
+        dtype = DTYPES[config.dtype]
+        w = {k: v.to(device=torch.device(device), dtype=dtype) for k, v in weights.items()}
+        self.tok_emb = w["tok_embeddings.weight"]
+        self.device = self.tok_emb.device
+        self.tied = "output.weight" not in w
+        self.lm_head = self.tok_emb if self.tied else w["output.weight"]
+        self.norm = w["norm.weight"]
+        self.layers: list[_Layer] = []
+        for i in range(config.n_layers):
+            p = f"layers.{i}."
+            self.layers.append(
+                _Layer(
+                    attn_norm=w[p + "attention_norm.weight"],
+                    wqkv=torch.cat([w[p + f"attention.{n}.weight"] for n in ("wq", "wk", "wv")]),
+                    wo=w[p + "attention.wo.weight"],
+                    ffn_norm=w[p + "ffn_norm.weight"],
+                    w13=torch.cat([w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]]),
+                    w2=w[p + "feed_forward.w2.weight"],
+                )
+            )
+        hd = config.head_dim
+        inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
+        self.cos = angles.cos().to(device=self.device, dtype=torch.float32)  # [max_seq_len, hd/2]
+        self.sin = angles.sin().to(device=self.device, dtype=torch.float32)
+
+    # ---- serving path ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(
+        self, tokens: torch.Tensor, start_pos: int, block_table: torch.Tensor, pages: KVPages
+    ) -> torch.Tensor:
+        """Logits ``[n, vocab]`` (fp32) for ``tokens`` at positions ``start_pos..start_pos+n-1``.
+
+        Writes those positions' K/V into ``pages`` at slot ``block_table[p // bs] * bs + p % bs`` and
+        attends over positions ``0..start_pos+n-1`` gathered from the pages (positions before
+        ``start_pos`` must already be there: a cached prefix or an earlier chunk). Causal within the
+        chunk. Raises ``InvalidPrompt`` (bad tokens), ``PromptTooLong`` (past ``max_seq_len``),
+        ``ValueError`` (pages of another layout or device, block table too short or naming blocks
+        outside the pages). Any block size works: it is read from ``pages.layout``.
+        """
+        n = self._check_tokens(tokens, start_pos)
+        cfg, bs = self.config, pages.layout.block_size
+        total = start_pos + n
+        if pages.layout != cfg.kv_layout(bs):
+            raise ValueError(f"pages layout {pages.layout} does not match the model's {cfg.kv_layout(bs)}")
+        if pages.device != self.device:
+            raise ValueError(f"pages are on {pages.device}, model on {self.device}")
+        needed = -(-total // bs)
+        if block_table.dim() != 1 or block_table.shape[0] < needed:
+            raise ValueError(f"block table of shape {tuple(block_table.shape)} cannot hold {total} positions")
+        if int(block_table[:needed].min()) < 0 or int(block_table[:needed].max()) >= pages.num_blocks:
+            raise ValueError(f"block table names blocks outside 0..{pages.num_blocks - 1}")
+        tokens, block_table = tokens.to(self.device), block_table.to(self.device, torch.int64)
+        pos = torch.arange(start_pos, total, device=self.device)
+        slots = block_table[pos // bs] * bs + pos % bs
+        cos, sin = self.cos[start_pos:total], self.sin[start_pos:total]
+        if start_pos == 0 or n == 1:
+            mask = None  # square causal (is_causal) or one query that sees everything
+        else:
+            mask = torch.arange(total, device=self.device)[None, :] <= pos[:, None]
+        x = self.tok_emb[tokens]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            pages.write_layer(i, slots, k, v)
+            k_all, v_all = pages.gather_layer(i, block_table, total)
+            # 4-D [1, heads, seq, hd]: the fused CPU kernel only takes batched 4-D input (3-D falls
+            # back to the math path, ~5x slower).
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1)[None],
+                k_all.transpose(0, 1)[None],
+                v_all.transpose(0, 1)[None],
+                attn_mask=mask,
+                is_causal=start_pos == 0 and n > 1,
+                enable_gqa=True,
+            )
+            x = x + F.linear(attn[0].transpose(0, 1).reshape(n, -1), layer.wo)
+            x = x + self._mlp(layer, x)
+        return F.linear(self._rms(x, self.norm), self.lm_head).float()
+
+    # ---- reference path ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward_dense(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Reference logits ``[n, vocab]`` (fp32) for ``tokens`` at positions ``0..n-1``, no pages.
+
+        Plain causal attention written out (scores, -inf mask, softmax), GQA by repeating KV heads.
+        """
+        n = self._check_tokens(tokens, 0)
+        cfg, hd = self.config, self.config.head_dim
+        cos, sin = self.cos[:n], self.sin[:n]
+        future = torch.ones(n, n, dtype=torch.bool, device=self.device).triu(1)
+        x = self.tok_emb[tokens.to(self.device)]
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, x, cos, sin)
+            group = cfg.n_heads // cfg.n_kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(hd)
+            probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+            attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)
+            x = x + F.linear(attn.reshape(n, -1), layer.wo)
+            x = x + self._mlp(layer, x)
+        return F.linear(self._rms(x, self.norm), self.lm_head).float()
+
+    # ---- pieces ------------------------------------------------------------------------------------
+
+    def _qkv(
+        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg, hd = self.config, self.config.head_dim
+        qkv = F.linear(self._rms(x, layer.attn_norm), layer.wqkv)
+        q, k, v = qkv.split([cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd], dim=-1)
+        n = x.shape[0]
+        q = _rope(q.view(n, cfg.n_heads, hd), cos, sin)
+        k = _rope(k.view(n, cfg.n_kv_heads, hd), cos, sin)
+        return q, k, v.reshape(n, cfg.n_kv_heads, hd)
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(self._rms(x, layer.ffn_norm), layer.w13).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.w2)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.norm_eps)
+        return xf.to(x.dtype) * weight
+
+    def _check_tokens(self, tokens: torch.Tensor, start_pos: int) -> int:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 1 or tokens.numel() == 0:
+            raise InvalidPrompt("tokens must be a non-empty 1-D tensor")
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise InvalidPrompt(f"tokens must be integer ids, got {tokens.dtype}")
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size:
+            raise InvalidPrompt(f"token ids must lie in 0..{self.config.vocab_size - 1}")
+        if isinstance(start_pos, bool) or not isinstance(start_pos, int) or start_pos < 0:
+            raise ValueError(f"start_pos must be a non-negative int, got {start_pos!r}")
+        n = tokens.shape[0]
+        if start_pos + n > self.config.max_seq_len:
+            raise PromptTooLong(f"{start_pos + n} positions exceed max_seq_len {self.config.max_seq_len}")
+        return n
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the two halves of each head of ``x`` ``[n, heads, hd]`` by per-position angles ``[n, hd/2]``."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)

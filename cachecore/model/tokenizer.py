@@ -1,0 +1,146 @@
+"""Byte-level tokenizer and ChatML-style chat template, each with a digest for the cache namespace.
+
+Ids 0..255 are the UTF-8 bytes; specials follow. Text never encodes to a special id (the literal
+string ``"<|im_start|>"`` in a user message is 12 byte tokens), so a tenant cannot forge chat
+structure through content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+
+from cachecore.errors import InvalidPrompt
+
+TOKENIZER_NAME = "strata-bytes"
+TOKENIZER_VERSION = 1
+SPECIALS: tuple[str, ...] = ("<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>")
+
+ROLES: frozenset[str] = frozenset({"system", "user", "assistant", "tool"})
+
+
+def _sha256_json(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens, plus the specials ``SPECIALS`` at ids 256, 257, ...
+
+    ``encode`` never yields special ids except the leading BOS; ``decode`` skips specials and replaces
+    invalid UTF-8. Ids outside ``0..vocab_size-1`` raise ``InvalidPrompt``.
+    """
+
+    name = TOKENIZER_NAME
+    version = TOKENIZER_VERSION
+    specials = SPECIALS
+
+    bos_id = 256
+    eos_id = 257
+    im_start_id = 258
+    im_end_id = 259
+    vocab_size = 256 + len(SPECIALS)
+
+    # Ids generation may sample: printable ASCII, newline and EOS. Any sequence of them decodes to
+    # text that re-encodes to exactly the same ids (and survives JSON), so a completion fed back as a
+    # prompt hits the cache. The sampler masks logits to this set.
+    GENERATABLE_IDS: tuple[int, ...] = (10, *range(32, 127), eos_id)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise InvalidPrompt(f"text must be a str, got {type(text).__name__}")
+        ids = list(text.encode("utf-8"))
+        return [self.bos_id, *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out = bytearray()
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
+                raise InvalidPrompt(f"token id {i!r} outside the vocabulary (0..{self.vocab_size - 1})")
+            if i < 256:
+                out.append(i)
+        return out.decode("utf-8", errors="replace")
+
+    def generatable_ids(self) -> tuple[int, ...]:
+        """The ids generation may sample from (see ``GENERATABLE_IDS``)."""
+        return self.GENERATABLE_IDS
+
+    def canonical(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "special_base": 256,
+            "specials": list(self.specials),
+        }
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex of the canonical description (name, version, specials and their ids)."""
+        return _sha256_json(self.canonical())
+
+
+class ChatTemplate:
+    """ChatML rendering: ``BOS`` then per message ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, then
+    ``<|im_start|>assistant\\n`` when ``add_generation_prompt``.
+
+    Messages are mappings with ``role`` in ``ROLES`` and ``content`` a str or a list of OpenAI text
+    parts (``{"type": "text", "text": ...}``, joined); other keys are ignored. Anything else raises
+    ``InvalidPrompt``. Generation ends at EOS (the only special the sampler may emit).
+    """
+
+    name = "chatml"
+    version = 1
+
+    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+        self.tokenizer = tokenizer or ByteTokenizer()
+
+    def render(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+            raise InvalidPrompt("messages must be a non-empty list")
+        ids = [tok.bos_id]
+        for i, message in enumerate(messages):
+            role, content = self._check(i, message)
+            ids += [tok.im_start_id, *tok.encode(f"{role}\n{content}", add_bos=False), tok.im_end_id, 10]
+        if add_generation_prompt:
+            ids += [tok.im_start_id, *tok.encode("assistant\n", add_bos=False)]
+        return ids
+
+    @staticmethod
+    def _check(i: int, message: object) -> tuple[str, str]:
+        if not isinstance(message, Mapping):
+            raise InvalidPrompt(f"messages[{i}] must be an object")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise InvalidPrompt(f"messages[{i}].role must be one of {sorted(ROLES)}, got {role!r}")
+        if isinstance(content, list):
+            texts = []
+            for part in content:
+                if not (
+                    isinstance(part, Mapping)
+                    and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)
+                ):
+                    raise InvalidPrompt(
+                        f"messages[{i}].content parts must be {{'type': 'text', 'text': str}}"
+                    )
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise InvalidPrompt(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        return role, content  # type: ignore[return-value]
+
+    @property
+    def digest(self) -> str:
+        """sha256 hex over the template's name/version/format and the tokenizer digest."""
+        return _sha256_json(
+            {
+                "name": self.name,
+                "version": self.version,
+                "format": "<|im_start|>{role}\\n{content}<|im_end|>\\n",
+                "generation_prompt": "<|im_start|>assistant\\n",
+                "tokenizer": self.tokenizer.digest,
+            }
+        )
