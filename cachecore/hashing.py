@@ -1,0 +1,169 @@
+"""Block keys: a keyed BLAKE2b hash chain over the full blocks of a prompt.
+
+::
+
+    H_0 = K(ns; request_salt, tokens_0, extras_0)
+    H_i = K(ns; H_{i-1},      tokens_i, extras_i)        K = BLAKE2b-256 keyed with ns.digest
+
+Each key binds the namespace and the whole token history before it, so equal keys mean an equal
+prefix (up to a 2^-256 accident, and the pool still re-checks the stored token ids on a hit).
+
+Message fed to K for one block (every field fixed-width or length-prefixed, so it is injective)::
+
+    tag (1: 0x00 first block, 0x01 chained) | block_size (u32 LE) | extras | link | tokens
+    extras = 0x00                                 (None)
+           | 0x01 | len (u64 LE) | bytes          (multimodal item hash + offset, prompt-embeds hash)
+    link   = len (u64 LE) | request_salt          (tag 0x00)
+           | H_{i-1} (32 bytes)                   (tag 0x01)
+    tokens = block_size x u32 LE
+
+Speed: tokens are converted once to a little-endian uint32 buffer and fed as byte slices; the keyed
+state with the constant header already absorbed is built once and ``.copy()``-ed per block.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from cachecore.errors import InvalidPrompt
+from cachecore.namespace import Namespace
+
+__all__ = ["HASH_BYTES", "MAX_TOKEN_ID", "chain_hashes", "token_buffer"]
+
+HASH_BYTES = 32
+#: Token ids are encoded as uint32.
+MAX_TOKEN_ID = 2**32 - 1
+
+_TAG_FIRST = b"\x00"
+_TAG_CHAINED = b"\x01"
+_NO_EXTRAS = b"\x00"
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+def token_buffer(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Validate ``tokens`` and return them as a contiguous little-endian ``uint32`` array. Pure.
+
+    Raises ``InvalidPrompt`` if any token is not an integer (floats, strings, ``None``, ``bool`` and
+    ``numpy.bool_`` included) or lies outside ``0..MAX_TOKEN_ID``.
+    """
+    if isinstance(tokens, np.ndarray):
+        return _array_buffer(tokens)
+    try:
+        # array('I') does the int check and the range check in C, far faster than a Python loop.
+        packed = array.array("I", tokens)
+    except TypeError as exc:
+        raise InvalidPrompt(f"tokens must be ints: {exc}") from None
+    except OverflowError as exc:
+        raise InvalidPrompt(f"token ids must be in 0..{MAX_TOKEN_ID}: {exc}") from None
+    buf = np.frombuffer(packed, dtype=np.uint32)
+    # bool is an int subclass, so array() took True/False as 1/0. Only positions holding 0 or 1 can
+    # be bools: check those few in Python instead of the whole prompt.
+    suspects = np.flatnonzero(buf <= 1)
+    if len(suspects):
+        seq = tokens if isinstance(tokens, list | tuple) else list(tokens)
+        for i in suspects.tolist():
+            if isinstance(seq[i], bool | np.bool_):
+                raise InvalidPrompt(f"token {i} is a bool ({seq[i]!r}), not a token id")
+    return buf.astype("<u4", copy=False)
+
+
+def _array_buffer(tokens: np.ndarray) -> np.ndarray:
+    if tokens.dtype.kind == "O":
+        return token_buffer(tokens.tolist())
+    if tokens.dtype.kind not in "iu":
+        raise InvalidPrompt(f"tokens must have an integer dtype, got {tokens.dtype}")
+    if tokens.ndim != 1:
+        raise InvalidPrompt(f"tokens must be 1-D, got shape {tokens.shape}")
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) > MAX_TOKEN_ID):
+        raise InvalidPrompt(f"token ids must be in 0..{MAX_TOKEN_ID}")
+    return np.ascontiguousarray(tokens, dtype="<u4")
+
+
+def _extras_frame(extra: bytes | None) -> bytes:
+    if extra is None:
+        return _NO_EXTRAS
+    if not isinstance(extra, bytes):
+        raise TypeError(f"extras entries must be bytes or None, got {type(extra).__name__}")
+    return b"\x01" + _U64.pack(len(extra)) + extra
+
+
+def chain_hashes(
+    ns: Namespace,
+    tokens: Sequence[int] | np.ndarray,
+    block_size: int,
+    *,
+    request_salt: bytes = b"",
+    extras: Sequence[bytes | None] | None = None,
+    parent: bytes | None = None,
+) -> list[bytes]:
+    """Return one 32-byte key per FULL block of ``tokens`` (a trailing partial block is ignored). Pure.
+
+    ``parent`` is the key of the block just before ``tokens[0]``: hashing appended blocks with
+    ``parent=hashes[-1]`` gives exactly the keys of hashing the whole sequence. ``request_salt`` is
+    bound into the first block only, and is ignored when ``parent`` is given (the parent already
+    binds it). ``extras[i]`` belongs to block ``i`` of this call; it must cover every full block
+    (entries past the last full block are ignored).
+
+    Raises ``InvalidPrompt`` for bad tokens (see ``token_buffer``), ``ValueError`` for a
+    non-positive ``block_size``, a ``parent`` that is not 32 bytes or too few ``extras``, and
+    ``TypeError`` for a non-bytes ``request_salt`` or extras entry.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    if not isinstance(request_salt, bytes):
+        raise TypeError(f"request_salt must be bytes, got {type(request_salt).__name__}")
+    if parent is not None and (not isinstance(parent, bytes) or len(parent) != HASH_BYTES):
+        raise ValueError(f"parent must be a {HASH_BYTES}-byte block hash")
+    buf = token_buffer(tokens)
+    n_full = len(buf) // block_size
+    if extras is not None and len(extras) < n_full:
+        raise ValueError(f"extras has {len(extras)} entries for {n_full} full blocks")
+    if n_full == 0:
+        return []
+
+    raw = buf[: n_full * block_size].tobytes()
+    step = block_size * 4
+    keyed = hashlib.blake2b(key=ns.digest, digest_size=HASH_BYTES)
+    header = _U32.pack(block_size)
+    out: list[bytes] = []
+
+    def one(i: int, prev: bytes | None) -> bytes:
+        # General path: any extras, and the first block without a parent.
+        extra = _extras_frame(extras[i] if extras is not None else None)
+        h = keyed.copy()
+        if prev is None:
+            h.update(_TAG_FIRST + header + extra + _U64.pack(len(request_salt)) + request_salt)
+        else:
+            h.update(_TAG_CHAINED + header + extra + prev)
+        h.update(raw[i * step : (i + 1) * step])
+        return h.digest()
+
+    prev = parent if parent is not None else one(0, None)
+    start = 0 if parent is not None else 1
+    if parent is None:
+        out.append(prev)
+
+    if extras is not None and any(e is not None for e in extras[start:n_full]):
+        for i in range(start, n_full):
+            prev = one(i, prev)
+            out.append(prev)
+        return out
+
+    # Hot path, no extras: the constant header is absorbed once; per block only link + tokens.
+    chained = keyed.copy()
+    chained.update(_TAG_CHAINED + header + _NO_EXTRAS)
+    copy = chained.copy
+    append = out.append
+    for off in range(start * step, n_full * step, step):
+        h = copy()
+        h.update(prev)
+        h.update(raw[off : off + step])
+        prev = h.digest()
+        append(prev)
+    return out
