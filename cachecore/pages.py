@@ -31,9 +31,12 @@ class KVPages:
             raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
         self.layout = layout
         self.num_blocks = num_blocks
-        self.kv = torch.zeros(
-            (num_blocks, *layout.page_shape), dtype=layout.torch_dtype, device=torch.device(device)
-        )
+        # Never an inference tensor (even if built under inference_mode): tiers write it in place
+        # from ordinary code, which torch forbids on inference tensors.
+        with torch.inference_mode(False):
+            self.kv = torch.zeros(
+                (num_blocks, *layout.page_shape), dtype=layout.torch_dtype, device=torch.device(device)
+            )
         self.device = self.kv.device  # indexed form ("cuda:0"), comparable with tensor devices
         # Row view: one row = one token's K (or V) of one layer; row index of (block, layer, kv, off)
         # is ((block * layers + layer) * 2 + kv) * block_size + off.

@@ -47,6 +47,12 @@ def test_layout_rejects_bad_fields(kwargs):
         KVLayout(**fields)
 
 
+def test_pages_built_under_inference_mode_stay_writable():
+    with torch.inference_mode():
+        pages = KVPages(LAYOUT, num_blocks=2, device=pick_device())
+    pages.write_blocks(torch.tensor([1]), _rand_blocks(1, pages))
+
+
 def test_page_tensor_is_block_major_and_preallocated(pages):
     assert pages.kv.shape == (10, *LAYOUT.page_shape)
     assert pages.kv.is_contiguous()
