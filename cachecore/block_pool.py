@@ -1,0 +1,442 @@
+"""Block pool: tensor-free bookkeeping of the KV pages (ids, ref counts, hashes, token ids, owners).
+
+Every block is in exactly one of three states:
+
+- **in use** (``ref_cnt > 0``): held by running requests; never evicted, never handed out again.
+- **cached free** (``ref_cnt == 0``, hashed): in the free queue and still in the hash index, so a
+  later request can hit it; evicted (hash dropped) only when it is reused or its owner's cap needs room.
+- **plain free** (``ref_cnt == 0``, no hash): in the free queue, reused first.
+
+The free queue is ordered ``[plain free ...][cached free, least recently freed first]``; ``allocate``
+takes from the head. ``free`` appends a request's blocks deepest-first, so a shared short prefix is
+evicted after the longer tails that hang off it. Cached capacity therefore grows and shrinks with load.
+
+Per-owner caps bound how many tokens an owner may keep in the index; an owner over its cap evicts its
+own least recently freed blocks, never another owner's, so it cannot flush other tenants' prefixes by
+caching more.
+
+All methods are O(1) per block touched (``drop_where`` and ``check_integrity`` are O(index)/O(pool)).
+Not thread-safe: the caller holds its lock around every call.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from cachecore.errors import OutOfBlocks
+
+__all__ = ["Block", "BlockPool", "FreeBlockQueue", "PoolStats"]
+
+
+class Block:
+    """One KV page's bookkeeping. ``token_ids`` is set iff ``block_hash`` is (the block is indexed).
+
+    ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
+    plain free block. ``prev_free``/``next_free`` link the block into the free queue (``None`` when
+    it is not in it).
+    """
+
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "prev_free", "next_free")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: bytes | None = None
+        self.token_ids: tuple[int, ...] | None = None
+        self.owner: str | None = None
+        self.prev_free: Block | None = None
+        self.next_free: Block | None = None
+
+    def __repr__(self) -> str:
+        h = self.block_hash.hex()[:8] if self.block_hash is not None else None
+        return f"Block(id={self.block_id}, ref={self.ref_cnt}, hash={h}, owner={self.owner!r})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list threaded through ``Block.prev_free``/``next_free``, with two sentinels.
+
+    ``popleft``, ``remove``, ``append`` and ``appendleft`` are O(1) and allocate nothing. The queue
+    does not check membership: removing a block that is not in it, or adding one that is, corrupts it
+    (``BlockPool.check_integrity`` would catch it).
+    """
+
+    def __init__(self, blocks: Iterable[Block] = ()) -> None:
+        self._head = Block(-1)
+        self._tail = Block(-2)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_free
+
+    def __iter__(self) -> Iterator[Block]:
+        """Walk head to tail (LRU first)."""
+        node = self._head.next_free
+        while node is not self._tail and node is not None:
+            yield node
+            node = node.next_free
+
+    def popleft(self) -> Block:
+        """Remove and return the head (next to be reused). Raises ``IndexError`` when empty."""
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise IndexError("pop from an empty FreeBlockQueue")
+        self.remove(block)
+        return block
+
+    def remove(self, block: Block) -> None:
+        """Unlink ``block`` from anywhere in the queue."""
+        prev, nxt = block.prev_free, block.next_free
+        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free -= 1
+
+    def append(self, block: Block) -> None:
+        """Add at the tail (reused last)."""
+        self._link(block, self._tail.prev_free, self._tail)
+
+    def appendleft(self, block: Block) -> None:
+        """Add at the head (reused first)."""
+        self._link(block, self._head, self._head.next_free)
+
+    def _link(self, block: Block, prev: Block | None, nxt: Block | None) -> None:
+        assert prev is not None and nxt is not None
+        block.prev_free, block.next_free = prev, nxt
+        prev.next_free = block
+        nxt.prev_free = block
+        self.num_free += 1
+
+
+@dataclass
+class PoolStats:
+    """Monotonic counters. ``evictions`` counts every hash dropped to make room (reuse or cap);
+    ``cap_evictions`` is the cap-driven part; ``dropped`` counts flushes (``drop_where``)."""
+
+    evictions: int = 0
+    cap_evictions: int = 0
+    duplicate_stores: int = 0
+    collisions: int = 0
+    cap_rejections: int = 0
+    dropped: int = 0
+    evictions_by_owner: Counter[str | None] = field(default_factory=Counter)
+
+
+class BlockPool:
+    """All ``num_blocks`` blocks are created up front; ``blocks[i].block_id == i``."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.stats = PoolStats()
+        self._free = FreeBlockQueue(self.blocks)
+        self._index: dict[bytes, Block] = {}
+        # Per owner: cached blocks (held or free), and the evictable ones in least-recently-freed order.
+        self._owner_cached: Counter[str | None] = Counter()
+        self._owner_lru: dict[str | None, OrderedDict[int, Block]] = {}
+        self._caps: dict[str, int] = {}
+        self._num_cached_free = 0
+
+    # ------------------------------------------------------------------ accounting (read-only)
+    @property
+    def num_free(self) -> int:
+        """Blocks ``allocate`` can hand out now: plain free plus cached free (evictable)."""
+        return self._free.num_free
+
+    @property
+    def num_cached_free(self) -> int:
+        """Free blocks still in the index (evictable cache)."""
+        return self._num_cached_free
+
+    @property
+    def num_in_use(self) -> int:
+        """Blocks with ``ref_cnt > 0`` (protected)."""
+        return self.num_blocks - self._free.num_free
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks in the index, held or free."""
+        return len(self._index)
+
+    def cached_tokens(self, owner: str | None) -> int:
+        """Tokens ``owner`` keeps in the index (held and free blocks); what its cap limits."""
+        return self._owner_cached[owner] * self.block_size
+
+    def cap(self, owner: str) -> int | None:
+        return self._caps.get(owner)
+
+    def iter_free(self) -> Iterator[Block]:
+        """Free blocks in reuse order, next to be reused first (plain ones, then cached LRU first).
+        O(num_free); for tests and debugging. Do not mutate the pool while iterating."""
+        return iter(self._free)
+
+    # ------------------------------------------------------------------ lookup
+    def get_cached(self, block_hash: bytes, token_ids: Sequence[int]) -> Block | None:
+        """The indexed block for ``block_hash`` if its stored token ids equal ``token_ids``, else None.
+
+        A hash hit whose tokens differ is a miss and counts ``stats.collisions``. Does not take a
+        reference: call ``touch`` to hold the block. Pass a tuple for speed.
+        """
+        block = self._index.get(block_hash)
+        if block is None:
+            return None
+        stored = block.token_ids
+        if stored == token_ids or (type(token_ids) is not tuple and stored == tuple(token_ids)):
+            return block
+        self.stats.collisions += 1
+        return None
+
+    # ------------------------------------------------------------------ reference counting
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Take one reference on each block (a cache hit). A free block leaves the free queue and keeps
+        its hash. Raises ``ValueError`` (changing nothing) for a plain free block: allocate those."""
+        for block in blocks:
+            if block.ref_cnt == 0 and block.block_hash is None:
+                raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self._free.remove(block)
+                self._lru_remove(block)
+            block.ref_cnt += 1
+
+    def allocate(self, n: int, owner: str) -> list[Block]:
+        """Take ``n`` blocks from the head of the free queue, each with ``ref_cnt == 1`` and ``owner``.
+
+        A cached block taken this way is evicted first (its hash leaves the index). Raises
+        ``OutOfBlocks`` without side effects when fewer than ``n`` blocks are free.
+        """
+        if n < 0:
+            raise ValueError(f"cannot allocate {n} blocks")
+        if n > self._free.num_free:
+            raise OutOfBlocks(f"need {n} blocks, {self._free.num_free} free of {self.num_blocks}")
+        out = []
+        for _ in range(n):
+            block = self._free.popleft()
+            if block.block_hash is not None:
+                self._count_eviction(block)
+                self._unindex(block, was_free=True)
+            block.ref_cnt = 1
+            block.owner = owner
+            out.append(block)
+        return out
+
+    def free(self, blocks: Sequence[Block]) -> None:
+        """Drop one reference per entry. ``blocks`` is a block table, prefix first: blocks reaching 0
+        enter the free queue deepest first (evicted first), hashed ones at the tail keeping hash and
+        data, plain ones at the head. Owners over their cap then evict their own oldest free blocks.
+        Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
+        seen: dict[int, int] = {}
+        for block in blocks:
+            seen[block.block_id] = count = seen.get(block.block_id, 0) + 1
+            if block.ref_cnt < count:
+                raise ValueError(f"free of {block}: more frees than references")
+        over_cap: set[str] = set()
+        for block in reversed(blocks):
+            block.ref_cnt -= 1
+            if block.ref_cnt:
+                continue
+            if block.block_hash is None:
+                block.owner = None
+                self._free.appendleft(block)
+                continue
+            self._free.append(block)
+            self._lru(block.owner)[block.block_id] = block
+            self._num_cached_free += 1
+            if block.owner in self._caps:
+                over_cap.add(block.owner)
+        for owner in over_cap:
+            self._trim(owner, self._caps[owner])
+
+    # ------------------------------------------------------------------ the index
+    def cache(self, block: Block, block_hash: bytes, token_ids: Sequence[int], owner: str) -> Block:
+        """Register a held, full block under ``block_hash``; returns the block that now serves that key.
+
+        - Key already indexed with the same tokens: a duplicate store (``stats.duplicate_stores``);
+          returns the existing block, ``block`` stays un-hashed (its holder may keep using it).
+        - Key indexed with other tokens: a collision (``stats.collisions``); returns ``block`` un-hashed.
+        - Caching would put ``owner`` over its cap: first evicts ``owner``'s own least recently freed
+          blocks; if its cached blocks are all held, nothing is cached (``stats.cap_rejections``) and
+          ``block`` is returned un-hashed.
+        - Re-caching a block under its own key is a no-op.
+
+        So ``result is block and block.block_hash is not None`` means "newly cached". Raises
+        ``ValueError`` for a block that is not held, already cached under another key, or
+        ``token_ids`` not exactly ``block_size`` long.
+        """
+        tokens = token_ids if type(token_ids) is tuple else tuple(token_ids)
+        if block.ref_cnt <= 0:
+            raise ValueError(f"cache of {block}: only held blocks can be cached")
+        if len(tokens) != self.block_size:
+            raise ValueError(f"cache needs {self.block_size} token ids, got {len(tokens)}")
+        if block.block_hash is not None:
+            if block.block_hash == block_hash and block.token_ids == tokens:
+                return block
+            raise ValueError(f"{block} is already cached under another key")
+        existing = self._index.get(block_hash)
+        if existing is not None:
+            if existing.token_ids == tokens:
+                self.stats.duplicate_stores += 1
+                return existing
+            self.stats.collisions += 1
+            return block
+        cap = self._caps.get(owner)
+        if cap is not None and (self._owner_cached[owner] + 1) * self.block_size > cap:
+            held = self._owner_cached[owner] - len(self._owner_lru.get(owner, ()))
+            if (held + 1) * self.block_size > cap:
+                self.stats.cap_rejections += 1
+                return block
+            self._trim(owner, cap - self.block_size)
+        self._index[block_hash] = block
+        block.block_hash = block_hash
+        block.token_ids = tokens
+        block.owner = owner
+        self._owner_cached[owner] += 1
+        return block
+
+    def set_cap(self, owner: str, max_tokens: int | None) -> None:
+        """Limit the tokens ``owner`` keeps in the index (``None``: no cap). Lowering it evicts the
+        owner's free blocks at once, oldest first; held blocks stay until freed."""
+        if max_tokens is None:
+            self._caps.pop(owner, None)
+            return
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0 or None, got {max_tokens!r}")
+        self._caps[owner] = max_tokens
+        self._trim(owner, max_tokens)
+
+    def drop_where(self, predicate: Callable[[Block], bool]) -> int:
+        """Flush: remove every indexed block matching ``predicate`` from the index; returns how many.
+
+        Held blocks stay held and usable by their request but can never be hit again; free ones
+        become plain free blocks (reused first). ``predicate`` sees indexed blocks only and must not
+        call back into the pool.
+        """
+        matches = [b for b in self._index.values() if predicate(b)]
+        for block in matches:
+            was_free = block.ref_cnt == 0
+            self._unindex(block, was_free=was_free)
+            if was_free:
+                block.owner = None
+                self._free.remove(block)
+                self._free.appendleft(block)
+        self.stats.dropped += len(matches)
+        return len(matches)
+
+    def drop_owner(self, owner: str) -> int:
+        """``drop_where`` for every block cached by ``owner``."""
+        return self.drop_where(lambda b: b.owner == owner)
+
+    # ------------------------------------------------------------------ internals
+    def _lru(self, owner: str | None) -> OrderedDict[int, Block]:
+        lru = self._owner_lru.get(owner)
+        if lru is None:
+            lru = self._owner_lru[owner] = OrderedDict()
+        return lru
+
+    def _unindex(self, block: Block, *, was_free: bool) -> None:
+        assert block.block_hash is not None
+        del self._index[block.block_hash]
+        owner = block.owner
+        self._owner_cached[owner] -= 1
+        if not self._owner_cached[owner]:
+            del self._owner_cached[owner]
+        if was_free:
+            self._lru_remove(block)
+        block.block_hash = None
+        block.token_ids = None
+
+    def _lru_remove(self, block: Block) -> None:
+        lru = self._owner_lru[block.owner]
+        del lru[block.block_id]
+        if not lru:
+            del self._owner_lru[block.owner]
+        self._num_cached_free -= 1
+
+    def _count_eviction(self, block: Block) -> None:
+        self.stats.evictions += 1
+        self.stats.evictions_by_owner[block.owner] += 1
+
+    def _trim(self, owner: str, max_tokens: int) -> None:
+        """Evict ``owner``'s least recently freed blocks until it fits ``max_tokens`` or has none free."""
+        while owner in self._owner_lru and self._owner_cached[owner] * self.block_size > max_tokens:
+            block = next(iter(self._owner_lru[owner].values()))
+            self._count_eviction(block)
+            self.stats.cap_evictions += 1
+            self._unindex(block, was_free=True)
+            block.owner = None
+            self._free.remove(block)
+            self._free.appendleft(block)
+
+    # ------------------------------------------------------------------ invariants
+    def check_integrity(self) -> None:
+        """Assert every invariant of the pool; raises ``AssertionError`` naming the first broken one.
+
+        O(num_blocks + index); meant for tests and idle-time checks.
+        """
+        total, bs = self.num_blocks, self.block_size
+        queue = self._free
+        assert queue._head.prev_free is None and queue._tail.next_free is None, "sentinels linked outward"
+        walked: list[Block] = []
+        seen: set[int] = set()
+        prev = queue._head
+        node = queue._head.next_free
+        while node is not queue._tail:
+            assert node is not None, "free queue broken: ran off the end before the tail sentinel"
+            assert node.prev_free is prev, f"free queue back link of {node} does not point at {prev}"
+            assert node.block_id not in seen, f"{node} appears twice in the free queue"
+            assert len(seen) <= total, "free queue longer than the pool (cycle?)"
+            assert self.blocks[node.block_id] is node, f"free queue holds foreign block {node}"
+            seen.add(node.block_id)
+            walked.append(node)
+            prev, node = node, node.next_free
+        assert queue._tail.prev_free is prev, "tail sentinel back link is stale"
+        assert len(walked) == queue.num_free, f"free queue walk {len(walked)} != num_free {queue.num_free}"
+
+        in_use = 0
+        for block in self.blocks:
+            in_queue = block.block_id in seen
+            assert block.ref_cnt >= 0, f"negative ref_cnt on {block}"
+            assert (block.ref_cnt == 0) == in_queue, f"{block}: ref_cnt==0 must mean in free queue"
+            if not in_queue:
+                assert block.prev_free is None and block.next_free is None, f"held {block} still linked"
+                in_use += 1
+            assert (block.block_hash is None) == (block.token_ids is None), f"{block}: hash/tokens mismatch"
+            if block.block_hash is not None:
+                assert self._index.get(block.block_hash) is block, f"hashed {block} missing from index"
+        assert len(walked) + in_use == total, f"free {len(walked)} + in use {in_use} != total {total}"
+
+        recount: Counter[str | None] = Counter()
+        for key, block in self._index.items():
+            assert block.block_hash == key, f"index key {key.hex()[:8]} points at {block}"
+            assert block.token_ids is not None and len(block.token_ids) == bs, f"{block}: bad token_ids"
+            recount[block.owner] += 1
+        assert recount == self._owner_cached, (
+            f"per-owner cached counts {dict(self._owner_cached)} != {dict(recount)}"
+        )
+
+        # Queue shape: plain free blocks first, then cached ones; per-owner LRU order = queue order.
+        cached_walk = [b for b in walked if b.block_hash is not None]
+        first_cached = next((i for i, b in enumerate(walked) if b.block_hash is not None), len(walked))
+        assert all(b.block_hash is not None for b in walked[first_cached:]), (
+            "plain free block behind a cached one"
+        )
+        assert len(cached_walk) == self._num_cached_free, "num_cached_free out of sync"
+        per_owner: dict[str | None, list[int]] = {}
+        for block in cached_walk:
+            per_owner.setdefault(block.owner, []).append(block.block_id)
+        lru_view = {o: list(lru) for o, lru in self._owner_lru.items()}
+        assert per_owner == lru_view, f"per-owner evictable order {lru_view} != free queue order {per_owner}"
+
+        for owner, cap in self._caps.items():
+            assert recount[owner] * bs <= cap or owner not in per_owner, (
+                f"{owner!r} over cap with evictable blocks"
+            )
