@@ -1,0 +1,75 @@
+"""The Ray actor: a thin, named, detached wrapper around :class:`CacheWorker`.
+
+``import ray`` happens only inside the functions that need it, so this module (and the plain class)
+import without Ray. The actor is made remote at the call site (``launch``) with ``num_gpus=1`` when the
+cluster has GPUs and 0 otherwise (the CPU fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from workers.cache_worker import CacheWorker
+
+NAMESPACE = "strata"
+MAX_CONCURRENCY = 16  # concurrent requests per actor (threads); forwards are serialised inside
+
+
+def actor_name(deployment: str, replica: int = 0) -> str:
+    return f"cache-worker:{deployment}:{replica}"
+
+
+class CacheWorkerActor:
+    """Delegates every call to one CacheWorker. ``stream`` is a Ray streaming generator."""
+
+    def __init__(self, **kwargs) -> None:
+        self.worker = CacheWorker(**kwargs)
+
+    def stream(self, req: dict) -> Iterator[dict]:
+        yield from self.worker.stream(req)
+
+
+_DELEGATED = (
+    "info", "ping", "stats", "complete", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve", "flush",
+    "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks",
+)
+
+
+def _delegate(name: str):
+    def method(self, *args, **kwargs):
+        return getattr(self.worker, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = getattr(CacheWorker, name).__doc__
+    return method
+
+
+for _name in _DELEGATED:
+    setattr(CacheWorkerActor, _name, _delegate(_name))
+
+
+def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **worker_kwargs):
+    """Return the named actor for (deployment, replica), creating it (detached) if it does not exist."""
+    import ray
+
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    remote_cls = ray.remote(CacheWorkerActor)
+    return remote_cls.options(
+        name=actor_name(deployment, replica),
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        num_gpus=gpus,
+        num_cpus=0,
+        max_concurrency=MAX_CONCURRENCY,
+    ).remote(deployment=deployment, preset=preset, revision=revision, **worker_kwargs)
+
+
+def find(deployment: str, replica: int = 0):
+    """The named actor handle, or None if it does not exist."""
+    import ray
+
+    try:
+        return ray.get_actor(actor_name(deployment, replica), namespace=NAMESPACE)
+    except ValueError:
+        return None
