@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+
+
+class JobsConfig(AppConfig):
+    name = "controlplane.jobs"
+    label = "jobs"
+    verbose_name = "Flush and rollout jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from controlplane.jobs import signals  # noqa: F401  (resume stale jobs when a worker starts)

@@ -1,0 +1,261 @@
+"""Write side of jobs: request a flush / rollout / offboard, and execute one (called by the task).
+
+Execution is idempotent: each worker's result is recorded as soon as it is known, and a retried or
+resumed execution skips the workers already done, so a crash mid-job followed by a retry completes
+the job with no double effects. Every request and final state is audited.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.audit.services import audit_record
+from controlplane.common.actor import Actor
+from controlplane.common.errors import Conflict, InvalidInput, NotFound, Unavailable
+from controlplane.jobs.models import FlushJob
+from controlplane.registry.models import ModelDeployment, ModelRevision
+from controlplane.registry.services import model_activate_revision
+from controlplane.runtime import gateway
+from controlplane.tenants.models import Tenant
+from workers.actor import actor_name
+
+DRAIN_SECONDS = 10.0
+
+
+class RetryLater(Exception):
+    """Some workers could not be reached; the task retries with backoff."""
+
+
+def _enqueue(job: FlushJob) -> None:
+    from controlplane.jobs.tasks import run_job
+
+    transaction.on_commit(lambda: run_job.delay(job.pk))
+
+
+def _step(job: FlushJob, step: str, **detail) -> None:
+    job.steps = [*job.steps, {"at": timezone.now().isoformat(), "step": step, **detail}]
+
+
+def flush_job_request(
+    *,
+    actor: Actor,
+    scope: str,
+    reason: str,
+    tenant: Tenant | str | None = None,
+    model: str | None = None,
+    revision: str | None = None,
+    kind: str = FlushJob.Kind.FLUSH,
+) -> FlushJob:
+    """Create a flush job for ``scope`` (tenant | model | revision | all) and enqueue it on commit.
+    ``tenant`` is a slug or a Tenant (offboarding passes the row it has locked)."""
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required", code="reason_required")
+    if scope not in FlushJob.Scope.values:
+        raise InvalidInput(f"scope must be one of {', '.join(FlushJob.Scope.values)}", code="invalid_scope")
+    fields: dict = {}
+    if scope == FlushJob.Scope.TENANT:
+        if not tenant:
+            raise InvalidInput("scope 'tenant' needs 'tenant'", code="tenant_required")
+        fields["tenant"] = tenant if isinstance(tenant, Tenant) else (
+            Tenant.objects.filter(slug=tenant).first() or _missing("tenant", tenant))
+    if scope in (FlushJob.Scope.MODEL, FlushJob.Scope.REVISION):
+        if not model:
+            raise InvalidInput(f"scope '{scope}' needs 'model'", code="model_required")
+        fields["deployment"] = ModelDeployment.objects.filter(name=model).first() or _missing("model", model)
+    if scope == FlushJob.Scope.REVISION:
+        if not revision:
+            raise InvalidInput("scope 'revision' needs 'revision'", code="revision_required")
+        fields["revision"] = (ModelRevision.objects.filter(deployment=fields["deployment"], label=revision).first()
+                              or _missing("revision", revision))
+    with transaction.atomic():
+        job = FlushJob.objects.create(kind=kind, scope=scope, reason=reason.strip(), requested_by=actor.name,
+                                      auth_method=actor.auth_method, **fields)
+        _step(job, "requested", by=actor.name)
+        job.save(update_fields=["steps"])
+        audit_record(actor=actor, action=f"{kind}.request", target=f"job:{job.pk}",
+                     tenant=job.tenant.slug if job.tenant_id else "", new=_describe(job), reason=job.reason)
+        _enqueue(job)
+    return job
+
+
+def rollout_request(*, actor: Actor, model: str, revision: str, reason: str = "") -> FlushJob:
+    """Request the weight-revision rollout protocol for ``model`` to ``revision`` (a job)."""
+    deployment = ModelDeployment.objects.filter(name=model).first() or _missing("model", model)
+    target = ModelRevision.objects.filter(deployment=deployment, label=revision).first() or _missing(
+        "revision", revision)
+    if deployment.active_revision_id == target.pk:
+        raise Conflict(f"revision '{revision}' is already active for '{model}'", code="already_active")
+    with transaction.atomic():
+        job = FlushJob.objects.create(
+            kind=FlushJob.Kind.ROLLOUT, scope=FlushJob.Scope.REVISION, deployment=deployment, revision=target,
+            from_revision=deployment.active_revision, reason=(reason or f"rollout to {revision}").strip(),
+            requested_by=actor.name, auth_method=actor.auth_method,
+        )
+        _step(job, "requested", by=actor.name, to=revision,
+              **({"from": deployment.active_revision.label} if deployment.active_revision else {}))
+        job.save(update_fields=["steps"])
+        audit_record(actor=actor, action="rollout.request", target=f"model:{model}",
+                     old={"revision": job.from_revision.label if job.from_revision else None},
+                     new={"revision": revision, "job": job.pk}, reason=job.reason)
+        _enqueue(job)
+    return job
+
+
+def _missing(what: str, name: str):
+    raise NotFound(f"{what} '{name}' not found", code=f"{what}_not_found")
+
+
+def _describe(job: FlushJob) -> dict:
+    return {
+        "job": job.pk, "kind": job.kind, "scope": job.scope,
+        "tenant": job.tenant.slug if job.tenant_id else None,
+        "model": job.deployment.name if job.deployment_id else None,
+        "revision": job.revision.label if job.revision_id else None,
+    }
+
+
+# ---------------------------------------------------------------------- execution
+def _targets(job: FlushJob) -> list[ModelDeployment]:
+    if job.deployment_id:
+        return [ModelDeployment.objects.select_related("active_revision").get(pk=job.deployment_id)]
+    return list(ModelDeployment.objects.select_related("active_revision").filter(active_revision__isnull=False)
+                .order_by("name"))
+
+
+def _worker_scope(job: FlushJob) -> dict:
+    if job.scope == FlushJob.Scope.TENANT:
+        return {"scope": "tenant", "tenant": str(job.tenant_id)}
+    if job.scope == FlushJob.Scope.REVISION:
+        return {"scope": "revision", "revision": job.revision.label}
+    return {"scope": job.scope}
+
+
+def _save(job: FlushJob, *fields: str) -> None:
+    job.heartbeat_at = timezone.now()
+    job.save(update_fields=[*fields, "heartbeat_at"])
+
+
+def _begin(job_id: int) -> FlushJob | None:
+    with transaction.atomic():
+        job = FlushJob.objects.select_for_update().select_related("tenant", "deployment", "revision").get(pk=job_id)
+        if job.is_final:
+            return None
+        job.attempts += 1
+        job.status = FlushJob.Status.RUNNING
+        job.started_at = job.started_at or timezone.now()
+        _step(job, "attempt", n=job.attempts)
+        _save(job, "attempts", "status", "started_at", "steps")
+    return job
+
+
+def job_execute(*, job_id: int, final_attempt: bool = False) -> FlushJob:
+    """Run (or resume) job ``job_id`` to a final state. Raises ``RetryLater`` when some workers failed
+    and this is not the final attempt (their results stay recorded as failed until a retry succeeds)."""
+    job = _begin(job_id)
+    if job is None:
+        return FlushJob.objects.get(pk=job_id)
+    if job.kind == FlushJob.Kind.ROLLOUT:
+        return _execute_rollout(job, final_attempt)
+    return _execute_flush(job, final_attempt)
+
+
+def _pause() -> None:
+    # Test hook: widen the window between workers so a test can kill the Celery worker mid-job.
+    delay = float(getattr(settings, "STRATA_JOB_STEP_DELAY", 0) or 0)
+    if delay:
+        time.sleep(delay)
+
+
+def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "") -> list[str]:
+    """Call ``method`` on every target worker not done yet; record results; return failed names."""
+    targets = _targets(job)
+    job.progress_total = len(targets) * (2 if job.kind == FlushJob.Kind.ROLLOUT else 1)
+    failed = []
+    for deployment in targets:
+        name = actor_name(deployment.name) + key
+        if job.results.get(name, {}).get("status") in ("ok", "absent"):
+            continue
+        _pause()
+        try:
+            res = gateway.call(gateway.spec_for(deployment), method, *args_for(deployment), create=False)
+            res = {"status": "absent", "blocks_freed": 0} if res is None else {"status": "ok", **res}
+        except Unavailable as exc:
+            res = {"status": "failed", "reason": exc.message}
+            failed.append(name)
+        job.results = {**job.results, name: res}
+        job.progress_done = sum(1 for r in job.results.values() if r.get("status") in ("ok", "absent"))
+        _save(job, "results", "progress_done", "progress_total")
+    return failed
+
+
+def _verify(job: FlushJob, scope: dict) -> bool:
+    ok = True
+    for deployment in _targets(job):
+        try:
+            probe = gateway.call(gateway.spec_for(deployment), "probe", scope, create=False)
+        except Unavailable:
+            probe = {"ok": False, "reason": "unreachable"}
+        if probe is not None and not probe.get("ok"):
+            ok = False
+    return ok
+
+
+def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
+    done = [n for n, r in job.results.items() if r.get("status") in ("ok", "absent")]
+    if not failed and verified:
+        job.status = FlushJob.Status.SUCCEEDED
+    elif done:
+        job.status = FlushJob.Status.PARTIAL
+    else:
+        job.status = FlushJob.Status.FAILED
+    job.verified = verified
+    job.error = "; ".join(f"{n}: {job.results[n].get('reason', '')}" for n in failed)
+    job.finished_at = timezone.now()
+    _step(job, "finished", status=job.status, verified=verified)
+    _save(job, "status", "verified", "error", "finished_at", "steps")
+    totals = {"blocks_freed": sum(int(r.get("blocks_freed", 0)) for r in job.results.values()),
+              "workers": len(job.results), "failed": failed}
+    audit_record(actor=Actor.system("jobs"), action=f"{job.kind}.complete", target=f"job:{job.pk}",
+                 tenant=job.tenant.slug if job.tenant_id else "", new={"status": job.status, **totals},
+                 reason=job.reason, result="ok" if job.status == FlushJob.Status.SUCCEEDED else "error")
+    return job
+
+
+def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
+    scope = _worker_scope(job)
+    failed = _run_on_workers(job, "flush", lambda d: (scope,))
+    if failed and not final_attempt:
+        raise RetryLater(f"{len(failed)} worker(s) unreachable")
+    verified = _verify(job, scope)
+    _step(job, "verified" if verified else "verify_failed")
+    return _finish(job, failed, verified)
+
+
+def _execute_rollout(job: FlushJob, final_attempt: bool) -> FlushJob:
+    """Stage the new weights on every worker, switch the active revision atomically, then switch each
+    worker (old hits stop, running old requests drain or are aborted, old pages freed), and verify
+    that the old revision's namespace misses everywhere."""
+    new, old = job.revision, job.from_revision
+    revision = {"label": new.label, **({"weights_path": new.weights_path} if new.weights_path else {"seed": new.seed})}
+    failed = _run_on_workers(job, "stage_revision", lambda d: (revision,), key=":stage")
+    if failed:
+        if not final_attempt:
+            raise RetryLater("staging failed on some workers")
+        return _finish(job, failed, False)
+    deployment = ModelDeployment.objects.get(pk=job.deployment_id)
+    if deployment.active_revision_id != new.pk:
+        model_activate_revision(actor=Actor.system("rollout"), deployment=deployment, revision=new, reason=job.reason)
+        _step(job, "switched", revision=new.label)
+        _save(job, "steps")
+    failed = _run_on_workers(job, "switch_revision", lambda d: (new.label,), key=":switch")
+    if failed and not final_attempt:
+        raise RetryLater("switch failed on some workers")
+    verified = True
+    if old is not None:
+        verified = _verify(job, {"scope": "revision", "revision": old.label})
+    _step(job, "verified" if verified else "verify_failed", old=old.label if old else None)
+    return _finish(job, failed, verified)

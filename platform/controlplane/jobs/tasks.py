@@ -1,0 +1,21 @@
+"""Celery tasks: take an id, re-read the row, call the service. Idempotent, acks_late, retried."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from controlplane.jobs import services
+
+MAX_RETRIES = 6
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES, name="strata.run_job")
+def run_job(self, job_id: int) -> str:
+    """Run flush/rollout/offboard job ``job_id`` to a final state; unreachable workers are retried with
+    exponential backoff, and the last attempt records what is still failing (partial/failed)."""
+    final = self.request.retries >= self.max_retries
+    try:
+        job = services.job_execute(job_id=job_id, final_attempt=final)
+    except services.RetryLater as exc:
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+    return job.status

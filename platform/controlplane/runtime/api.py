@@ -1,0 +1,14 @@
+"""/api/admin/stats: per-tenant and per-tier cache figures gathered from every cache worker."""
+
+from __future__ import annotations
+
+from ninja import Router
+
+from controlplane.runtime import stats
+
+router = Router(tags=["stats"])
+
+
+@router.get("stats", response=dict)
+def get_stats(request):
+    return stats.cluster_stats()

@@ -1,0 +1,173 @@
+"""Turn an HTTP request into a worker request: authenticate, validate, resolve scope, apply quotas.
+
+Everything that decides *whose* cache a request may touch happens here, on the server: the scope
+salt comes from the authenticated tenant (or the share group it was put in), the namespace's model
+revision from the registry. A client's ``cache_salt`` is passed on only as a narrowing salt.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest
+from pydantic import BaseModel, ValidationError
+
+from cachecore.errors import CacheError
+from cachecore.model.config import preset
+from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
+from controlplane.common.errors import ApplicationError, Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
+from controlplane.registry.models import ModelDeployment
+from controlplane.runtime import gateway
+from controlplane.runtime.gateway import WorkerSpec
+from controlplane.serving import ratelimit
+from controlplane.tenants import selectors as tenant_selectors
+
+_TOKENIZER = ByteTokenizer()
+_CHAT = ChatTemplate(_TOKENIZER)
+
+
+class BadRequest(ApplicationError):
+    status = 400
+    code = "invalid_request"
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request, ready for its worker."""
+
+    spec: WorkerSpec
+    body: BaseModel
+    model: str
+    tokens: list[int]
+    worker_req: dict
+
+
+def parse_body(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
+    """JSON body -> schema instance. 400 for bytes that are not UTF-8 JSON objects, 422 for fields."""
+    try:
+        data = json.loads(request.body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8", code="invalid_utf8") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}",
+                         code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise InvalidInput(f"{where}: {first.get('msg', 'invalid value')}", code="invalid_value") from None
+
+
+def authenticate(request: HttpRequest):
+    """The tenant behind the bearer key. 401 for a missing/unknown/revoked key, 403 if not active."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+    result = tenant_selectors.tenant_authenticate(raw.strip())
+    if result is None or result.status == "revoked":
+        raise Unauthenticated("invalid API key", code="invalid_api_key")
+    if not result.ok:
+        raise Forbidden("this tenant is suspended", code="tenant_suspended")
+    return result.tenant
+
+
+def resolve_model(tenant, name: str) -> ModelDeployment:
+    """The granted deployment; 404 alike for unknown and not granted (no enumeration)."""
+    deployment = tenant_selectors.grant_get_deployment(tenant, name)
+    if deployment is None or deployment.active_revision is None:
+        raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
+    return deployment
+
+
+def tokenize(body: BaseModel) -> list[int]:
+    try:
+        if hasattr(body, "messages"):
+            return _CHAT.render([m.model_dump() for m in body.messages])
+        if isinstance(body.prompt, str):
+            return _TOKENIZER.encode(body.prompt)
+        return list(body.prompt)
+    except CacheError as exc:
+        raise BadRequest(str(exc), code=exc.code) from None
+
+
+def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
+    tenant = authenticate(request)
+    body = parse_body(request, schema)
+    deployment = resolve_model(tenant, body.model)
+    tokens = tokenize(body)
+    config = preset(deployment.preset)
+    bad = next((t for t in tokens if t >= config.vocab_size), None)
+    if bad is not None:
+        raise BadRequest(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
+    max_tokens = getattr(body, "max_completion_tokens", None) or body.max_tokens
+    if tenant.max_prompt_tokens is not None and len(tokens) > tenant.max_prompt_tokens:
+        raise TooLarge(f"prompt has {len(tokens)} tokens; this tenant's limit is {tenant.max_prompt_tokens}",
+                       code="prompt_too_long")
+    if len(tokens) + max_tokens > config.max_seq_len:
+        raise BadRequest(f"prompt of {len(tokens)} tokens plus max_tokens={max_tokens} exceeds the model's "
+                         f"context length of {config.max_seq_len}", code="context_length_exceeded")
+    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute,
+                    tokens_per_minute=tenant.tokens_per_minute, tokens=len(tokens) + max_tokens)
+    logprobs = body.logprobs
+    if hasattr(body, "messages"):
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    spec = gateway.spec_for(deployment)
+    worker_req = {
+        "tenant": str(tenant.pk),
+        "scope_salt": tenant_selectors.tenant_scope_salt(tenant),
+        "cache_salt": body.cache_salt,
+        "prompt": tokens,
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "seed": body.seed,
+        "logprobs": logprobs,
+        "max_cached_tokens": tenant.max_cached_tokens,
+        "expected_revision": spec.revision["label"],
+    }
+    return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req)
+
+
+prepare = sync_to_async(_prepare, thread_sensitive=True)
+
+
+def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSpec, BaseModel, dict]:
+    tenant = authenticate(request)
+    body = parse_body(request, schema)
+    deployment = resolve_model(tenant, body.model)
+    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute,
+                    tokens_per_minute=None, tokens=0)
+    return gateway.spec_for(deployment), body, {
+        "tenant": str(tenant.pk),
+        "scope_salt": tenant_selectors.tenant_scope_salt(tenant),
+        "cache_salt": body.cache_salt,
+        "tokens": list(body.tokens),
+        "max_cached_tokens": tenant.max_cached_tokens,
+    }
+
+
+prepare_kv = sync_to_async(_prepare_kv, thread_sensitive=True)
+
+
+def _layout_spec(request: HttpRequest, model: str) -> WorkerSpec:
+    tenant = authenticate(request)
+    if not model:
+        raise BadRequest("query parameter 'model' is required", code="missing_model")
+    return gateway.spec_for(resolve_model(tenant, model))
+
+
+layout_spec = sync_to_async(_layout_spec, thread_sensitive=True)
+
+
+def _models_for(request: HttpRequest) -> list[ModelDeployment]:
+    tenant = authenticate(request)
+    grants = tenant_selectors.grant_list(tenant=tenant).select_related("deployment")
+    return [g.deployment for g in grants if g.deployment.active_revision_id is not None]
+
+
+models_for = sync_to_async(_models_for, thread_sensitive=True)

@@ -1,0 +1,49 @@
+"""Per-tenant request and token rate limits (fixed one-minute windows in Django's cache).
+
+With ``REDIS_URL`` set the cache is Redis, so every web process shares the counters; the embedded
+default is the process-local cache. A limit that is hit answers 429 with ``Retry-After`` set to the
+seconds left in the window; nothing is counted for a refused request.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.core.cache import cache
+
+from controlplane.common.errors import RateLimited
+
+WINDOW_S = 60
+
+
+def _window() -> tuple[int, int]:
+    now = time.time()
+    start = int(now // WINDOW_S) * WINDOW_S
+    return start, max(1, int(start + WINDOW_S - now + 0.999))
+
+
+def _incr(key: str, amount: int) -> int:
+    cache.add(key, 0, timeout=WINDOW_S * 2)
+    return cache.incr(key, amount)
+
+
+def admit(*, tenant_id: int, requests_per_minute: int | None, tokens_per_minute: int | None, tokens: int) -> None:
+    """Count one request of ``tokens`` tokens for the tenant or raise ``RateLimited`` (counting nothing)."""
+    start, retry_after = _window()
+    rkey, tkey = f"strata:rl:{tenant_id}:{start}:req", f"strata:rl:{tenant_id}:{start}:tok"
+    if requests_per_minute is not None and _incr(rkey, 1) > requests_per_minute:
+        cache.decr(rkey, 1)
+        raise RateLimited(f"rate limit of {requests_per_minute} requests per minute reached",
+                          retry_after=retry_after, code="rate_limit_requests")
+    if tokens_per_minute is not None:
+        if tokens > tokens_per_minute:
+            if requests_per_minute is not None:
+                cache.decr(rkey, 1)
+            raise RateLimited(f"this request needs {tokens} tokens, above the limit of {tokens_per_minute} "
+                              "tokens per minute", retry_after=retry_after, code="rate_limit_tokens")
+        if _incr(tkey, tokens) > tokens_per_minute:
+            cache.decr(tkey, tokens)
+            if requests_per_minute is not None:
+                cache.decr(rkey, 1)
+            raise RateLimited(f"rate limit of {tokens_per_minute} tokens per minute reached",
+                              retry_after=retry_after, code="rate_limit_tokens")

@@ -1,0 +1,114 @@
+"""Shape worker events into OpenAI response objects (whole and streamed chunks)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from controlplane.common.errors import ApplicationError
+
+# worker error code -> (HTTP status, retry-after seconds or None)
+WORKER_ERRORS = {
+    "invalid_prompt": (400, None),
+    "context_length_exceeded": (400, None),
+    "revision_changed": (503, 1),
+    "out_of_blocks": (503, 1),
+    "worker_failed": (503, 2),
+}
+
+
+class WorkerError(ApplicationError):
+    def __init__(self, event: dict):
+        status, retry = WORKER_ERRORS.get(event.get("code", ""), (503, 2))
+        self.status = status
+        headers = {"Retry-After": str(retry)} if retry else None
+        super().__init__(event.get("message", "the worker failed"), code=event.get("code"), headers=headers)
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(finished: dict) -> dict:
+    u = finished["usage"]
+    return {
+        "prompt_tokens": u["prompt_tokens"],
+        "completion_tokens": u["completion_tokens"],
+        "total_tokens": u["total_tokens"],
+        "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]},
+    }
+
+
+def completion_logprobs(tokens: list[dict]) -> dict:
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t["text"])
+    return {
+        "tokens": [t["text"] for t in tokens],
+        "token_logprobs": [t["logprob"] for t in tokens],
+        "top_logprobs": [t["top_logprobs"] or {} for t in tokens],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokens: list[dict]) -> dict:
+    return {"content": [
+        {
+            "token": t["text"],
+            "logprob": t["logprob"],
+            "bytes": list(t["text"].encode()),
+            "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())}
+                             for k, v in (t["top_logprobs"] or {}).items()],
+        }
+        for t in tokens
+    ]}
+
+
+def completion(model: str, tokens: list[dict], finished: dict, *, with_logprobs: bool) -> dict:
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "text": "".join(t["text"] for t in tokens),
+            "finish_reason": finished["finish_reason"],
+            "logprobs": completion_logprobs(tokens) if with_logprobs else None,
+        }],
+        "usage": usage(finished),
+    }
+
+
+def chat_completion(model: str, tokens: list[dict], finished: dict, *, with_logprobs: bool) -> dict:
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(t["text"] for t in tokens)},
+            "finish_reason": finished["finish_reason"],
+            "logprobs": chat_logprobs(tokens) if with_logprobs else None,
+        }],
+        "usage": usage(finished),
+    }
+
+
+def chunk(kind: str, cid: str, model: str, created: int, *, token: dict | None = None,
+          finish_reason: str | None = None, first: bool = False, with_logprobs: bool = False) -> dict:
+    """One streamed chunk; ``kind`` is ``"text"`` or ``"chat"``."""
+    if kind == "text":
+        choice = {"index": 0, "text": token["text"] if token else "", "finish_reason": finish_reason,
+                  "logprobs": completion_logprobs([token]) if (token and with_logprobs) else None}
+        return {"id": cid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    delta: dict = {}
+    if first:
+        delta["role"] = "assistant"
+    if token is not None:
+        delta["content"] = token["text"]
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
+              "logprobs": chat_logprobs([token]) if (token and with_logprobs) else None}
+    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}

@@ -1,0 +1,82 @@
+"""Request bodies of the OpenAI-compatible serving API, validated with pydantic.
+
+Unknown fields are refused (a typo such as ``max_token`` must not silently fall back to a default);
+the OpenAI fields this server accepts but does not implement are listed with the only value that is
+meaningful here, so official clients that send defaults keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+MAX_TOKENS_LIMIT = 4096
+TokenId = Annotated[StrictInt, Field(ge=0)]
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)] = 16
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: dict | None = None
+    user: Annotated[str, Field(max_length=256)] | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    n: Literal[1] = 1
+    presence_penalty: Literal[0, 0.0] = 0
+    frequency_penalty: Literal[0, 0.0] = 0
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, v: float) -> float:
+        if v != 1.0:
+            raise ValueError("only top_p=1 is supported")
+        return v
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.get("include_usage"))
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[TokenId]
+    logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    echo: Literal[False] = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _non_empty(cls, v: str | list[int]) -> str | list[int]:
+        if len(v) == 0:
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict]
+    name: str | None = None
+
+
+class ChatRequest(_Common):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=20)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
+
+
+class KVRequest(BaseModel):
+    """Body of the KV API for external inference engines (lookup, store, retrieve)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    tokens: Annotated[list[TokenId], Field(min_length=1)]
+    cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    kv: str | None = None  # base64 of the raw little-endian bytes, store only

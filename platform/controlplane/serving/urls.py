@@ -1,0 +1,15 @@
+"""Routes of the serving API, mounted at ``/v1/``."""
+
+from django.urls import path
+
+from controlplane.serving import views
+
+urlpatterns = [
+    path("models", views.models),
+    path("completions", views.completions),
+    path("chat/completions", views.chat_completions),
+    path("kv/layout", views.kv_layout),
+    path("kv/lookup", views.kv_lookup),
+    path("kv/store", views.kv_store),
+    path("kv/retrieve", views.kv_retrieve),
+]

@@ -1,0 +1,174 @@
+"""OpenAI-compatible serving endpoints: thin async views over ``context`` (who, what, limits),
+the runtime gateway (the worker) and ``responses`` (the OpenAI shapes).
+
+Streaming uses server-sent events; each token is flushed as soon as the worker yields it. An error
+before the first byte is a normal JSON error response; after that it is an ``error`` event followed
+by ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+
+import torch
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from controlplane.common.errors import ApplicationError, InvalidInput, error_body, error_response
+from controlplane.runtime import gateway
+from controlplane.serving import context, responses
+from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
+
+
+def _api_view(methods: tuple[str, ...]):
+    """Async view wrapper: CSRF-exempt (bearer auth), method check, ApplicationError -> JSON error."""
+
+    def decorate(fn):
+        @csrf_exempt
+        async def view(request: HttpRequest, *args, **kwargs):
+            if request.method not in methods:
+                resp = error_response(405, f"method {request.method} not allowed")
+                resp["Allow"] = ", ".join(methods)
+                return resp
+            try:
+                return await fn(request, *args, **kwargs)
+            except ApplicationError as exc:
+                return exc.response()
+
+        view.__name__ = fn.__name__
+        return view
+
+    return decorate
+
+
+@_api_view(("GET",))
+async def models(request: HttpRequest):
+    deployments = await context.models_for(request)
+    return JsonResponse({"object": "list", "data": [
+        {"id": d.name, "object": "model", "created": int(d.created.timestamp()), "owned_by": "strata"}
+        for d in deployments
+    ]})
+
+
+async def _collect(prep: context.Prepared) -> tuple[list[dict], dict]:
+    tokens, finished = [], None
+    async for ev in gateway.astream(prep.spec, prep.worker_req):
+        if ev["type"] == "token":
+            tokens.append(ev)
+        elif ev["type"] == "finished":
+            finished = ev
+        elif ev["type"] == "error":
+            raise responses.WorkerError(ev)
+    if finished is None:
+        raise responses.WorkerError({"code": "worker_failed", "message": "the worker ended without a result"})
+    return tokens, finished
+
+
+def _sse(data: dict | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> StreamingHttpResponse:
+    events = gateway.astream(prep.spec, prep.worker_req).__aiter__()
+    # Pull the first event before answering so an unreachable worker is a 503, not a broken stream.
+    first = await events.__anext__()
+    if first["type"] == "error":
+        raise responses.WorkerError(first)
+    cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
+
+    async def body() -> AsyncIterator[bytes]:
+        sent_first = False
+        async for ev in _chain(first, events):
+            if ev["type"] == "token":
+                yield _sse(responses.chunk(kind, cid, prep.model, created, token=ev, first=not sent_first,
+                                           with_logprobs=with_logprobs))
+                sent_first = True
+            elif ev["type"] == "finished":
+                yield _sse(responses.chunk(kind, cid, prep.model, created, finish_reason=ev["finish_reason"],
+                                           first=not sent_first))
+                if prep.body.include_usage:
+                    yield _sse({"id": cid, "object": "chat.completion.chunk" if kind == "chat" else
+                                "text_completion", "created": created, "model": prep.model, "choices": [],
+                                "usage": responses.usage(ev)})
+            elif ev["type"] == "error":
+                status = responses.WORKER_ERRORS.get(ev.get("code", ""), (503, 2))[0]
+                yield _sse(error_body(status, ev.get("message", "worker error"), code=ev.get("code")))
+                break
+        yield _sse("[DONE]")
+
+    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
+    resp["Cache-Control"] = "no-cache"
+    resp["X-Accel-Buffering"] = "no"
+    return resp
+
+
+async def _chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
+    yield first
+    async for ev in rest:
+        yield ev
+
+
+@_api_view(("POST",))
+async def completions(request: HttpRequest):
+    prep = await context.prepare(request, CompletionRequest)
+    with_logprobs = prep.body.logprobs is not None
+    if prep.body.stream:
+        return await _stream(prep, "text", with_logprobs)
+    tokens, finished = await _collect(prep)
+    return JsonResponse(responses.completion(prep.model, tokens, finished, with_logprobs=with_logprobs))
+
+
+@_api_view(("POST",))
+async def chat_completions(request: HttpRequest):
+    prep = await context.prepare(request, ChatRequest)
+    with_logprobs = bool(prep.body.logprobs)
+    if prep.body.stream:
+        return await _stream(prep, "chat", with_logprobs)
+    tokens, finished = await _collect(prep)
+    return JsonResponse(responses.chat_completion(prep.model, tokens, finished, with_logprobs=with_logprobs))
+
+
+# ---------------------------------------------------------------------- KV API for external engines
+@_api_view(("GET",))
+async def kv_layout(request: HttpRequest):
+    spec = await context.layout_spec(request, request.GET.get("model", ""))
+    return JsonResponse(await gateway.acall(spec, "kv_layout"))
+
+
+@_api_view(("POST",))
+async def kv_lookup(request: HttpRequest):
+    spec, _, req = await context.prepare_kv(request, KVRequest)
+    return JsonResponse({"hit_tokens": await gateway.acall(spec, "kv_lookup", req)})
+
+
+@_api_view(("POST",))
+async def kv_store(request: HttpRequest):
+    spec, body, req = await context.prepare_kv(request, KVRequest)
+    layout = await gateway.acall(spec, "kv_layout")
+    n_blocks = len(body.tokens) // layout["block_size"]
+    try:
+        raw = base64.b64decode(body.kv or "", validate=True)
+    except ValueError:
+        raise InvalidInput("kv must be base64", code="invalid_kv") from None
+    dtype = getattr(torch, layout["dtype"])
+    expected = n_blocks * layout["bytes_per_block"]
+    if len(raw) != expected:
+        raise InvalidInput(f"kv holds {len(raw)} bytes; {n_blocks} full blocks need {expected}", code="invalid_kv")
+    if n_blocks == 0:
+        return JsonResponse({"stored_blocks": 0})
+    kv = torch.frombuffer(bytearray(raw), dtype=dtype).view(n_blocks, *layout["page_shape"])
+    stored = await gateway.acall(spec, "kv_store", req, kv)
+    return JsonResponse({"stored_blocks": stored, "blocks": n_blocks})
+
+
+@_api_view(("POST",))
+async def kv_retrieve(request: HttpRequest):
+    spec, _, req = await context.prepare_kv(request, KVRequest)
+    kv, mask = await gateway.acall(spec, "kv_retrieve", req)
+    hit = int(mask.sum())
+    return JsonResponse({"hit_tokens": hit, "dtype": str(kv.dtype).removeprefix("torch."),
+                         "shape": list(kv.shape), "kv": base64.b64encode(kv.contiguous().numpy().tobytes()).decode()})

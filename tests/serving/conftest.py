@@ -1,0 +1,80 @@
+"""Fixtures for end-to-end serving tests: a real local Ray cluster, the ASGI app under a real uvicorn
+server (in a thread of this process, against the test database), tenants, keys and a tiny model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, namespace="strata", include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def asgi_url(ray_cluster, django_db_setup, django_db_blocker):
+    import uvicorn
+
+    port = _free_port()
+    config = uvicorn.Config("controlplane.asgi:application", host="127.0.0.1", port=port, log_level="warning",
+                            lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@dataclass
+class Platform:
+    url: str
+    model: str
+    keys: dict[str, str]
+    tenants: dict
+    deployment: object
+
+    def client(self, tenant: str):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.keys[tenant], max_retries=0, timeout=120)
+
+
+MODEL = "tiny-serve"
+
+
+@pytest.fixture
+def platform(asgi_url, transactional_db, actor):
+    from controlplane.registry.services import model_create
+    from controlplane.tenants.access import grant_create
+    from controlplane.tenants.services import api_key_create, tenant_create
+
+    deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
+    tenants, keys = {}, {}
+    for slug in ("acme", "globex", "initech"):
+        tenant = tenant_create(actor=actor, slug=slug, name=slug.title())
+        grant_create(actor=actor, tenant=tenant, deployment=deployment)
+        tenants[slug] = tenant
+        keys[slug] = api_key_create(actor=actor, tenant=tenant)[1]
+    return Platform(url=asgi_url, model=MODEL, keys=keys, tenants=tenants, deployment=deployment)
