@@ -189,8 +189,9 @@ class BlockPool:
         block = self._index.get(block_hash)
         if block is None:
             return None
-        stored = block.token_ids
-        if stored == token_ids or (type(token_ids) is not tuple and stored == tuple(token_ids)):
+        if type(token_ids) is not tuple:
+            token_ids = tuple(token_ids)  # a list never equals a tuple; an ndarray compares elementwise
+        if block.token_ids == token_ids:
             return block
         self.stats.collisions += 1
         return None
@@ -419,16 +420,12 @@ class BlockPool:
             assert block.block_hash == key, f"index key {key.hex()[:8]} points at {block}"
             assert block.token_ids is not None and len(block.token_ids) == bs, f"{block}: bad token_ids"
             recount[block.owner] += 1
-        assert recount == self._owner_cached, (
-            f"per-owner cached counts {dict(self._owner_cached)} != {dict(recount)}"
-        )
+        assert recount == self._owner_cached, f"per-owner cached counts {dict(self._owner_cached)} != {dict(recount)}"
 
         # Queue shape: plain free blocks first, then cached ones; per-owner LRU order = queue order.
         cached_walk = [b for b in walked if b.block_hash is not None]
         first_cached = next((i for i, b in enumerate(walked) if b.block_hash is not None), len(walked))
-        assert all(b.block_hash is not None for b in walked[first_cached:]), (
-            "plain free block behind a cached one"
-        )
+        assert all(b.block_hash is not None for b in walked[first_cached:]), "plain free block behind a cached one"
         assert len(cached_walk) == self._num_cached_free, "num_cached_free out of sync"
         per_owner: dict[str | None, list[int]] = {}
         for block in cached_walk:
@@ -437,6 +434,4 @@ class BlockPool:
         assert per_owner == lru_view, f"per-owner evictable order {lru_view} != free queue order {per_owner}"
 
         for owner, cap in self._caps.items():
-            assert recount[owner] * bs <= cap or owner not in per_owner, (
-                f"{owner!r} over cap with evictable blocks"
-            )
+            assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"

@@ -103,9 +103,7 @@ def _check_mapping(name: str, value: object, allowed: tuple[type, ...]) -> tuple
             raise InvalidNamespace(f"namespace field {name!r}: keys must be non-empty str, got {key!r}")
         if isinstance(item, bool) or not isinstance(item, allowed):
             kinds = "|".join(t.__name__ for t in allowed)
-            raise InvalidNamespace(
-                f"namespace field {name}[{key!r}] must be {kinds}, got {type(item).__name__}"
-            )
+            raise InvalidNamespace(f"namespace field {name}[{key!r}] must be {kinds}, got {type(item).__name__}")
         if isinstance(item, float) and not math.isfinite(item):
             raise InvalidNamespace(f"namespace field {name}[{key!r}] must be finite, got {item!r}")
         items.append((key, item))
@@ -162,9 +160,7 @@ class Namespace:
         if not isinstance(scope_salt, bytes):
             raise InvalidNamespace(f"scope_salt must be bytes, got {type(scope_salt).__name__}")
         if len(scope_salt) != SCOPE_SALT_BYTES:
-            raise InvalidNamespace(
-                f"scope_salt must be exactly {SCOPE_SALT_BYTES} bytes, got {len(scope_salt)}"
-            )
+            raise InvalidNamespace(f"scope_salt must be exactly {SCOPE_SALT_BYTES} bytes, got {len(scope_salt)}")
         model_id = _check_str("model_id", model_id, allow_empty=False)
         weight_digest = _check_str("weight_digest", weight_digest, allow_empty=False)
         tokenizer_digest = _check_str("tokenizer_digest", tokenizer_digest, allow_empty=False)

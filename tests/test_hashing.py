@@ -170,6 +170,13 @@ def test_non_integer_bool_or_negative_tokens_raise_invalid_prompt(bad):
         chain_hashes(NS, bad, BS)
 
 
+@pytest.mark.parametrize("bad", ["abcd", b"\x01\x02\x03\x04", bytearray(4)])
+def test_strings_and_bytes_are_not_token_sequences(bad):
+    with pytest.raises(InvalidPrompt):
+        chain_hashes(NS, bad, BS)
+    assert chain_hashes(NS, range(4), BS) == chain_hashes(NS, [0, 1, 2, 3], BS)  # other iterables are fine
+
+
 def test_token_buffer_accepts_zero_and_one_when_they_are_ints():
     assert token_buffer([0, 1, 1, 0]).tolist() == [0, 1, 1, 0]
     with pytest.raises(InvalidPrompt):
