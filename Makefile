@@ -19,7 +19,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 setup: $(VENV)/.installed
 
 run: setup
-	$(PY) -m cachecore.demo
+	$(PY) -m workers.launcher
 
 lint: setup
 	$(VENV)/bin/ruff check .

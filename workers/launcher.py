@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -413,7 +414,8 @@ class Launcher:
 
     def demo(self) -> None:
         say("creating demo tenants, keys and model (strata_demo)")
-        self._one_shot("demo", self._manage("strata_demo"), "manage.py strata_demo", timeout=300)
+        argv = self._manage("strata_demo", "--base-url", f"http://{HOST}:{self.cfg.port}")
+        self._one_shot("demo", argv, "manage.py strata_demo", timeout=300)
         path = self._log("demo")
         self.demo_output = path.read_text() if path and path.exists() else ""
 
@@ -427,12 +429,13 @@ class Launcher:
         temp_dir = ray_temp_dir()
         argv = [
             self._bin("ray"), "start", "--head", "--block",
-            f"--port={port}", f"--node-ip-address={HOST}",
-            f"--num-cpus={os.cpu_count() or 1}",
+            f"--port={port}", f"--num-cpus={os.cpu_count() or 1}",
             "--include-dashboard=false", "--disable-usage-stats",
-            f"--ray-client-server-port={free_port(10001)}",
+            # Ray's fixed defaults collide with other local clusters (tests, a second launcher).
+            f"--dashboard-port={free_port(8265)}", f"--dashboard-agent-listen-port={free_port(52365)}",
             f"--temp-dir={temp_dir}",
         ]
+        self._ray_auth()
         env = {**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # one node: nothing to drain
         say(f"starting a local Ray head on {HOST}:{port}")
         child = self.sup.start("ray-head", argv, env=env, cwd=REPO_ROOT, log_path=self._log("ray-head"))
@@ -448,6 +451,21 @@ class Launcher:
             time.sleep(0.25)
         self.ray_port = port
         self.env["RAY_ADDRESS"] = f"{HOST}:{port}"
+
+    def _ray_auth(self) -> None:
+        """Ray's GCS listens on every interface, so the local head requires a token (Ray's own token
+        auth) kept in ``$STRATA_HOME/ray_auth_token`` (0600); children get it through the
+        environment. An explicit ``RAY_AUTH_MODE`` in the environment is respected."""
+        if "RAY_AUTH_MODE" in os.environ:
+            return
+        path = self.cfg.home / "ray_auth_token"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32))
+        self.env["RAY_AUTH_MODE"] = "token"
+        self.env["RAY_AUTH_TOKEN_PATH"] = str(path)
+        self.env.pop("RAY_AUTH_TOKEN", None)
 
     def start_celery(self) -> None:
         say("starting the Celery worker")
