@@ -1,0 +1,36 @@
+# One image for every Strata process: web (uvicorn ASGI), Celery worker, Ray head and Ray (GPU) workers.
+#
+#   docker build -t strata .                                   # torch from PyPI (Linux wheels bundle CUDA)
+#   docker build -t strata --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .     # CPU only, smaller
+#   docker build -t strata --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .   # a given CUDA
+FROM python:3.11-slim
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX=
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONPATH=/app:/app/platform \
+    DJANGO_SETTINGS_MODULE=controlplane.settings.production \
+    STRATA_HOME=/var/lib/strata \
+    RAY_USAGE_STATS_ENABLED=0
+
+WORKDIR /app
+
+# Dependencies first (cached across code changes). torch is installed separately, as in the Makefile.
+COPY requirements.txt ./
+RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "${TORCH_INDEX}"} \
+    && pip install -r requirements.txt
+
+COPY . .
+
+RUN useradd --create-home --uid 10001 strata \
+    && mkdir -p /var/lib/strata \
+    && chown strata:strata /var/lib/strata
+USER strata
+
+EXPOSE 8000
+# The compose file gives each service its own command; alone, the image serves the web process.
+CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
