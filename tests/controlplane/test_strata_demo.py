@@ -5,13 +5,14 @@ import io
 import re
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.test import Client
+
 from controlplane.operators.selectors import operator_authenticate
 from controlplane.registry.models import ModelDeployment
 from controlplane.tenants.models import ApiKey, Grant, Tenant
 from controlplane.tenants.selectors import grant_get_deployment, tenant_authenticate
-from django.contrib.auth import get_user_model
-from django.core.management import call_command
-from django.test import Client
 
 pytestmark = pytest.mark.django_db
 
