@@ -1,0 +1,1 @@
+"""Admin API (django-ninja) at /api/admin/: thin routers over services and selectors."""

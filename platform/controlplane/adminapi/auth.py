@@ -1,0 +1,107 @@
+"""Who is calling the admin API, and may they do this?
+
+Accepted credentials, in order:
+
+1. ``Authorization: Bearer <operator token>`` (role from the token). A header that is present but
+   malformed or wrong is a 401 even if a session cookie is also sent.
+2. A logged-in Django session of a staff user (superuser = admin, other staff = viewer). CSRF is
+   enforced for unsafe methods (403 ``csrf_failed``).
+
+Viewers may use safe methods only (403 otherwise). Presented-but-bad credentials, CSRF failures
+and viewer write attempts are audited (``auth.failed`` / ``auth.denied``); requests that bring no
+credentials at all are answered 401 without an event, so anonymous noise cannot flood the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.http import HttpRequest
+from ninja.security import HttpBearer
+from ninja.utils import check_csrf
+
+from controlplane.audit.services import audit_record
+from controlplane.common.actor import Actor
+from controlplane.common.errors import Forbidden
+from controlplane.common.tokens import secret_prefix
+from controlplane.operators.models import OperatorToken
+from controlplane.operators.selectors import operator_authenticate
+from controlplane.operators.services import operator_token_mark_used
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+TOKEN_KIND = "st-op-"
+
+
+@dataclass(frozen=True)
+class Principal:
+    actor: Actor
+    role: str  # "admin" | "viewer"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == OperatorToken.Role.ADMIN
+
+
+def client_address(request: HttpRequest) -> str:
+    """The peer address as the ASGI/WSGI server reports it (proxy headers are the server's job)."""
+    return (request.META.get("REMOTE_ADDR") or "")[:64]
+
+
+def _audit_failure(request: HttpRequest, action: str, name: str, method: str, reason: str) -> None:
+    audit_record(
+        actor=name, auth_method=method, source=client_address(request), action=action,
+        target=f"{request.method} {request.path}", reason=reason, result="denied",
+    )
+
+
+class OperatorAuth(HttpBearer):
+    """ninja auth callable; returns a :class:`Principal` or ``None`` (-> 401)."""
+
+    def __call__(self, request: HttpRequest) -> Principal | None:
+        header = request.headers.get("Authorization")
+        if header is not None:
+            principal = self._from_header(request, header)
+        else:
+            principal = self._from_session(request)
+        if principal is None:
+            return None
+        if not principal.is_admin and request.method not in SAFE_METHODS:
+            _audit_failure(request, "auth.denied", principal.actor.name, principal.actor.auth_method,
+                           f"role {principal.role} may only read")
+            raise Forbidden(f"role {principal.role!r} may only read", code="read_only_role")
+        return principal
+
+    def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
+        operator = operator_authenticate(token)
+        if operator is None:
+            return None
+        operator_token_mark_used(token=operator)
+        return Principal(Actor(operator.username, "token", client_address(request)), operator.role)
+
+    def _from_header(self, request: HttpRequest, header: str) -> Principal | None:
+        scheme, _, token = header.strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            _audit_failure(request, "auth.failed", "anonymous", "token", "malformed Authorization header")
+            return None
+        principal = self.authenticate(request, token)
+        if principal is None:
+            shown = secret_prefix(token) if token.startswith(TOKEN_KIND) else "?"
+            _audit_failure(request, "auth.failed", f"token:{shown}", "token", "unknown or revoked token")
+        return principal
+
+    def _from_session(self, request: HttpRequest) -> Principal | None:
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated or not user.is_active or not user.is_staff:
+            return None
+        name = user.get_username()
+        if request.method not in SAFE_METHODS and check_csrf(request) is not None:
+            _audit_failure(request, "auth.failed", name, "session", "CSRF check failed")
+            raise Forbidden("CSRF check failed", code="csrf_failed")
+        role = OperatorToken.Role.ADMIN if user.is_superuser else OperatorToken.Role.VIEWER
+        return Principal(Actor(name, "session", client_address(request)), role)
+
+
+def actor_of(request: HttpRequest) -> Actor:
+    """The authenticated caller's :class:`Actor` (for passing to services)."""
+    return request.auth.actor

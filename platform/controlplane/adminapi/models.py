@@ -1,0 +1,41 @@
+"""/api/admin/models: deployments and their weight revisions (rollout lives in the jobs app)."""
+
+from __future__ import annotations
+
+from ninja import Router, Status
+
+from controlplane.adminapi.auth import actor_of
+from controlplane.adminapi.present import model_out, revision_out
+from controlplane.adminapi.schemas import ModelCreateIn, ModelOut, RevisionIn, RevisionOut
+from controlplane.registry import selectors, services
+
+router = Router(tags=["models"])
+
+
+@router.post("models", response={201: ModelOut})
+def create_model(request, payload: ModelCreateIn):
+    deployment = services.model_create(
+        actor=actor_of(request), name=payload.name, preset=payload.preset,
+        revision=payload.revision.model_dump(), architecture=payload.architecture, tokenizer=payload.tokenizer,
+    )
+    return Status(201, model_out(selectors.model_get(name=deployment.name)))
+
+
+@router.get("models", response=list[ModelOut])
+def list_models(request):
+    return [model_out(d) for d in selectors.model_list()]
+
+
+@router.get("models/{name}", response=ModelOut)
+def get_model(request, name: str):
+    return model_out(selectors.model_get(name=name))
+
+
+@router.post("models/{name}/revisions", response={201: RevisionOut})
+def create_revision(request, name: str, payload: RevisionIn):
+    deployment = selectors.model_get(name=name)
+    revision = services.revision_create(
+        actor=actor_of(request), deployment=deployment, label=payload.label, seed=payload.seed,
+        weights_path=payload.weights_path,
+    )
+    return Status(201, revision_out(revision, deployment.active_revision_id))

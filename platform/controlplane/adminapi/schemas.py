@@ -1,0 +1,190 @@
+"""Request and response shapes of the admin API (DESIGN section 5).
+
+Input schemas are strict (a string is not an integer, ``true`` is not ``1``) and forbid unknown
+fields, so typos answer 422 instead of being ignored. Outputs never carry salts, key hashes or keys
+(except the one-time ``key`` of ``KeyCreatedOut``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from ninja import Schema
+from pydantic import ConfigDict, Field, model_validator
+
+from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
+from controlplane.tenants.models import SLUG_PATTERN
+
+Count = Field(default=None, ge=0)
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class QuotasIn(StrictIn):
+    requests_per_minute: int | None = Count
+    tokens_per_minute: int | None = Count
+    max_cached_tokens: int | None = Count
+    max_prompt_tokens: int | None = Count
+    max_l3_bytes: int | None = Count
+
+
+class QuotasOut(Schema):
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_cached_tokens: int | None
+    max_prompt_tokens: int | None
+    max_l3_bytes: int | None
+
+
+class TenantCreateIn(StrictIn):
+    slug: str = Field(pattern=SLUG_PATTERN, max_length=63)
+    name: str = Field(min_length=1, max_length=200)
+    quotas: QuotasIn | None = None
+
+
+class TenantPatchIn(StrictIn):
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    status: Literal["active", "suspended"] | None = None
+    quotas: QuotasIn | None = None
+    reason: str = Field(default="", max_length=1000)
+
+
+class TenantOut(Schema):
+    slug: str
+    name: str
+    status: str
+    quotas: QuotasOut
+    share_group: str | None
+    scope_fingerprint: str
+    created: datetime
+    updated: datetime
+
+
+class JobRef(Schema):
+    id: int | str
+    status: str
+
+
+class OffboardOut(Schema):
+    tenant: TenantOut
+    keys_revoked: int
+    flush_job: JobRef | None
+
+
+class KeyCreateIn(StrictIn):
+    name: str = Field(default="", max_length=100)
+
+
+class KeyOut(Schema):
+    id: int
+    prefix: str
+    name: str
+    created: datetime
+    last_used: datetime | None
+    revoked_at: datetime | None
+
+
+class KeyCreatedOut(Schema):
+    id: int
+    key: str  # shown this once
+    prefix: str
+    name: str
+    created: datetime
+
+
+class GrantIn(StrictIn):
+    model: str = Field(min_length=1, max_length=100)
+
+
+class GrantOut(Schema):
+    model: str
+    created: datetime
+
+
+class RevisionIn(StrictIn):
+    label: str = Field(pattern=LABEL_PATTERN, max_length=64)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    weights_path: str | None = Field(default=None, min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RevisionIn:
+        if (self.seed is None) == (self.weights_path is None):
+            raise ValueError("give exactly one of 'seed' or 'weights_path'")
+        return self
+
+
+class ModelCreateIn(StrictIn):
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    preset: str = Field(min_length=1, max_length=32)
+    revision: RevisionIn
+    architecture: str = Field(default="llama", max_length=32)
+    tokenizer: str = Field(default="byte", min_length=1, max_length=64)
+
+
+class RevisionOut(Schema):
+    label: str
+    source: str
+    seed: int | None
+    weights_path: str | None
+    digest: str
+    active: bool
+    created: datetime
+
+
+class ModelOut(Schema):
+    name: str
+    preset: str
+    architecture: str
+    tokenizer: str
+    active_revision: str | None
+    revisions: list[RevisionOut]
+    created: datetime
+
+
+class ShareGroupIn(StrictIn):
+    slug: str = Field(pattern=SLUG_PATTERN, max_length=63)
+    name: str = Field(min_length=1, max_length=200)
+
+
+class MemberIn(StrictIn):
+    tenant: str = Field(min_length=1, max_length=63)
+
+
+class ShareGroupOut(Schema):
+    slug: str
+    name: str
+    scope_fingerprint: str
+    members: list[str]
+    created: datetime
+
+
+class AuditEventOut(Schema):
+    seq: int
+    time: datetime
+    actor: str
+    auth_method: str
+    source: str
+    action: str
+    target: str
+    tenant: str
+    old: object | None
+    new: object | None
+    reason: str
+    result: str
+    prev_hash: str
+    hash: str
+
+
+class AuditPageOut(Schema):
+    items: list[AuditEventOut]
+    next_before: int | None
+
+
+class AuditVerifyOut(Schema):
+    ok: bool
+    length: int
+    head: str
+    first_bad: int | None

@@ -1,0 +1,1 @@
+"""Append-only, hash-chained audit log (DESIGN section 4)."""

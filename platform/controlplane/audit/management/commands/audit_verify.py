@@ -1,0 +1,17 @@
+"""``manage.py audit_verify``: recompute the audit hash chain; exit status 1 when it is broken."""
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from controlplane.audit.selectors import audit_verify
+
+
+class Command(BaseCommand):
+    help = "Verify the audit log hash chain; prints {ok, length, head, first_bad} as JSON."
+
+    def handle(self, *args, **options):
+        result = audit_verify()
+        self.stdout.write(json.dumps(result))
+        if not result["ok"]:
+            raise CommandError(f"audit chain broken at seq {result['first_bad']}")

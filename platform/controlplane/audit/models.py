@@ -1,0 +1,59 @@
+"""AuditEvent rows are written once by ``services.audit_record`` and never changed.
+
+The database refuses UPDATE and DELETE on ``audit_auditevent`` (triggers installed by migration 0002,
+see ``triggers.py``); the hash chain (``chain.py``) detects what a privileged user does behind the
+triggers' back. ``AuditHead`` is the one-row lock that serialises appends and remembers the last
+seq/hash, so a truncated tail is detected too.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.db import models
+
+GENESIS_HASH = "0" * 64
+
+
+class AuditEvent(models.Model):
+    seq = models.BigIntegerField(primary_key=True)
+    time = models.DateTimeField(db_index=True)
+    actor = models.CharField(max_length=150, db_index=True)
+    auth_method = models.CharField(max_length=16)
+    source = models.CharField(max_length=64, blank=True)
+    action = models.CharField(max_length=64, db_index=True)
+    target = models.CharField(max_length=255, blank=True)
+    tenant = models.CharField(max_length=63, blank=True, db_index=True)
+    # Canonical JSON text (sorted keys): stored exactly as hashed, so no database JSON type can
+    # re-normalise it and break the chain.
+    old = models.TextField(null=True)
+    new = models.TextField(null=True)
+    reason = models.TextField(blank=True)
+    result = models.CharField(max_length=16, default="ok")
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["seq"]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.action} {self.target} by {self.actor}"
+
+    @property
+    def old_value(self):
+        return None if self.old is None else json.loads(self.old)
+
+    @property
+    def new_value(self):
+        return None if self.new is None else json.loads(self.new)
+
+
+class AuditHead(models.Model):
+    """Single row (pk=1): the chain head. Locked (SELECT ... FOR UPDATE) by every append."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    seq = models.BigIntegerField(default=0)
+    hash = models.CharField(max_length=64, default=GENESIS_HASH)
+
+    def __str__(self) -> str:
+        return f"head #{self.seq}"

@@ -1,0 +1,1 @@
+"""Shared helpers: JSON error shape, the acting principal, optional-module hooks, middleware."""

@@ -1,0 +1,90 @@
+"""JSON errors outside ninja for the API prefixes (``/api/``, ``/v1/``).
+
+Ninja answers errors inside its own views; this middleware covers what never reaches them:
+unresolved paths (404), wrong methods, disallowed hosts, bodies over the size limit (413, refused
+from ``Content-Length`` before anything reads the body) and unexpected exceptions (500 without a
+trace, even with ``DEBUG``). Other paths are left to Django's normal handling.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.http import HttpRequest, HttpResponseBase
+
+from controlplane.common.errors import error_response
+
+logger = logging.getLogger("controlplane.errors")
+
+
+def _is_api(path: str) -> bool:
+    return path.startswith(tuple(settings.STRATA_JSON_ERROR_PREFIXES))
+
+
+def body_limit(path: str) -> int:
+    """Largest request body accepted on ``path`` (admin API is smaller than the serving API)."""
+    if path.startswith("/api/admin/"):
+        return settings.STRATA_ADMIN_MAX_BODY_BYTES
+    return settings.STRATA_MAX_BODY_BYTES
+
+
+def _precheck(request: HttpRequest) -> HttpResponseBase | None:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return error_response(400, "invalid Content-Length header")
+    limit = body_limit(request.path)
+    if length > limit:
+        return error_response(413, f"request body too large (limit {limit} bytes)")
+    return None
+
+
+def _jsonify(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    if response.status_code < 400 or response.get("Content-Type", "").startswith("application/json"):
+        return response
+    status = response.status_code
+    message = {404: "not found", 405: f"method {request.method} not allowed"}.get(status, "request failed")
+    replacement = error_response(status, message)
+    for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+        if header in response:
+            replacement[header] = response[header]
+    return replacement
+
+
+class ApiErrorMiddleware:
+    """Outermost middleware; sync and async capable so streaming views stay async."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest):
+        if self.is_async:
+            return self.__acall__(request)
+        if not _is_api(request.path):
+            return self.get_response(request)
+        early = _precheck(request)
+        if early is not None:
+            return early
+        return _jsonify(request, self.get_response(request))
+
+    async def __acall__(self, request: HttpRequest):
+        if not _is_api(request.path):
+            return await self.get_response(request)
+        early = _precheck(request)
+        if early is not None:
+            return early
+        return _jsonify(request, await self.get_response(request))
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponseBase | None:
+        if not _is_api(request.path):
+            return None
+        logger.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal error")

@@ -1,0 +1,131 @@
+"""The one place that reads the process environment.
+
+Every setting the platform takes from the environment is a field of :class:`StrataEnv`, read once by
+:func:`load`. Strata's own variables carry the ``STRATA_`` prefix; the conventional names
+``DATABASE_URL``, ``REDIS_URL``, ``CELERY_BROKER_URL`` and ``RAY_ADDRESS`` are read as they are so
+that standard tooling (docker-compose, PaaS) works unchanged. Other modules read ``settings`` (or
+call :func:`load`), never ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRUE = {"1", "true", "yes", "on"}
+FALSE = {"0", "false", "no", "off", ""}
+
+
+class EnvError(ValueError):
+    """An environment variable is set to a value that cannot be used."""
+
+
+def _bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise EnvError(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
+
+
+def _int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise EnvError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def _list(name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def _str(name: str) -> str | None:
+    raw = os.environ.get(name)
+    return raw if raw else None
+
+
+@dataclass(frozen=True)
+class StrataEnv:
+    """Typed view of the environment. ``None`` means "not set: use the embedded default"."""
+
+    home: Path  # STRATA_HOME: state directory (SQLite DB, secret key file, broker files)
+    secret_key: str | None  # STRATA_SECRET_KEY
+    debug: bool  # STRATA_DEBUG (local settings only)
+    allowed_hosts: tuple[str, ...]  # STRATA_ALLOWED_HOSTS, comma separated
+    csrf_trusted_origins: tuple[str, ...]  # STRATA_CSRF_TRUSTED_ORIGINS, comma separated
+    secure_ssl_redirect: bool  # STRATA_SECURE_SSL_REDIRECT (production)
+    behind_tls_proxy: bool  # STRATA_BEHIND_TLS_PROXY: trust X-Forwarded-Proto (production)
+    hsts_seconds: int  # STRATA_HSTS_SECONDS (production)
+    log_level: str  # STRATA_LOG_LEVEL
+    max_body_bytes: int  # STRATA_MAX_BODY_BYTES: largest request body on /v1/
+    admin_max_body_bytes: int  # STRATA_ADMIN_MAX_BODY_BYTES: largest request body on /api/admin/
+    weights_root: Path | None  # STRATA_WEIGHTS_ROOT: weights_path must resolve inside it when set
+    database_url: str | None  # DATABASE_URL: PostgreSQL instead of the embedded SQLite file
+    redis_url: str | None  # REDIS_URL: shared L3 store
+    celery_broker_url: str | None  # CELERY_BROKER_URL: real broker instead of the embedded one
+    ray_address: str | None  # RAY_ADDRESS: join a Ray cluster instead of a local head
+
+    @property
+    def secret_key_file(self) -> Path:
+        return self.home / "secret_key"
+
+
+def load() -> StrataEnv:
+    """Read the environment now. Raises :class:`EnvError` for malformed values."""
+    home = Path(os.environ.get("STRATA_HOME") or REPO_ROOT / ".strata").expanduser()
+    if not home.is_absolute():
+        home = REPO_ROOT / home
+    weights_root = _str("STRATA_WEIGHTS_ROOT")
+    return StrataEnv(
+        home=home,
+        secret_key=_str("STRATA_SECRET_KEY"),
+        debug=_bool("STRATA_DEBUG", False),
+        allowed_hosts=_list("STRATA_ALLOWED_HOSTS"),
+        csrf_trusted_origins=_list("STRATA_CSRF_TRUSTED_ORIGINS"),
+        secure_ssl_redirect=_bool("STRATA_SECURE_SSL_REDIRECT", True),
+        behind_tls_proxy=_bool("STRATA_BEHIND_TLS_PROXY", False),
+        hsts_seconds=_int("STRATA_HSTS_SECONDS", 31_536_000),
+        log_level=(os.environ.get("STRATA_LOG_LEVEL") or "INFO").upper(),
+        max_body_bytes=_int("STRATA_MAX_BODY_BYTES", 32 * 1024 * 1024),
+        admin_max_body_bytes=_int("STRATA_ADMIN_MAX_BODY_BYTES", 1024 * 1024),
+        weights_root=Path(weights_root).resolve() if weights_root else None,
+        database_url=_str("DATABASE_URL"),
+        redis_url=_str("REDIS_URL"),
+        celery_broker_url=_str("CELERY_BROKER_URL"),
+        ray_address=_str("RAY_ADDRESS"),
+    )
+
+
+def secret_key_from_file(path: Path) -> str:
+    """Return the key stored at ``path``, generating it (mode 0600) on first use.
+
+    The file appears atomically with its content (written aside, then hard-linked into place), so
+    two processes starting at once agree on one key and never read a half-written file.
+    """
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(secrets.token_urlsafe(50) + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_text().strip()

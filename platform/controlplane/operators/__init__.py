@@ -1,0 +1,1 @@
+"""Operator bearer tokens (roles admin / viewer) for the admin API."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OperatorsConfig(AppConfig):
+    name = "controlplane.operators"
+    label = "operators"

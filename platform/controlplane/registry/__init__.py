@@ -1,0 +1,1 @@
+"""Model deployments and their weight revisions (the revision digest is part of every cache key)."""

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RegistryConfig(AppConfig):
+    name = "controlplane.registry"
+    label = "registry"

@@ -1,0 +1,60 @@
+"""ModelDeployment (what tenants name in requests) and ModelRevision (one set of weights).
+
+A revision's weights come from exactly one source: a ``seed`` (demo/test weights derived from model
+name + label + seed) or a ``weights_path`` (safetensors file). ``digest`` identifies the weights and
+goes into the cache namespace, so a new revision never hits the old one's cache.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+name_validator = RegexValidator(NAME_PATTERN, "use 1-100 characters A-Z, a-z, 0-9, '.', '_' and '-'")
+LABEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+label_validator = RegexValidator(LABEL_PATTERN, "use 1-64 characters A-Z, a-z, 0-9, '.', '_' and '-'")
+
+
+class ModelDeployment(models.Model):
+    name = models.CharField(max_length=100, unique=True, validators=[name_validator])
+    preset = models.CharField(max_length=32)
+    architecture = models.CharField(max_length=32, default="llama")
+    tokenizer = models.CharField(max_length=64, default="byte")
+    active_revision = models.ForeignKey(
+        "ModelRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ModelRevision(models.Model):
+    deployment = models.ForeignKey(ModelDeployment, on_delete=models.CASCADE, related_name="revisions")
+    label = models.CharField(max_length=64, validators=[label_validator])
+    seed = models.BigIntegerField(null=True, blank=True)
+    weights_path = models.CharField(max_length=1024, null=True, blank=True)
+    digest = models.CharField(max_length=64)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["deployment_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["deployment", "label"], name="revision_unique_label"),
+            models.CheckConstraint(
+                condition=(models.Q(seed__isnull=False, weights_path__isnull=True)
+                           | models.Q(seed__isnull=True, weights_path__isnull=False)),
+                name="revision_one_weights_source",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}@{self.label}"
+
+    @property
+    def source(self) -> str:
+        return "seed" if self.seed is not None else "file"

@@ -1,0 +1,178 @@
+"""Registry writes: model deployments, revisions, switching the active revision. Every write is audited
+in the same transaction.
+
+Digests come from cachecore (imported lazily: it pulls in torch): seeded revisions use
+``cachecore.model.weights.seeded_digest(preset(name), model_name=, revision_label=, seed=)``; file
+revisions use the SHA-256 of the file's bytes, the same digest ``load_safetensors`` reports. Digests
+are computed before the transaction opens so no lock is held while a file is hashed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from controlplane.audit.services import audit_record
+from controlplane.common.actor import Actor
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.registry.models import ModelDeployment, ModelRevision, label_validator, name_validator
+
+ARCHITECTURES = ("llama",)
+MAX_SEED = 2**63 - 1
+
+
+def _validate(validator, value: str, what: str) -> None:
+    try:
+        validator(value)
+    except ValidationError as exc:
+        raise InvalidInput(f"{what}: {'; '.join(exc.messages)}") from None
+
+
+def _preset_config(preset: str):
+    from cachecore.model.config import preset as preset_config
+
+    try:
+        return preset_config(preset)
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="unknown_preset") from None
+
+
+def _weights_file(weights_path: str) -> Path:
+    path = Path(weights_path).expanduser().resolve()
+    root = settings.STRATA_WEIGHTS_ROOT
+    if root is not None and not path.is_relative_to(root):
+        raise InvalidInput(f"weights_path must be inside {root}", code="invalid_weights_path")
+    if not path.is_file():
+        raise InvalidInput(f"weights_path {weights_path!r} is not a readable file", code="invalid_weights_path")
+    return path
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _revision_source(
+    *, model_name: str, preset: str, label: str, seed: Any, weights_path: Any
+) -> tuple[int | None, str | None, str]:
+    """Validate the weights source; return ``(seed, resolved weights_path, digest)``."""
+    _validate(label_validator, label, "label")
+    if (seed is None) == (weights_path is None):
+        raise InvalidInput("give exactly one of 'seed' or 'weights_path'", code="invalid_revision_source")
+    config = _preset_config(preset)
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise InvalidInput(f"seed must be an integer in [0, {MAX_SEED}]")
+        from cachecore.model.weights import seeded_digest
+
+        return seed, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
+    path = _weights_file(str(weights_path))
+    return None, str(path), _sha256_file(path)
+
+
+def _revision_view(revision: ModelRevision) -> dict[str, Any]:
+    view = {"label": revision.label, "source": revision.source, "digest": revision.digest}
+    if revision.seed is not None:
+        view["seed"] = revision.seed
+    else:
+        view["weights_path"] = revision.weights_path
+    return view
+
+
+def model_create(
+    *,
+    actor: Actor,
+    name: str,
+    preset: str,
+    revision: Mapping[str, Any],
+    architecture: str = "llama",
+    tokenizer: str = "byte",
+) -> ModelDeployment:
+    """Create a deployment with its first revision, which becomes active.
+
+    Raises InvalidInput (bad name/label, unknown preset or architecture, not exactly one weights
+    source, unreadable file) or Conflict (name taken).
+    """
+    _validate(name_validator, name, "name")
+    if architecture not in ARCHITECTURES:
+        raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+    label = str(revision.get("label") or "")
+    seed, weights_path, digest = _revision_source(
+        model_name=name, preset=preset, label=label, seed=revision.get("seed"),
+        weights_path=revision.get("weights_path"),
+    )
+    with transaction.atomic():
+        if ModelDeployment.objects.filter(name=name).exists():
+            raise Conflict(f"model {name!r} already exists")
+        deployment = ModelDeployment.objects.create(
+            name=name, preset=preset, architecture=architecture, tokenizer=tokenizer
+        )
+        first = ModelRevision.objects.create(
+            deployment=deployment, label=label, seed=seed, weights_path=weights_path, digest=digest
+        )
+        deployment.active_revision = first
+        deployment.save(update_fields=["active_revision"])
+        audit_record(
+            actor=actor, action="model.create", target=name,
+            new={"name": name, "preset": preset, "architecture": architecture, "tokenizer": tokenizer,
+                 "revision": _revision_view(first)},
+        )
+    return deployment
+
+
+def revision_create(
+    *, actor: Actor, deployment: ModelDeployment, label: str, seed: int | None = None,
+    weights_path: str | None = None,
+) -> ModelRevision:
+    """Add a revision (not active: switching is the rollout job's ``model_activate_revision``).
+
+    Raises InvalidInput (see ``model_create``) or Conflict (label taken for this deployment).
+    """
+    seed, weights_path, digest = _revision_source(
+        model_name=deployment.name, preset=deployment.preset, label=label, seed=seed, weights_path=weights_path
+    )
+    with transaction.atomic():
+        if ModelRevision.objects.filter(deployment=deployment, label=label).exists():
+            raise Conflict(f"model {deployment.name!r} already has a revision {label!r}")
+        revision = ModelRevision.objects.create(
+            deployment=deployment, label=label, seed=seed, weights_path=weights_path, digest=digest
+        )
+        audit_record(
+            actor=actor, action="revision.create", target=f"{deployment.name}@{label}",
+            new=_revision_view(revision),
+        )
+    return revision
+
+
+def model_activate_revision(
+    *, actor: Actor, deployment: ModelDeployment, revision: ModelRevision, reason: str = ""
+) -> ModelDeployment:
+    """Atomically make ``revision`` the active one (the rollout job calls this after draining).
+
+    Row-locks the deployment so concurrent switches serialise. Raises InvalidInput if the revision
+    belongs to another deployment. Activating the already-active revision is a no-op (no event).
+    """
+    if revision.deployment_id != deployment.pk:
+        raise InvalidInput(f"revision {revision.label!r} does not belong to model {deployment.name!r}")
+    with transaction.atomic():
+        locked = ModelDeployment.objects.select_for_update().get(pk=deployment.pk)
+        old = locked.active_revision  # read after the lock: the current value, not a stale one
+        if old is not None and old.pk == revision.pk:
+            return locked
+        locked.active_revision = revision
+        locked.save(update_fields=["active_revision"])
+        audit_record(
+            actor=actor, action="model.activate", target=deployment.name, reason=reason,
+            old={"revision": old.label if old else None}, new={"revision": revision.label},
+        )
+    deployment.active_revision = revision
+    return locked

@@ -1,0 +1,153 @@
+"""Settings shared by every environment. Environment values come only from ``controlplane.env``.
+
+Database: the embedded SQLite file ``$STRATA_HOME/db.sqlite3`` unless ``DATABASE_URL`` is set
+(parsed by dj-database-url, e.g. ``postgres://user@host:5432/strata``).
+Broker: ``CELERY_BROKER_URL`` when set, otherwise kombu's SQLAlchemy transport on
+``$STRATA_HOME/broker.sqlite3`` (needs no server).
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from pathlib import Path
+
+import dj_database_url
+
+from controlplane import env as envmod
+
+ENV = envmod.load()
+BASE_DIR = envmod.REPO_ROOT
+STRATA_HOME: Path = ENV.home
+
+# Subpackages owned by other parts of the platform; installed when they exist so that this
+# settings module never has to change when they land.
+OPTIONAL_APPS = ["controlplane.jobs", "controlplane.serving", "controlplane.runtime", "controlplane.ui"]
+
+
+def _exists(module: str) -> bool:
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def database_config(env: envmod.StrataEnv) -> dict:
+    """``DATABASES['default']`` for ``env``: PostgreSQL (or any dj-database-url URL) or SQLite."""
+    if env.database_url:
+        return dj_database_url.parse(env.database_url, conn_max_age=60, conn_health_checks=True)
+    env.home.mkdir(parents=True, exist_ok=True)
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(env.home / "db.sqlite3"),
+        "OPTIONS": {
+            # IMMEDIATE takes the write lock when a transaction starts: concurrent writers queue
+            # (up to `timeout` seconds) instead of failing on lock upgrade; the audit chain relies on it.
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+    }
+
+
+def secret_key(env: envmod.StrataEnv) -> str:
+    """``STRATA_SECRET_KEY`` or the key file under ``STRATA_HOME`` (generated on first use)."""
+    return env.secret_key or envmod.secret_key_from_file(env.secret_key_file)
+
+
+DEBUG = False
+ALLOWED_HOSTS: list[str] = list(ENV.allowed_hosts)
+CSRF_TRUSTED_ORIGINS: list[str] = list(ENV.csrf_trusted_origins)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "controlplane.audit",
+    "controlplane.tenants",
+    "controlplane.registry",
+    "controlplane.operators",
+    *[app for app in OPTIONAL_APPS if _exists(app)],
+]
+
+MIDDLEWARE = [
+    "controlplane.common.middleware.ApiErrorMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+_FRONTEND = BASE_DIR / "frontend"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [_FRONTEND / "templates"] if (_FRONTEND / "templates").is_dir() else [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": database_config(ENV)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = STRATA_HOME / "static"
+STATICFILES_DIRS = [_FRONTEND / "static"] if (_FRONTEND / "static").is_dir() else []
+STRATA_SERVE_STATIC = False  # urls.py serves /static/ itself when True (no separate web server)
+
+# Request bodies: the JSON error middleware answers 413 above these before anything reads the body.
+STRATA_MAX_BODY_BYTES = ENV.max_body_bytes
+STRATA_ADMIN_MAX_BODY_BYTES = ENV.admin_max_body_bytes
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(ENV.max_body_bytes, ENV.admin_max_body_bytes)
+STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
+
+STRATA_WEIGHTS_ROOT = ENV.weights_root
+STRATA_REDIS_URL = ENV.redis_url
+STRATA_RAY_ADDRESS = ENV.ray_address
+# Test settings set this so TransactionTestCase's flush may empty the append-only audit table.
+STRATA_AUDIT_ALLOW_FLUSH = False
+
+CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{STRATA_HOME / 'broker.sqlite3'}"
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": ENV.log_level},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

@@ -1,0 +1,36 @@
+"""pytest settings (``[tool.pytest.ini_options] DJANGO_SETTINGS_MODULE``).
+
+SQLite by default, PostgreSQL when ``DATABASE_URL`` is set. The SQLite test database is a file (not
+``:memory:``) so that a worker subprocess can open it; both vendors get a per-process test database
+name, and the embedded broker a per-process file, so that concurrent pytest runs in one checkout
+(or a ``make run`` next to them) never drop each other's database or consume each other's tasks.
+"""
+
+import os
+import secrets
+
+from .base import *  # noqa: F403
+from .base import DATABASES, ENV, STRATA_HOME
+
+SECRET_KEY = secrets.token_urlsafe(50)  # per process: nothing signed outlives a test run
+DEBUG = False
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+STRATA_AUDIT_ALLOW_FLUSH = True
+
+_TEST_HOME = STRATA_HOME / "test"
+_TEST_HOME.mkdir(parents=True, exist_ok=True)
+CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'broker-{os.getpid()}.sqlite3'}"
+
+_db = DATABASES["default"]
+if _db["ENGINE"].endswith("sqlite3"):
+    _db["TEST"] = {"NAME": str(_TEST_HOME / f"db-{os.getpid()}.sqlite3")}
+else:
+    _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{os.getpid()}"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

@@ -1,0 +1,1 @@
+"""Tenants, their API keys, grants (ACL to model deployments) and share groups."""

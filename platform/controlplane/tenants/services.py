@@ -1,0 +1,188 @@
+"""Tenant writes: tenants, quotas, API keys. Grants and share groups live in ``access.py``.
+
+Every service is keyword-only, validates, writes inside ``transaction.atomic`` and appends its audit
+event in the same transaction (no change without its event). Audit values never hold keys, key
+hashes or salts: keys appear by prefix only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, NamedTuple
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.audit.services import audit_record
+from controlplane.common.actor import Actor
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.common.hooks import optional_attr
+from controlplane.common.tokens import new_secret
+from controlplane.tenants.models import QUOTA_FIELDS, ApiKey, Tenant, slug_validator
+
+KEY_KIND = "sk-st-"
+# Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
+QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens")} | {
+    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes")
+}
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+class OffboardResult(NamedTuple):
+    tenant: Tenant
+    keys_revoked: int
+    flush_job: Any  # the jobs app's FlushJob, or None before that app exists
+
+
+def clean_quotas(quotas: Mapping[str, Any]) -> dict[str, int | None]:
+    """Validate a (partial) quota mapping: known names only; each ``None`` (unlimited) or an int >= 0."""
+    unknown = sorted(set(quotas) - set(QUOTA_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown quota(s): {', '.join(unknown)}; known: {', '.join(QUOTA_FIELDS)}")
+    cleaned: dict[str, int | None] = {}
+    for name, value in quotas.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= QUOTA_MAX[name]):
+            raise InvalidInput(f"quota {name} must be null (unlimited) or an integer in [0, {QUOTA_MAX[name]}]")
+        cleaned[name] = value
+    return cleaned
+
+
+def validate_slug(slug: str, what: str = "slug") -> None:
+    try:
+        slug_validator(slug)
+    except ValidationError as exc:
+        raise InvalidInput(f"{what}: {'; '.join(exc.messages)}") from None
+
+
+def _locked(tenant: Tenant) -> Tenant:
+    return Tenant.objects.select_for_update().get(pk=tenant.pk)
+
+
+def _not_offboarded(tenant: Tenant) -> None:
+    if tenant.status == Tenant.Status.OFFBOARDED:
+        raise Conflict(f"tenant {tenant.slug!r} is offboarded", code="tenant_offboarded")
+
+
+def tenant_create(
+    *, actor: Actor, slug: str, name: str, quotas: Mapping[str, Any] | None = None
+) -> Tenant:
+    """Create an active tenant with a fresh 32-byte scope salt. InvalidInput / Conflict (slug taken)."""
+    validate_slug(slug)
+    if not name or len(name) > 200:
+        raise InvalidInput("name must be 1-200 characters")
+    cleaned = clean_quotas(quotas or {})
+    with transaction.atomic():
+        if Tenant.objects.filter(slug=slug).exists():
+            raise Conflict(f"tenant {slug!r} already exists")
+        tenant = Tenant.objects.create(slug=slug, name=name, **cleaned)
+        audit_record(
+            actor=actor, action="tenant.create", target=slug, tenant=slug,
+            new={"slug": slug, "name": name, "status": tenant.status, "quotas": tenant.quotas},
+        )
+    return tenant
+
+
+def tenant_update(
+    *,
+    actor: Actor,
+    tenant: Tenant,
+    name: str | None = None,
+    status: str | None = None,
+    quotas: Mapping[str, Any] | None = None,
+    reason: str = "",
+) -> Tenant:
+    """Change name, status (``active`` <-> ``suspended``) and/or some quotas (a ``None`` quota value
+    means unlimited; omitted quotas are unchanged). One audit event per kind of change
+    (``tenant.update``, ``tenant.suspend``/``tenant.activate``, ``tenant.quotas``); nothing changed,
+    nothing recorded. Offboarded tenants cannot change (Conflict)."""
+    if name is not None and (not name or len(name) > 200):
+        raise InvalidInput("name must be 1-200 characters")
+    if status is not None and status not in (Tenant.Status.ACTIVE, Tenant.Status.SUSPENDED):
+        raise InvalidInput("status must be 'active' or 'suspended' (offboard with DELETE)")
+    cleaned = clean_quotas(quotas or {})
+    with transaction.atomic():
+        locked = _locked(tenant)
+        _not_offboarded(locked)
+        record = {"actor": actor, "target": locked.slug, "tenant": locked.slug, "reason": reason}
+        changes = 0
+        if name is not None and name != locked.name:
+            audit_record(action="tenant.update", old={"name": locked.name}, new={"name": name}, **record)
+            locked.name, changes = name, changes + 1
+        if status is not None and status != locked.status:
+            verb = "suspend" if status == Tenant.Status.SUSPENDED else "activate"
+            audit_record(action=f"tenant.{verb}", old={"status": locked.status}, new={"status": status}, **record)
+            locked.status, changes = status, changes + 1
+        quota_changes = {k: v for k, v in cleaned.items() if getattr(locked, k) != v}
+        if quota_changes:
+            old = {k: getattr(locked, k) for k in quota_changes}
+            audit_record(action="tenant.quotas", old=old, new=quota_changes, **record)
+            for key, value in quota_changes.items():
+                setattr(locked, key, value)
+            changes += 1
+        if changes:
+            locked.save()
+    return locked
+
+
+def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> OffboardResult:
+    """Offboard: revoke every key at once, mark the tenant offboarded and request a tenant-scope
+    flush (caches everywhere, L3 shredded) from the jobs app when it is installed. Safe to repeat:
+    a repeat revokes nothing new and requests the flush again."""
+    with transaction.atomic():
+        locked = _locked(tenant)
+        old_status = locked.status
+        keys_revoked = ApiKey.objects.filter(tenant=locked, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        locked.status = Tenant.Status.OFFBOARDED
+        locked.save(update_fields=["status", "updated"])
+        flush = optional_attr("controlplane.jobs.services", "flush_job_request")
+        job = flush(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded") if flush else None
+        audit_record(
+            actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
+            old={"status": old_status},
+            new={"status": locked.status, "keys_revoked": keys_revoked, "flush_job": getattr(job, "pk", None)},
+        )
+    return OffboardResult(tenant=locked, keys_revoked=keys_revoked, flush_job=job)
+
+
+def api_key_create(*, actor: Actor, tenant: Tenant, name: str = "") -> tuple[ApiKey, str]:
+    """New key for ``tenant``: returns ``(ApiKey, raw_key)``. The raw key exists only in this return
+    value: store or log it nowhere. Conflict for an offboarded tenant."""
+    if len(name) > 100:
+        raise InvalidInput("key name must be at most 100 characters")
+    secret = new_secret(KEY_KIND)
+    with transaction.atomic():
+        locked = _locked(tenant)
+        _not_offboarded(locked)
+        key = ApiKey.objects.create(tenant=locked, name=name, prefix=secret.prefix, key_hash=secret.digest)
+        audit_record(
+            actor=actor, action="key.create", target=key.prefix, tenant=locked.slug,
+            new={"id": key.pk, "prefix": key.prefix, "name": name},
+        )
+    return key, secret.raw
+
+
+def api_key_revoke(*, actor: Actor, api_key: ApiKey, reason: str = "") -> ApiKey:
+    """Revoke now (the next request with it fails). Revoking a revoked key is a no-op."""
+    with transaction.atomic():
+        key = ApiKey.objects.select_for_update().select_related("tenant").get(pk=api_key.pk)
+        if key.revoked_at is None:
+            key.revoked_at = timezone.now()
+            key.save(update_fields=["revoked_at"])
+            audit_record(
+                actor=actor, action="key.revoke", target=key.prefix, tenant=key.tenant.slug, reason=reason,
+                new={"id": key.pk, "prefix": key.prefix},
+            )
+    return key
+
+
+def api_key_mark_used(*, api_key: ApiKey) -> None:
+    """Record use for the serving API; writes at most once per minute per key (not audited)."""
+    now = timezone.now()
+    stale = Q(last_used__isnull=True) | Q(last_used__lt=now - LAST_USED_RESOLUTION)
+    ApiKey.objects.filter(stale, pk=api_key.pk).update(last_used=now)

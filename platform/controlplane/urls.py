@@ -1,0 +1,32 @@
+"""Root URLs. Parts owned by other apps are included only when their modules exist:
+``controlplane.serving.urls`` at /v1/, and ``controlplane.{jobs,runtime,ui}.urls`` at the root
+(for /metrics, operator pages...)."""
+
+from django.conf import settings
+from django.contrib import admin
+from django.contrib.staticfiles.views import serve as serve_static
+from django.urls import include, path, re_path
+
+from controlplane import health
+from controlplane.adminapi.api import api as admin_api
+from controlplane.common.hooks import module_exists
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("api/admin/", admin_api.urls),
+    path("admin/", admin.site.urls),
+]
+
+if module_exists("controlplane.serving.urls"):
+    urlpatterns.append(path("v1/", include("controlplane.serving.urls")))
+
+for _module in ("controlplane.jobs.urls", "controlplane.runtime.urls", "controlplane.ui.urls"):
+    if module_exists(_module):
+        urlpatterns.append(path("", include(_module)))
+
+if settings.STRATA_SERVE_STATIC:
+    # Single-process local runs have no web server in front; serve /static/ from the finders.
+    urlpatterns.append(
+        re_path(rf"^{settings.STATIC_URL.lstrip('/')}(?P<path>.*)$", serve_static, {"insecure": True})
+    )

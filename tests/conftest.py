@@ -1,0 +1,34 @@
+"""Shared fixtures for the whole suite (keep small; area-specific ones live in sub-conftests)."""
+
+import pytest
+from django.test import Client
+
+
+@pytest.fixture
+def actor():
+    """An internal actor for calling services directly in tests."""
+    from controlplane.common.actor import Actor
+
+    return Actor.system("tests")
+
+
+def _operator_client(role: str) -> Client:
+    from controlplane.common.actor import Actor
+    from controlplane.operators.services import operator_token_create
+
+    _, raw = operator_token_create(actor=Actor.system("tests"), username=f"{role}-op", role=role)
+    client = Client(headers={"Authorization": f"Bearer {raw}"})
+    client.token = raw
+    return client
+
+
+@pytest.fixture
+def admin_client(db) -> Client:
+    """Django test client authenticated with an admin operator token (``.token`` holds it)."""
+    return _operator_client("admin")
+
+
+@pytest.fixture
+def viewer_client(db) -> Client:
+    """Django test client authenticated with a viewer operator token (``.token`` holds it)."""
+    return _operator_client("viewer")

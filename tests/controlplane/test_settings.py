@@ -1,0 +1,105 @@
+"""Settings: environment split, DB/broker selection, secret key handling, check --deploy."""
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PRINT_SETTINGS = (
+    "import json, django; from django.conf import settings; django.setup(); "
+    "db = settings.DATABASES['default']; "
+    "print(json.dumps({'engine': db['ENGINE'], 'name': str(db['NAME']), 'broker': settings.CELERY_BROKER_URL, "
+    "'debug': settings.DEBUG, 'key_len': len(settings.SECRET_KEY)}))"
+)
+
+
+def run_django(env_overrides, *args, settings_module="controlplane.settings.local"):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STRATA_") and k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
+    env.update({"DJANGO_SETTINGS_MODULE": settings_module, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'platform'}"})
+    env.update(env_overrides)
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_check_deploy_passes_with_production_settings(tmp_path):
+    proc = run_django(
+        {"STRATA_HOME": str(tmp_path), "STRATA_SECRET_KEY": secrets.token_urlsafe(50),
+         "STRATA_ALLOWED_HOSTS": "strata.example.com"},
+        "manage.py", "check", "--deploy", "--fail-level", "WARNING", "--settings", "controlplane.settings.production",
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no issues" in proc.stdout
+
+
+def test_production_refuses_to_start_without_allowed_hosts(tmp_path):
+    proc = run_django({"STRATA_HOME": str(tmp_path)}, "manage.py", "check",
+                      settings_module="controlplane.settings.production")
+    assert proc.returncode != 0 and "STRATA_ALLOWED_HOSTS" in proc.stderr
+
+
+def test_defaults_are_sqlite_and_embedded_broker_under_strata_home(tmp_path):
+    proc = run_django({"STRATA_HOME": str(tmp_path)}, "-c", PRINT_SETTINGS)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["engine"] == "django.db.backends.sqlite3" and got["name"] == str(tmp_path / "db.sqlite3")
+    assert got["broker"] == f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    assert got["debug"] is False
+
+
+def test_database_url_and_broker_url_switch_to_real_servers(tmp_path):
+    proc = run_django({"STRATA_HOME": str(tmp_path), "DATABASE_URL": "postgres://u@db.example:5432/strata",
+                       "CELERY_BROKER_URL": "redis://cache.example:6379/0"}, "-c", PRINT_SETTINGS)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["engine"] == "django.db.backends.postgresql" and got["name"] == "strata"
+    assert got["broker"] == "redis://cache.example:6379/0"
+
+
+def test_generated_secret_key_lives_in_strata_home_private_and_stable(tmp_path):
+    first = run_django({"STRATA_HOME": str(tmp_path)}, "-c", PRINT_SETTINGS)
+    second = run_django({"STRATA_HOME": str(tmp_path)}, "-c", PRINT_SETTINGS)
+    assert first.returncode == 0 and second.returncode == 0
+    key_file = tmp_path / "secret_key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert len(key_file.read_text().strip()) >= 50
+    other = run_django({"STRATA_HOME": str(tmp_path / "other")}, "-c", PRINT_SETTINGS)
+    assert other.returncode == 0
+    assert (tmp_path / "other" / "secret_key").read_text() != key_file.read_text()
+
+
+def test_secret_key_file_is_created_once_and_reused(tmp_path):
+    from controlplane.env import secret_key_from_file
+
+    path = tmp_path / "k"
+    keys = {secret_key_from_file(path) for _ in range(3)}
+    assert len(keys) == 1 and path.read_text().strip() in keys
+
+
+def test_no_secret_key_or_key_file_is_tracked_in_the_repo():
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    assert not any(name.endswith("secret_key") for name in tracked)
+    assert ".strata/" in (REPO / ".gitignore").read_text()
+
+
+def test_bad_env_values_fail_with_a_clear_message(monkeypatch):
+    from controlplane import env
+
+    monkeypatch.setenv("STRATA_MAX_BODY_BYTES", "lots")
+    with pytest.raises(env.EnvError, match="STRATA_MAX_BODY_BYTES"):
+        env.load()
+    monkeypatch.setenv("STRATA_MAX_BODY_BYTES", "10")
+    monkeypatch.setenv("STRATA_DEBUG", "maybe")
+    with pytest.raises(env.EnvError, match="STRATA_DEBUG"):
+        env.load()
+
+
+def test_test_settings_run_without_debug():
+    from django.conf import settings
+
+    assert settings.DEBUG is False
