@@ -269,14 +269,20 @@ class Supervisor:
 
     @staticmethod
     def _signal(child: Child, sig: int) -> None:
-        """``sig`` to the child, its process group and every remembered descendant still running."""
-        if child.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.proc.send_signal(sig)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        """``sig`` to the child's process group (once to each member) and to every remembered
+        descendant that has left the group."""
+        try:
             os.killpg(child.pid, sig)  # start_new_session: the child's pid is its group id
+        except ProcessLookupError:
+            if child.proc.poll() is None:  # the child left its own group (setsid)
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(sig)
+        except PermissionError:
+            pass
+        table = _proc_table() or {}  # ``known`` is empty where there is no /proc
         for pid, start in child.known.items():
-            if _alive(pid, start):
+            info = table.get(pid)
+            if info is not None and info.state != "Z" and info.start == start and info.pgid != child.pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
 
@@ -470,7 +476,7 @@ class Launcher:
     def start_celery(self) -> None:
         say("starting the Celery worker")
         argv = [self._bin("celery"), "-A", "controlplane.celery_app", "worker", "-l", "info",
-                "--concurrency", "1", "--pool", "threads", "--hostname", f"strata@{socket.gethostname()}"]
+                "--concurrency", "1", "--pool", "threads", "--hostname", f"strata-{os.getpid()}@%h"]
         self.sup.start("celery", argv, env=self.env, cwd=REPO_ROOT, log_path=self._log("celery"))
 
     def start_web(self) -> None:
