@@ -15,4 +15,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
 
 app = Celery("strata")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Ray's driver needs real file descriptors for stdout/stderr (faulthandler), so Celery must not swap
+# them for logging proxies.
+app.conf.worker_redirect_stdouts = False
 app.autodiscover_tasks(["controlplane.jobs"])

@@ -23,7 +23,7 @@ from controlplane.runtime import gateway
 from controlplane.tenants.models import Tenant
 from workers.actor import actor_name
 
-DRAIN_SECONDS = 10.0
+DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
 
 
 class RetryLater(Exception):
@@ -170,7 +170,7 @@ def _pause() -> None:
         time.sleep(delay)
 
 
-def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "") -> list[str]:
+def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kwargs) -> list[str]:
     """Call ``method`` on every target worker not done yet; record results; return failed names."""
     targets = _targets(job)
     job.progress_total = len(targets) * (2 if job.kind == FlushJob.Kind.ROLLOUT else 1)
@@ -181,7 +181,8 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "") -> l
             continue
         _pause()
         try:
-            res = gateway.call(gateway.spec_for(deployment), method, *args_for(deployment), create=False)
+            res = gateway.call(gateway.spec_for(deployment), method, *args_for(deployment), create=False,
+                               timeout=gateway.CALL_TIMEOUT_S + kwargs.get("drain_seconds", 0), **kwargs)
             res = {"status": "absent", "blocks_freed": 0} if res is None else {"status": "ok", **res}
         except Unavailable as exc:
             res = {"status": "failed", "reason": exc.message}
@@ -251,7 +252,9 @@ def _execute_rollout(job: FlushJob, final_attempt: bool) -> FlushJob:
         model_activate_revision(actor=Actor.system("rollout"), deployment=deployment, revision=new, reason=job.reason)
         _step(job, "switched", revision=new.label)
         _save(job, "steps")
-    failed = _run_on_workers(job, "switch_revision", lambda d: (new.label,), key=":switch")
+    drain = float(getattr(settings, "STRATA_ROLLOUT_DRAIN_SECONDS", DRAIN_SECONDS))
+    failed = _run_on_workers(job, "switch_revision", lambda d: (new.label,), key=":switch",
+                             drain_seconds=drain)
     if failed and not final_attempt:
         raise RetryLater("switch failed on some workers")
     verified = True

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from controlplane.jobs import services
+from controlplane.jobs.models import FlushJob
+
+logger = logging.getLogger("controlplane.jobs")
 
 MAX_RETRIES = 6
 
@@ -16,6 +21,9 @@ def run_job(self, job_id: int) -> str:
     final = self.request.retries >= self.max_retries
     try:
         job = services.job_execute(job_id=job_id, final_attempt=final)
+    except FlushJob.DoesNotExist:
+        logger.warning("job %s does not exist; dropping the message", job_id)
+        return "missing"
     except services.RetryLater as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
     return job.status

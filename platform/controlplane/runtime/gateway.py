@@ -87,7 +87,7 @@ def get_worker(spec: WorkerSpec, *, create: bool = True) -> Any:
         return _handle(spec, create)
     except Exception as exc:
         forget(spec.deployment)
-        logger.warning("worker for %s unavailable: %s", spec.deployment, type(exc).__name__)
+        logger.warning("worker for %s unavailable: %r", spec.deployment, exc, exc_info=True)
         raise Unavailable("cache workers are unavailable; retry shortly", retry_after=5) from exc
 
 

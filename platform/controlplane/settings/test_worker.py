@@ -1,0 +1,15 @@
+"""Settings of the Celery worker that the integration tests start as a real subprocess.
+
+Same as ``test`` (the test process passes ``DATABASE_URL`` pointing at its test database, and the
+broker/Ray addresses), plus the two job test hooks: a pause between workers so a test can kill the
+Celery worker mid-job, and a short staleness window so the restarted worker resumes the job soon.
+Only tests use this module; the variables are read here because they exist only for tests.
+"""
+
+import os
+
+from .test import *  # noqa: F403
+
+STRATA_JOB_STEP_DELAY = float(os.environ.get("STRATA_TEST_JOB_STEP_DELAY", "0"))
+STRATA_JOB_STALE_SECONDS = float(os.environ.get("STRATA_TEST_JOB_STALE_SECONDS", "3"))
+STRATA_ROLLOUT_DRAIN_SECONDS = float(os.environ.get("STRATA_TEST_ROLLOUT_DRAIN_SECONDS", "10"))

@@ -1,0 +1,97 @@
+"""Fixtures for job tests: a real Celery worker subprocess on the same broker, database and Ray
+cluster as the test process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.serving.conftest import asgi_url, platform, ray_cluster  # noqa: F401  (re-exported fixtures)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    user = db.get("USER") or "postgres"
+    host = db.get("HOST") or "127.0.0.1"
+    port = db.get("PORT") or 5432
+    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
+
+
+class CeleryWorker:
+    def __init__(self, ray_address: str, step_delay: float) -> None:
+        self.env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings.test_worker",
+            "DATABASE_URL": _database_url(),
+            "RAY_ADDRESS": ray_address,
+            "STRATA_TEST_JOB_STEP_DELAY": str(step_delay),
+            "STRATA_TEST_JOB_STALE_SECONDS": "2",
+            "STRATA_TEST_ROLLOUT_DRAIN_SECONDS": "0.5",
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
+        }
+        if settings.CELERY_BROKER_URL:
+            self.env["CELERY_BROKER_URL"] = settings.CELERY_BROKER_URL
+        self.proc: subprocess.Popen | None = None
+        self.log = REPO / ".strata" / "test" / f"celery-{os.getpid()}.log"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool", "solo",
+             "--loglevel", "info", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            env=self.env, cwd=REPO, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the crash a job must survive (no chance to ack, release or clean up)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def celery_worker_factory(ray_cluster):  # noqa: F811
+    from controlplane.celery_app import app
+
+    app.control.purge()  # messages left by earlier runs on a shared broker must not run here
+    started: list[CeleryWorker] = []
+
+    def make(step_delay: float = 0.0) -> CeleryWorker:
+        worker = CeleryWorker(ray_cluster, step_delay)
+        worker.start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(predicate, timeout: float = 120.0, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
