@@ -391,10 +391,7 @@ class Launcher:
         return str(local) if local.exists() else name
 
     def _manage(self, *args: str) -> list[str]:
-        for candidate in (REPO_ROOT / "manage.py", PLATFORM_DIR / "manage.py"):
-            if candidate.exists():
-                return [self.cfg.python, str(candidate), *args]
-        return [self.cfg.python, "-m", "django", *args]
+        return [self.cfg.python, str(REPO_ROOT / "manage.py"), *args]
 
     def _one_shot(self, name: str, argv: list[str], what: str, timeout: float) -> None:
         rc = self.sup.run(name, argv, env=self.env, cwd=REPO_ROOT, log_path=self._log(name), timeout=timeout)
@@ -503,7 +500,6 @@ class Launcher:
 
     def banner(self) -> None:
         base = f"http://{HOST}:{self.cfg.port}"
-        manage = "manage.py" if (REPO_ROOT / "manage.py").exists() else "-m django"
         lines = [
             "",
             f"Strata is up at {base}",
@@ -518,8 +514,8 @@ class Launcher:
             lines += [
                 "",
                 "Log in: create an operator token and an admin user with",
-                f"  .venv/bin/python {manage} create_operator_token --username you --role admin",
-                f"  .venv/bin/python {manage} createsuperuser",
+                "  .venv/bin/python manage.py create_operator_token --username you --role admin",
+                "  .venv/bin/python manage.py createsuperuser",
                 "or start with STRATA_DEMO=1 make run for demo tenants, keys and a model.",
             ]
         print("\n".join(lines), flush=True)
