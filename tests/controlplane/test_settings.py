@@ -61,6 +61,21 @@ def test_database_url_and_broker_url_switch_to_real_servers(tmp_path):
     assert got["broker"] == "redis://cache.example:6379/0"
 
 
+def test_sqlite_by_url_gets_the_same_locking_options_as_the_default(tmp_path):
+    import dataclasses
+
+    from controlplane import env
+    from controlplane.settings.base import SQLITE_OPTIONS, database_config
+
+    base = dataclasses.replace(env.load(), home=tmp_path, database_url=None)
+    default = database_config(base)
+    by_url = database_config(dataclasses.replace(base, database_url=f"sqlite:///{tmp_path / 'w.sqlite3'}"))
+    assert default["OPTIONS"] == by_url["OPTIONS"] == SQLITE_OPTIONS
+    assert by_url["NAME"] == str(tmp_path / "w.sqlite3")
+    postgres = database_config(dataclasses.replace(base, database_url="postgres://u@h:5432/db"))
+    assert "transaction_mode" not in postgres.get("OPTIONS", {}) and postgres["CONN_MAX_AGE"] == 60
+
+
 def test_generated_secret_key_lives_in_strata_home_private_and_stable(tmp_path):
     first = run_django({"STRATA_HOME": str(tmp_path)}, "-c", PRINT_SETTINGS)
     second = run_django({"STRATA_HOME": str(tmp_path)}, "-c", PRINT_SETTINGS)

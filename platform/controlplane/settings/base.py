@@ -31,22 +31,28 @@ def _exists(module: str) -> bool:
         return False
 
 
+SQLITE_OPTIONS = {
+    # IMMEDIATE takes the write lock when a transaction starts: concurrent writers (web, Celery, CLI)
+    # queue for up to `timeout` seconds instead of failing on lock upgrade; the audit chain relies on it.
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 20,
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+}
+
+
 def database_config(env: envmod.StrataEnv) -> dict:
-    """``DATABASES['default']`` for ``env``: PostgreSQL (or any dj-database-url URL) or SQLite."""
+    """``DATABASES['default']`` for ``env``: ``DATABASE_URL`` (PostgreSQL, or any URL dj-database-url
+    parses) or the SQLite file ``$STRATA_HOME/db.sqlite3``. Every SQLite database gets
+    :data:`SQLITE_OPTIONS`, also when named by URL (a worker pointed at a test database)."""
     if env.database_url:
-        return dj_database_url.parse(env.database_url, conn_max_age=60, conn_health_checks=True)
-    env.home.mkdir(parents=True, exist_ok=True)
-    return {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": str(env.home / "db.sqlite3"),
-        "OPTIONS": {
-            # IMMEDIATE takes the write lock when a transaction starts: concurrent writers queue
-            # (up to `timeout` seconds) instead of failing on lock upgrade; the audit chain relies on it.
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-        },
-    }
+        config = dj_database_url.parse(env.database_url, conn_max_age=60, conn_health_checks=True)
+    else:
+        env.home.mkdir(parents=True, exist_ok=True)
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(env.home / "db.sqlite3")}
+    if config["ENGINE"].endswith("sqlite3"):
+        config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
+        config["CONN_MAX_AGE"] = 0
+    return config
 
 
 def secret_key(env: envmod.StrataEnv) -> str:
