@@ -243,7 +243,7 @@ class CacheWorker:
             if new is None:
                 raise ValueError(f"revision {label!r} is not staged on this worker")
             old = self._active.loaded.revision.label
-            self.engine.retire(self.deployment, old)  # no more hits or stores for the old namespace
+            retired = self.engine.retire(self.deployment, old)  # no more hits or stores for the old namespace
             self.engine.unretire(self.deployment, label)  # a rollback to an earlier label caches again
             self._active = new  # new requests now run on the new revision
         deadline = time.monotonic() + drain_seconds
@@ -255,10 +255,10 @@ class CacheWorker:
             while self._running_of(old):
                 time.sleep(0.01)
             self._aborting.discard(old)
-        freed = self.engine.flush(lambda t: t.revision == old)
+        freed = self.engine.flush(lambda t: t.revision == old)  # anything registered while draining
         self.engine.check_integrity()
         return {"switched": True, "from": old, "revision": label, "aborted": aborted,
-                "blocks_freed": freed["blocks_freed"]}
+                "blocks_freed": retired["blocks_freed"] + freed["blocks_freed"]}
 
     def _running_of(self, revision: str) -> list:
         return [s for s in self.engine.running() if s.tag.revision == revision]
