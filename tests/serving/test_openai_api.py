@@ -112,3 +112,12 @@ def test_usage_is_visible_in_admin_stats(platform, tenant, admin_client):
     worker = next(w for w in stats["workers"] if w["model"] == platform.model)
     assert worker["status"] == "ok"
     assert any(r["tenant"] == tenant for r in stats["tenants"])
+
+
+def test_prometheus_metrics_need_operator_credentials_and_show_token_counters(platform, admin_client):
+    platform.client("acme").completions.create(model=platform.model, prompt=DOC, max_tokens=1, temperature=0)
+    assert httpx.get(f"{platform.url}/metrics").status_code == 401
+    text = admin_client.get("/metrics").content.decode()
+    assert f'strata_worker_up{{model="{platform.model}"}} 1.0' in text
+    assert f'strata_query_tokens_total{{model="{platform.model}",tenant="acme"}}' in text
+    assert 'strata_pages{model="' in text and "strata_jobs{" in text

@@ -23,6 +23,7 @@ from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
 from controlplane.serving import ratelimit
 from controlplane.tenants import selectors as tenant_selectors
+from controlplane.tenants import services as tenant_services
 
 _TOKENIZER = ByteTokenizer()
 _CHAT = ChatTemplate(_TOKENIZER)
@@ -74,6 +75,7 @@ def authenticate(request: HttpRequest):
         raise Unauthenticated("invalid API key", code="invalid_api_key")
     if not result.ok:
         raise Forbidden("this tenant is suspended", code="tenant_suspended")
+    tenant_services.api_key_mark_used(api_key=result.api_key)
     return result.tenant
 
 

@@ -137,6 +137,16 @@ STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
 STRATA_REDIS_URL = ENV.redis_url
+# Shared counters (rate limits) live in Redis when REDIS_URL is set, so every web process agrees;
+# the embedded default is process-local memory (one web process).
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": ENV.redis_url,
+         "KEY_PREFIX": "strata"}
+        if ENV.redis_url
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "strata"}
+    )
+}
 STRATA_RAY_ADDRESS = ENV.ray_address
 # Test settings set this so TransactionTestCase's flush may empty the append-only audit table.
 STRATA_AUDIT_ALLOW_FLUSH = False

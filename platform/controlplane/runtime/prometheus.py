@@ -1,0 +1,70 @@
+"""/metrics: Prometheus text exposition of the cache figures (token-weighted, per tenant and model).
+
+Gathered on each scrape from the workers (``stats.cluster_stats``) and the jobs table. Tenant labels
+are slugs, bounded by the engine's label cap. Operator credentials are required (a viewer token is
+enough): tenant names and traffic volumes are not public.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controlplane.adminapi.auth import OperatorAuth
+from controlplane.common.errors import ApplicationError, error_response
+from controlplane.jobs.models import FlushJob
+from controlplane.runtime import stats
+
+USAGE_COUNTERS = {
+    "query_tokens": "Prompt tokens presented to the cache",
+    "lookup_hit_tokens": "Prompt tokens the index held",
+    "load_success_tokens": "Prompt tokens whose KV bytes arrived",
+    "effective_hit_tokens": "Prompt tokens whose prefill was skipped",
+    "stored_tokens": "Tokens newly stored in the cache",
+    "requests": "Requests served",
+}
+
+
+class _Collector:
+    def __init__(self, snapshot: dict, jobs: dict[str, int]) -> None:
+        self.snapshot, self.jobs = snapshot, jobs
+
+    def collect(self):
+        up = GaugeMetricFamily("strata_worker_up", "1 if the model's cache worker answered", labels=["model"])
+        pages = GaugeMetricFamily("strata_pages", "L1 pages by state", labels=["model", "state"])
+        evictions = CounterMetricFamily("strata_evictions", "Cached blocks evicted", labels=["model"])
+        dupes = CounterMetricFamily("strata_duplicate_stores", "Stores of blocks already cached", labels=["model"])
+        saved = CounterMetricFamily("strata_saved_prefill_seconds", "Estimated prefill seconds saved",
+                                    labels=["tenant", "model"])
+        usage = {k: CounterMetricFamily(f"strata_{k}", help_, labels=["tenant", "model"])
+                 for k, help_ in USAGE_COUNTERS.items()}
+        for w in self.snapshot["workers"]:
+            model = w["model"]
+            up.add_metric([model], 1.0 if w["status"] == "ok" else 0.0)
+            if w["status"] != "ok":
+                continue
+            for state in ("protected", "evictable", "free"):
+                pages.add_metric([model, state], w["pool"].get(state, 0))
+            evictions.add_metric([model], w.get("evictions", 0))
+            dupes.add_metric([model], w.get("duplicate_stores", 0))
+            for row in w["usage"]:
+                for key, fam in usage.items():
+                    fam.add_metric([row["tenant"], model], row.get(key, 0))
+                saved.add_metric([row["tenant"], model], row.get("saved_prefill_seconds", 0.0))
+        jobs = GaugeMetricFamily("strata_jobs", "Flush and rollout jobs by status", labels=["status"])
+        for status, n in self.jobs.items():
+            jobs.add_metric([status], n)
+        yield from (up, pages, evictions, dupes, saved, jobs, *usage.values())
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    try:
+        if OperatorAuth()(request) is None:
+            return error_response(401, "operator credentials required", headers={"WWW-Authenticate": "Bearer"})
+    except ApplicationError as exc:
+        return exc.response()
+    jobs = {s: FlushJob.objects.filter(status=s).count() for s in FlushJob.Status.values}
+    registry = CollectorRegistry()
+    registry.register(_Collector(stats.cluster_stats(), jobs))
+    return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")
