@@ -134,5 +134,6 @@ def test_offboarding_revokes_keys_at_once_and_flushes_everywhere(platform, admin
         _cached(platform, "acme")
     job = _final(admin_client, resp.json()["flush_job"]["id"])
     assert job["status"] == "succeeded" and job["verified"] and job["tenant"] == "acme"
+    assert job["kind"] == "offboard"
     assert sum(r.get("blocks_freed", 0) for r in job["results"]) > 0
     assert _cached(platform, "globex") > 0  # another tenant's hot prefix survives the offboarding

@@ -141,7 +141,8 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
         locked.status = Tenant.Status.OFFBOARDED
         locked.save(update_fields=["status", "updated"])
         flush = optional_attr("controlplane.jobs.services", "flush_job_request")
-        job = flush(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded") if flush else None
+        job = (flush(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded", kind="offboard")
+               if flush else None)
         audit_record(
             actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
             old={"status": old_status},
