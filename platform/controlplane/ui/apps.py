@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class UiConfig(AppConfig):
+    name = "controlplane.ui"
+    label = "ui"
+    verbose_name = "Operator UI"

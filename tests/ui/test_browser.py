@@ -1,0 +1,104 @@
+"""One real browser (the machine's Chromium, driven by Playwright) against the live server: an
+operator logs in, requests a flush, and watches the job page show live progress until the job
+reaches its final state. The job really runs: a Celery worker subprocess calling cache workers on a
+local Ray cluster. A missing Chromium FAILS this test (CI installs it; see .ci/run)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.ui.conftest import PASSWORD
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+PROMPT = "Board minutes, strictly confidential, for the audit committee only. " * 4
+
+
+def _chromium() -> str:
+    path = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    if not path:
+        pytest.fail(f"Chromium is required for the operator UI browser test and was not found at {CHROMIUM}: "
+                    "install it with `apt-get install -y chromium` (.ci/run does this).", pytrace=False)
+    return path
+
+
+@pytest.fixture
+def open_browser(live_server):
+    """``open_browser()`` -> a fresh Chromium page. Call it only after the test's ORM work: Playwright's
+    sync API runs an event loop in this thread, under which Django refuses ORM calls (and must: a
+    connection opened there would belong to the loop's context and outlive the test)."""
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    started = []
+
+    def launch():
+        pw = sync_playwright().start()
+        started.append(pw)
+        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(30_000)
+        return page
+
+    yield launch
+    for pw in started:
+        pw.stop()
+
+
+def _cached_tokens(platform, tenant: str) -> int:
+    out = platform.client(tenant).completions.create(model=platform.model, prompt=PROMPT, max_tokens=1,
+                                                     temperature=0)
+    return out.usage.prompt_tokens_details.cached_tokens
+
+
+def test_operator_logs_in_requests_a_flush_and_watches_it_finish(platform, live_server, admin_user, actor,
+                                                                 celery_worker_factory, open_browser):
+    from playwright.sync_api import expect
+
+    from controlplane.registry.services import model_create
+
+    for name in ("tiny-ui-a", "tiny-ui-b"):  # more workers: the job visibly progresses one at a time
+        model_create(actor=actor, name=name, preset="tiny", revision={"label": "r1", "seed": 11})
+    for tenant in ("acme", "globex"):
+        _cached_tokens(platform, tenant)
+        assert _cached_tokens(platform, tenant) > 0
+    celery_worker_factory(step_delay=1.5)
+    page = open_browser()
+
+    page.goto(f"{live_server.url}/ui/jobs/")
+    expect(page).to_have_url(re.compile(r"/ui/login/\?next=/ui/jobs/$"))
+    page.get_by_label("Username").fill("alice")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page).to_have_url(f"{live_server.url}/ui/jobs/")
+
+    page.get_by_label("Scope").select_option("tenant")
+    page.get_by_label("Tenant").select_option("acme")
+    page.get_by_label("Reason").fill("customer asked for erasure")
+    page.get_by_role("button", name="Request flush").click()
+    expect(page).to_have_url(re.compile(r"/ui/jobs/\d+/$"))
+    expect(page.get_by_role("status").first).to_contain_text(re.compile(r"Flush job \d+ requested"))
+
+    live = page.locator("#job-live [data-status]")
+    progress = page.locator("#job-live .progress-text")
+    # Live progress: a running job with some but not all of its three workers done...
+    expect(progress).to_have_text(re.compile(r"^[12] / 3 workers$"), timeout=120_000)
+    expect(live).to_have_attribute("data-status", "running")
+    # ...then the final state, without a reload.
+    expect(live).to_have_attribute("data-status", "succeeded", timeout=120_000)
+    expect(progress).to_have_text("3 / 3 workers")
+    expect(page.locator("#job-live")).to_contain_text("verified: the flushed scope misses everywhere")
+    serving = page.locator("#job-live tbody tr", has_text=f"cache-worker:{platform.model}")
+    expect(serving).to_contain_text("ok")
+    assert int(serving.locator("td.num").inner_text().replace(",", "")) > 0
+    expect(page.locator("#job-live tbody tr", has_text="cache-worker:tiny-ui-a")).to_contain_text("not running")
+    expect(page.locator("#job-live")).not_to_have_attribute("data-poll", re.compile(".*"))
+    expect(page.locator("#job-live .steps")).to_contain_text("finished")
+
+    assert _cached_tokens(platform, "acme") == 0  # really flushed...
+    assert _cached_tokens(platform, "globex") > 0  # ...and only for that tenant
