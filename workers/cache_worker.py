@@ -62,6 +62,8 @@ class CacheWorker:
     ) -> None:
         self.deployment = deployment
         self.preset = preset
+        # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread); prefill wants every core.
+        torch.set_num_threads(int(os.environ.get("STRATA_TORCH_THREADS") or os.cpu_count() or 1))
         self.block_size = block_size
         loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size)
         layout = loaded.layout
@@ -159,6 +161,10 @@ class CacheWorker:
         except CacheError as exc:
             yield {"type": "error", "code": exc.code, "message": str(exc),
                    "retryable": isinstance(exc, RevisionChanged) or exc.code == "out_of_blocks"}
+
+    def collect(self, req: dict) -> list[dict]:
+        """All events of ``stream`` at once (one round trip for non-streaming API calls)."""
+        return list(self.stream(req))
 
     def complete(self, req: dict) -> dict:
         """Non-streaming form of ``stream``: one dict with text, tokens, logprobs and usage (or error)."""

@@ -4,3 +4,9 @@
 ``pyproject.toml`` maps ``controlplane`` to ``platform/controlplane`` and because ``manage.py`` and
 pytest put ``platform/`` on ``sys.path``.
 """
+
+# Load the Celery app whenever Django loads, so ``task.delay()`` in the web process uses Strata's
+# broker configuration (Celery's Django guide); otherwise it would use Celery's default app.
+from controlplane.celery_app import app as celery_app  # noqa: E402
+
+__all__ = ["celery_app"]

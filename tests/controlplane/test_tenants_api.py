@@ -108,7 +108,7 @@ def test_offboard_calls_the_flush_hook_when_the_jobs_app_provides_one(tenant, ac
     monkeypatch.setattr(services, "optional_attr", lambda module, attr: flush_job_request)
     result = services.tenant_offboard(actor=actor, tenant=tenant, reason="bye")
     assert result.flush_job.pk == 41
-    assert calls == [{"actor": actor, "scope": "tenant", "tenant": result.tenant, "reason": "bye"}]
+    assert calls == [{"actor": actor, "scope": "tenant", "tenant": result.tenant, "reason": "bye", "kind": "offboard"}]
 
 
 def test_offboard_without_jobs_app_still_offboards(tenant, actor, monkeypatch):

@@ -38,6 +38,7 @@ class CeleryWorker:
             "RAY_ADDRESS": ray_address,
             "STRATA_TEST_JOB_STEP_DELAY": str(step_delay),
             "STRATA_TEST_JOB_STALE_SECONDS": "2",
+            "STRATA_TEST_CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
             "STRATA_TEST_ROLLOUT_DRAIN_SECONDS": "0.5",
             "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "platform")]),
         }
@@ -49,8 +50,10 @@ class CeleryWorker:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool", "solo",
-             "--loglevel", "info", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+            # threads pool (as `make run` uses): the consumer keeps serving the broker while a task
+            # runs, which the Redis transport needs during a long job
+            [sys.executable, "-m", "celery", "-A", "controlplane.celery_app", "worker", "--pool", "threads",
+             "--concurrency", "1", "--loglevel", "info", "--without-gossip", "--without-mingle", "--without-heartbeat"],
             env=self.env, cwd=REPO, stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
         )
 

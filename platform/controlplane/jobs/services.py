@@ -141,7 +141,8 @@ def _save(job: FlushJob, *fields: str) -> None:
 
 def _begin(job_id: int) -> FlushJob | None:
     with transaction.atomic():
-        job = FlushJob.objects.select_for_update().select_related("tenant", "deployment", "revision").get(pk=job_id)
+        job = (FlushJob.objects.select_for_update(of=("self",))
+               .select_related("tenant", "deployment", "revision", "from_revision").get(pk=job_id))
         if job.is_final:
             return None
         job.attempts += 1
@@ -161,6 +162,21 @@ def job_execute(*, job_id: int, final_attempt: bool = False) -> FlushJob:
     if job.kind == FlushJob.Kind.ROLLOUT:
         return _execute_rollout(job, final_attempt)
     return _execute_flush(job, final_attempt)
+
+
+def job_fail(*, job_id: int, error: str) -> FlushJob:
+    """Record a job that cannot complete (an unexpected error outlived every retry) as failed."""
+    with transaction.atomic():
+        job = FlushJob.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=job_id)
+        if job.is_final:
+            return job
+        job.status, job.error, job.finished_at = FlushJob.Status.FAILED, error[:2000], timezone.now()
+        _step(job, "finished", status=job.status, error=job.error)
+        _save(job, "status", "error", "finished_at", "steps")
+        audit_record(actor=Actor.system("jobs"), action=f"{job.kind}.complete", target=f"job:{job.pk}",
+                     tenant=job.tenant.slug if job.tenant_id else "", new={"status": job.status},
+                     reason=job.reason, result="error")
+    return job
 
 
 def _pause() -> None:

@@ -1,35 +1,58 @@
-"""Resume jobs whose Celery worker died: when a worker starts, re-enqueue running jobs whose
-heartbeat is stale. Execution is idempotent, so a job that is in fact still running elsewhere (or
-whose message the broker also redelivers) completes once, with no double effects."""
+"""Resume jobs whose Celery worker died.
+
+Every Celery worker runs a small reaper thread: every few seconds it re-enqueues running jobs whose
+heartbeat is stale (the worker executing them stopped updating it) and refreshes their heartbeat so
+each is re-enqueued once per staleness window. Execution is idempotent (per-worker results are
+recorded and skipped on resume; a final job is never touched again), so a job that was in fact still
+alive, or whose message the broker also redelivers, completes once with no double effects.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 
 from celery.signals import worker_ready
 from django.conf import settings
+from django.db import close_old_connections
 from django.utils import timezone
 
 logger = logging.getLogger("controlplane.jobs")
+
+
+def stale_seconds() -> float:
+    return float(getattr(settings, "STRATA_JOB_STALE_SECONDS", 60))
 
 
 def resume_stale_jobs() -> list[int]:
     from controlplane.jobs.models import FlushJob
     from controlplane.jobs.tasks import run_job
 
-    stale = timezone.now() - timedelta(seconds=getattr(settings, "STRATA_JOB_STALE_SECONDS", 60))
-    ids = list(FlushJob.objects.filter(status=FlushJob.Status.RUNNING, heartbeat_at__lt=stale)
-               .values_list("pk", flat=True))
+    now = timezone.now()
+    stale = FlushJob.objects.filter(status=FlushJob.Status.RUNNING,
+                                    heartbeat_at__lt=now - timedelta(seconds=stale_seconds()))
+    ids = list(stale.values_list("pk", flat=True))
+    if ids:
+        FlushJob.objects.filter(pk__in=ids).update(heartbeat_at=now)
     for job_id in ids:
         logger.info("resuming stale job %s", job_id)
         run_job.delay(job_id)
     return ids
 
 
+def _reaper() -> None:
+    while True:
+        try:
+            resume_stale_jobs()
+        except Exception:  # the database may be briefly away; try again next round
+            logger.exception("could not check for stale jobs")
+        finally:
+            close_old_connections()
+        time.sleep(max(1.0, stale_seconds() / 2))
+
+
 @worker_ready.connect
 def _on_worker_ready(**_kwargs) -> None:
-    try:
-        resume_stale_jobs()
-    except Exception:  # never keep a worker from starting
-        logger.exception("could not resume stale jobs")
+    threading.Thread(target=_reaper, name="strata-job-reaper", daemon=True).start()

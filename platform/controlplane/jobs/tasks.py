@@ -26,4 +26,9 @@ def run_job(self, job_id: int) -> str:
         return "missing"
     except services.RetryLater as exc:
         raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
+    except Exception as exc:  # a bug or an outage: retry, and never leave the job "running" forever
+        logger.exception("job %s failed", job_id)
+        if final:
+            return services.job_fail(job_id=job_id, error=f"{type(exc).__name__}: {exc}").status
+        raise self.retry(exc=exc, countdown=min(2 ** self.request.retries, 30)) from exc
     return job.status

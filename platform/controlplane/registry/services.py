@@ -164,7 +164,7 @@ def model_activate_revision(
     if revision.deployment_id != deployment.pk:
         raise InvalidInput(f"revision {revision.label!r} does not belong to model {deployment.name!r}")
     with transaction.atomic():
-        locked = ModelDeployment.objects.select_for_update().get(pk=deployment.pk)
+        locked = ModelDeployment.objects.select_for_update(of=("self",)).get(pk=deployment.pk)
         old = locked.active_revision  # read after the lock: the current value, not a stale one
         if old is not None and old.pk == revision.pk:
             return locked

@@ -23,6 +23,7 @@ from controlplane.common.errors import Unavailable
 logger = logging.getLogger("controlplane.runtime")
 
 CALL_TIMEOUT_S = 30.0
+GENERATION_TIMEOUT_S = 600.0  # a whole non-streamed generation (long outputs on a CPU)
 CREATE_TIMEOUT_S = 120.0
 _lock = threading.Lock()
 _handles: dict[str, Any] = {}
@@ -103,9 +104,14 @@ def call(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, 
         raise Unavailable(f"worker {spec.deployment} did not answer {method}", retry_after=5) from exc
 
 
+async def _ahandle(spec: WorkerSpec) -> Any:
+    handle = _handles.get(spec.deployment)  # fast path: no thread hop for a known actor
+    return handle if handle is not None else await asyncio.to_thread(get_worker, spec)
+
+
 async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):
     """Async call of an actor method from an ASGI view."""
-    handle = await asyncio.to_thread(get_worker, spec)
+    handle = await _ahandle(spec)
     try:
         ref = getattr(handle, method).remote(*args, **kwargs)
         return await asyncio.wait_for(ref, timeout)
@@ -119,7 +125,7 @@ async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIME
 async def astream(spec: WorkerSpec, req: dict) -> AsyncIterator[dict]:
     """Stream a request's events from its worker. Raises ``Unavailable`` if the worker cannot be
     reached before the first event; later failures surface as an ``error`` event."""
-    handle = await asyncio.to_thread(get_worker, spec)
+    handle = await _ahandle(spec)
     started = False
     try:
         gen = handle.stream.remote(req)

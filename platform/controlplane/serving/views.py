@@ -55,7 +55,8 @@ async def models(request: HttpRequest):
 
 async def _collect(prep: context.Prepared) -> tuple[list[dict], dict]:
     tokens, finished = [], None
-    async for ev in gateway.astream(prep.spec, prep.worker_req):
+    events = await gateway.acall(prep.spec, "collect", prep.worker_req, timeout=gateway.GENERATION_TIMEOUT_S)
+    for ev in events:
         if ev["type"] == "token":
             tokens.append(ev)
         elif ev["type"] == "finished":

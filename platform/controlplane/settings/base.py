@@ -45,7 +45,11 @@ def database_config(env: envmod.StrataEnv) -> dict:
     parses) or the SQLite file ``$STRATA_HOME/db.sqlite3``. Every SQLite database gets
     :data:`SQLITE_OPTIONS`, also when named by URL (a worker pointed at a test database)."""
     if env.database_url:
-        config = dj_database_url.parse(env.database_url, conn_max_age=60, conn_health_checks=True)
+        # Under ASGI every request's sync code runs in a fresh thread, so per-thread persistent
+        # connections are never reused: PostgreSQL gets a connection pool instead.
+        config = dj_database_url.parse(env.database_url, conn_max_age=0)
+        if config["ENGINE"].endswith("postgresql"):
+            config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 20, "timeout": 10}
     else:
         env.home.mkdir(parents=True, exist_ok=True)
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(env.home / "db.sqlite3")}

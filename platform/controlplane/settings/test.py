@@ -28,6 +28,10 @@ if _db["ENGINE"].endswith("sqlite3"):
 else:
     _db["TEST"] = {"NAME": f"test_{_db['NAME']}_{os.getpid()}"}
 
+# A queue of this test process's own (its Celery worker subprocess is told the name), so concurrent
+# test runs on one shared broker never take each other's jobs.
+CELERY_TASK_DEFAULT_QUEUE = os.environ.get("STRATA_TEST_CELERY_QUEUE") or f"strata-test-{os.getpid()}"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
