@@ -503,7 +503,7 @@ class Launcher:
         lines = [
             "",
             f"Strata is up at {base}",
-            f"  operator UI / Django admin: {base}/admin/",
+            f"  operator UI:                {base}/ui/  (log in as a staff user; Django admin: {base}/admin/)",
             f"  admin API:                  {base}/api/admin/  (Authorization: Bearer <operator token>)",
             f"  serving API (OpenAI):       {base}/v1          (Authorization: Bearer <tenant key>)",
             f"  health:                     {base}/healthz  {base}/readyz",
