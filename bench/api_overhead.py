@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         from django.db import connection
         from django.test import RequestFactory
 
-        from controlplane.asgi import application
+        from controlplane.asgi import _serving as application  # the handler behind /v1/
         from controlplane.serving import context
         from controlplane.serving.schemas import CompletionRequest
 

@@ -188,3 +188,11 @@ def test_kv_api_store_lookup_retrieve_roundtrip_and_isolation(platform):
     assert np.array_equal(back, kv)
     _err(_post(platform, "/v1/kv/store", json={**body, "kv": "!!notbase64"}), 422, "invalid_kv")
     _err(_post(platform, "/v1/kv/store", json={**body, "kv": base64.b64encode(b"123").decode()}), 422, "invalid_kv")
+
+
+def test_serving_responses_carry_nosniff_and_skip_browser_middleware(platform):
+    ok = _post(platform, json=_ok(platform))
+    assert ok.status_code == 200 and ok.headers["x-content-type-options"] == "nosniff"
+    assert "set-cookie" not in ok.headers and "x-frame-options" not in ok.headers  # no session/CSRF/clickjacking
+    err = _post(platform, key=None, json=_ok(platform))
+    assert err.headers["x-content-type-options"] == "nosniff"

@@ -42,6 +42,8 @@ def _precheck(request: HttpRequest) -> HttpResponseBase | None:
 
 
 def _jsonify(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+    # The serving API skips SecurityMiddleware (see asgi.py); keep its one header that matters for JSON.
+    response.setdefault("X-Content-Type-Options", "nosniff")
     if response.status_code < 400 or response.get("Content-Type", "").startswith("application/json"):
         return response
     status = response.status_code
