@@ -165,7 +165,7 @@ class Command(BaseCommand):
         w = self.stdout.write
         w("Strata demo: " + ("created " + ", ".join(out.created) if out.created else "everything already exists"))
         w("")
-        w(f"Operator login   {base}/admin/   user {SUPERUSER}   password "
+        w(f"Operator UI      {base}/ui/   user {SUPERUSER}   password "
           + (out.password if out.password else "(unchanged; shown when it was created)"))
         if out.token:
             w(f"Admin API token  {out.token}")
