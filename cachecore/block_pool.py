@@ -22,96 +22,13 @@ Not thread-safe: the caller holds its lock around every call.
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cachecore.errors import OutOfBlocks
+from cachecore.free_queue import Block, FreeBlockQueue
 
 __all__ = ["Block", "BlockPool", "FreeBlockQueue", "PoolStats"]
-
-
-class Block:
-    """One KV page's bookkeeping. ``token_ids`` is set iff ``block_hash`` is (the block is indexed).
-
-    ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
-    plain free block. ``prev_free``/``next_free`` link the block into the free queue (``None`` when
-    it is not in it).
-    """
-
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "prev_free", "next_free")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: bytes | None = None
-        self.token_ids: tuple[int, ...] | None = None
-        self.owner: str | None = None
-        self.prev_free: Block | None = None
-        self.next_free: Block | None = None
-
-    def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash is not None else None
-        return f"Block(id={self.block_id}, ref={self.ref_cnt}, hash={h}, owner={self.owner!r})"
-
-
-class FreeBlockQueue:
-    """Doubly linked list threaded through ``Block.prev_free``/``next_free``, with two sentinels.
-
-    ``popleft``, ``remove``, ``append`` and ``appendleft`` are O(1) and allocate nothing. The queue
-    does not check membership: removing a block that is not in it, or adding one that is, corrupts it
-    (``BlockPool.check_integrity`` would catch it).
-    """
-
-    def __init__(self, blocks: Iterable[Block] = ()) -> None:
-        self._head = Block(-1)
-        self._tail = Block(-2)
-        self._head.next_free = self._tail
-        self._tail.prev_free = self._head
-        self.num_free = 0
-        for block in blocks:
-            self.append(block)
-
-    def __len__(self) -> int:
-        return self.num_free
-
-    def __iter__(self) -> Iterator[Block]:
-        """Walk head to tail (LRU first)."""
-        node = self._head.next_free
-        while node is not self._tail and node is not None:
-            yield node
-            node = node.next_free
-
-    def popleft(self) -> Block:
-        """Remove and return the head (next to be reused). Raises ``IndexError`` when empty."""
-        block = self._head.next_free
-        if block is self._tail or block is None:
-            raise IndexError("pop from an empty FreeBlockQueue")
-        self.remove(block)
-        return block
-
-    def remove(self, block: Block) -> None:
-        """Unlink ``block`` from anywhere in the queue."""
-        prev, nxt = block.prev_free, block.next_free
-        assert prev is not None and nxt is not None, f"{block} is not in the free queue"
-        prev.next_free = nxt
-        nxt.prev_free = prev
-        block.prev_free = block.next_free = None
-        self.num_free -= 1
-
-    def append(self, block: Block) -> None:
-        """Add at the tail (reused last)."""
-        self._link(block, self._tail.prev_free, self._tail)
-
-    def appendleft(self, block: Block) -> None:
-        """Add at the head (reused first)."""
-        self._link(block, self._head, self._head.next_free)
-
-    def _link(self, block: Block, prev: Block | None, nxt: Block | None) -> None:
-        assert prev is not None and nxt is not None
-        block.prev_free, block.next_free = prev, nxt
-        prev.next_free = block
-        nxt.prev_free = block
-        self.num_free += 1
 
 
 @dataclass
