@@ -196,3 +196,15 @@ def test_serving_responses_carry_nosniff_and_skip_browser_middleware(platform):
     assert "set-cookie" not in ok.headers and "x-frame-options" not in ok.headers  # no session/CSRF/clickjacking
     err = _post(platform, key=None, json=_ok(platform))
     assert err.headers["x-content-type-options"] == "nosniff"
+
+
+def test_chunked_oversized_body_without_content_length_is_413(platform, settings):
+    def chunks():
+        yield b'{"model": "m", "prompt": "'
+        for _ in range(settings.STRATA_MAX_BODY_BYTES // 65536 + 2):
+            yield b"x" * 65536
+        yield b'"}'
+
+    resp = httpx.post(f"{platform.url}/v1/completions", content=chunks(), timeout=60,
+                      headers={"Authorization": f"Bearer {platform.keys['acme']}", "Content-Type": "application/json"})
+    _err(resp, 413)

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest
 from pydantic import BaseModel, ValidationError
 
@@ -46,9 +48,17 @@ class Prepared:
 
 
 def parse_body(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
-    """JSON body -> schema instance. 400 for bytes that are not UTF-8 JSON objects, 422 for fields."""
+    """JSON body -> schema instance. 400 for bytes that are not UTF-8 JSON objects, 422 for fields,
+    413 for a body over the limit (also when it came chunked, without a Content-Length to refuse early)."""
+    limit = settings.STRATA_MAX_BODY_BYTES
     try:
-        data = json.loads(request.body.decode("utf-8"))
+        body = request.body
+    except RequestDataTooBig:
+        body = None
+    if body is None or len(body) > limit:
+        raise TooLarge(f"request body too large (limit {limit} bytes)")
+    try:
+        data = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8", code="invalid_utf8") from None
     except json.JSONDecodeError as exc:
