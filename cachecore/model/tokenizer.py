@@ -49,7 +49,10 @@ class ByteTokenizer:
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         if not isinstance(text, str):
             raise InvalidPrompt(f"text must be a str, got {type(text).__name__}")
-        ids = list(text.encode("utf-8"))
+        try:
+            ids = list(text.encode("utf-8"))
+        except UnicodeEncodeError as exc:  # lone surrogates (e.g. "\ud800" from JSON) are not text
+            raise InvalidPrompt(f"text is not valid Unicode at position {exc.start}") from None
         return [self.bos_id, *ids] if add_bos else ids
 
     def decode(self, ids: Sequence[int]) -> str:

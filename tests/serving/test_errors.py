@@ -65,6 +65,8 @@ def test_unknown_and_ungranted_models_are_the_same_404(platform, actor):
     (b"\xff\xfe\x00garbage", "invalid_utf8"),
     (b"[1, 2, 3]", "invalid_json"),
     (b"", "invalid_json"),
+    (b"[" * 100_000, "invalid_json"),  # nesting deep enough to exhaust the parser's recursion
+    (b'{"model": "m", "prompt": [' + b"1" * 5000 + b"]}", "invalid_json"),  # integer literal too long
 ])
 def test_malformed_bodies_are_400(platform, content, code):
     _err(_post(platform, content=content), 400, code)
@@ -89,6 +91,13 @@ def test_malformed_bodies_are_400(platform, content, code):
 ])
 def test_wrong_types_and_values_are_422(platform, over):
     _err(_post(platform, json=_ok(platform, **over)), 422)
+
+
+def test_lone_surrogate_in_prompt_or_message_is_400(platform):
+    body = b'{"model": "%s", "prompt": "abc\\ud800def"}' % platform.model.encode()
+    _err(_post(platform, content=body), 400, "invalid_prompt")
+    chat = b'{"model": "%s", "messages": [{"role": "user", "content": "\\udfff"}]}' % platform.model.encode()
+    _err(_post(platform, "/v1/chat/completions", content=chat), 400, "invalid_prompt")
 
 
 def test_missing_model_field_is_422(platform):

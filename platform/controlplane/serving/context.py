@@ -64,6 +64,9 @@ def parse_body(request: HttpRequest, schema: type[BaseModel]) -> BaseModel:
     except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}",
                          code="invalid_json") from None
+    except (ValueError, RecursionError):  # nesting too deep, integer literal too long
+        raise BadRequest("request body is not acceptable JSON (too deeply nested or a number too long)",
+                         code="invalid_json") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object", code="invalid_json")
     try:
