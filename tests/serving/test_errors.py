@@ -87,6 +87,7 @@ def test_malformed_bodies_are_400(platform, content, code):
     {"max_token": 5},  # a typo must not silently fall back to a default
     {"n": 3},
     {"seed": "x"},
+    {"seed": 2**64},
     {"stream": "yes"},
 ])
 def test_wrong_types_and_values_are_422(platform, over):

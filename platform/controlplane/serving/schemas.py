@@ -22,7 +22,7 @@ class _Common(BaseModel):
     max_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)] = 16
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | None = None  # what torch's generator takes
     stream: StrictBool = False
     stream_options: dict | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
