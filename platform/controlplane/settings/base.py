@@ -85,6 +85,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "controlplane.common.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (operator UI CSS/JS, Django admin) straight from the app finders, in every
+    # environment: compose and other deployments need no separate web server or collectstatic.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -132,6 +135,7 @@ STATIC_URL = "static/"
 STATIC_ROOT = STRATA_HOME / "static"
 STATICFILES_DIRS = [_FRONTEND / "static"] if (_FRONTEND / "static").is_dir() else []
 STRATA_SERVE_STATIC = False  # urls.py serves /static/ itself when True (no separate web server)
+WHITENOISE_USE_FINDERS = True
 
 # Request bodies: the JSON error middleware answers 413 above these before anything reads the body.
 STRATA_MAX_BODY_BYTES = ENV.max_body_bytes
