@@ -136,6 +136,7 @@ STATIC_ROOT = STRATA_HOME / "static"
 STATICFILES_DIRS = [_FRONTEND / "static"] if (_FRONTEND / "static").is_dir() else []
 STRATA_SERVE_STATIC = False  # urls.py serves /static/ itself when True (no separate web server)
 WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic's target; WhiteNoise warns when it is missing
 
 # Request bodies: the JSON error middleware answers 413 above these before anything reads the body.
 STRATA_MAX_BODY_BYTES = ENV.max_body_bytes
