@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 # On a CUDA machine: make TORCH_INDEX=https://download.pytorch.org/whl/cu128 run
 TORCH_INDEX ?=
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run demo test lint bench clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,10 @@ setup: $(VENV)/.installed
 
 run: setup
 	$(PY) -m workers.launcher
+
+# The engine alone from the command line: shared-prefix requests with cached tokens, TTFT and metrics.
+demo: setup
+	$(PY) -m cachecore.demo
 
 lint: setup
 	$(VENV)/bin/ruff check .
