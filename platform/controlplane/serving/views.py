@@ -113,24 +113,26 @@ async def _chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
         yield ev
 
 
+async def _serve(request: HttpRequest, kind: str):
+    """One completion (``kind`` "text") or chat completion ("chat"), streamed or whole."""
+    prep = await context.prepare(request, CompletionRequest if kind == "text" else ChatRequest)
+    # completions: logprobs is a count (0 = chosen token only); chat: a flag (+ top_logprobs)
+    with_logprobs = prep.body.logprobs is not None and prep.body.logprobs is not False
+    if prep.body.stream:
+        return await _stream(prep, kind, with_logprobs)
+    tokens, finished = await _collect(prep)
+    shape = responses.completion if kind == "text" else responses.chat_completion
+    return JsonResponse(shape(prep.model, tokens, finished, with_logprobs=with_logprobs))
+
+
 @_api_view(("POST",))
 async def completions(request: HttpRequest):
-    prep = await context.prepare(request, CompletionRequest)
-    with_logprobs = prep.body.logprobs is not None
-    if prep.body.stream:
-        return await _stream(prep, "text", with_logprobs)
-    tokens, finished = await _collect(prep)
-    return JsonResponse(responses.completion(prep.model, tokens, finished, with_logprobs=with_logprobs))
+    return await _serve(request, "text")
 
 
 @_api_view(("POST",))
 async def chat_completions(request: HttpRequest):
-    prep = await context.prepare(request, ChatRequest)
-    with_logprobs = bool(prep.body.logprobs)
-    if prep.body.stream:
-        return await _stream(prep, "chat", with_logprobs)
-    tokens, finished = await _collect(prep)
-    return JsonResponse(responses.chat_completion(prep.model, tokens, finished, with_logprobs=with_logprobs))
+    return await _serve(request, "chat")
 
 
 # ---------------------------------------------------------------------- KV API for external engines
