@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.launcher import REPO_ROOT, Config, Launcher, Supervisor, _alive, free_port
+from workers.launcher import REPO_ROOT, Config, Launcher, free_port
+from workers.supervisor import Supervisor, _alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and setsid")
 
