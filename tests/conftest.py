@@ -1,7 +1,16 @@
 """Shared fixtures for the whole suite (keep small; area-specific ones live in sub-conftests)."""
 
+import os
+
 import pytest
 from django.test import Client
+from hypothesis import settings as hypothesis_settings
+
+# CI runs the property-based tests on a fixed, derandomized set of examples so a landing never depends
+# on a lucky draw; local runs keep exploring new examples (and remember failures in .hypothesis/).
+hypothesis_settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture
