@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError, InvalidPrompt
+from cachecore.errors import CacheError
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
 
@@ -107,21 +107,10 @@ class CacheWorker:
         return True
 
     # ------------------------------------------------------------------ serving
-    def _prompt_tokens(self, loaded: LoadedModel, req: dict) -> list[int]:
-        if req.get("messages") is not None:
-            return loaded.chat.render(req["messages"])
-        prompt = req.get("prompt")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidPrompt("prompt is empty")
-            return loaded.tokenizer.encode(prompt)
-        if isinstance(prompt, list):
-            return prompt
-        raise InvalidPrompt("prompt must be a string or a list of token ids")
-
     def stream(self, req: dict) -> Iterator[dict]:
         """Serve one request. ``req``: ``tenant`` (id), ``scope_salt`` (32 bytes, server-chosen),
-        ``cache_salt`` (optional str), ``prompt`` (str | list[int]) or ``messages``, ``max_tokens``,
+        ``cache_salt`` (optional str), ``prompt`` (token ids: the control plane tokenizes and renders
+        chat templates, so limits and quotas are checked before a worker is involved), ``max_tokens``,
         ``temperature``, ``seed``, ``logprobs``, ``max_cached_tokens`` (tenant cap or None),
         ``expected_revision`` (optional: fail with ``revision_changed`` if another is active).
         Yields plain-dict events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
@@ -130,7 +119,7 @@ class CacheWorker:
         try:
             if req.get("expected_revision") not in (None, revision):
                 raise RevisionChanged(f"revision {req['expected_revision']} is no longer active; retry")
-            tokens = self._prompt_tokens(active.loaded, req)
+            tokens = req.get("prompt")
             tenant = str(req["tenant"])
             self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
             ns = active.loaded.namespace(req["scope_salt"])
