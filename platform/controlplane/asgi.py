@@ -6,6 +6,10 @@ middleware is only ``SERVING_MIDDLEWARE`` (JSON errors and body limits), because
 messages and the other browser-oriented middleware do nothing for bearer-key JSON requests and,
 under ASGI, each costs thread hops on every request (see ``bench.api_overhead``). Everything else
 (admin API, UI, Django admin, health) runs through the standard handler and ``settings.MIDDLEWARE``.
+
+Both sit behind :class:`~controlplane.common.asgi_limits.BodyLimit`: Django reads a whole request body
+into a temporary file before any middleware runs, so bodies over the limit are refused (413) at the
+ASGI layer, from ``Content-Length`` or as a chunked body passes the limit, before anything is buffered.
 """
 
 import os
@@ -17,6 +21,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
 django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402
+
+from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
 
 SERVING_PREFIX = "/v1/"
 SERVING_MIDDLEWARE = ["controlplane.common.middleware.ApiErrorMiddleware"]
@@ -34,8 +40,8 @@ class ServingASGIHandler(ASGIHandler):
             settings.MIDDLEWARE = full
 
 
-_site = ASGIHandler()
-_serving = ServingASGIHandler()
+_site = BodyLimit(ASGIHandler())
+_serving = BodyLimit(ServingASGIHandler())
 
 
 async def application(scope, receive, send):

@@ -1,9 +1,11 @@
 """JSON errors outside ninja for the API prefixes (``/api/``, ``/v1/``).
 
 Ninja answers errors inside its own views; this middleware covers what never reaches them:
-unresolved paths (404), wrong methods, disallowed hosts, bodies over the size limit (413, refused
-from ``Content-Length`` before anything reads the body) and unexpected exceptions (500 without a
-trace, even with ``DEBUG``). Other paths are left to Django's normal handling.
+unresolved paths (404), wrong methods, disallowed hosts, bodies over the size limit (413 from
+``Content-Length``; under ASGI ``asgi_limits.BodyLimit`` has already refused those, and chunked ones,
+before Django read the body; this check covers other entry points such as the test client) and
+unexpected exceptions (500 without a trace, even with ``DEBUG``). Other paths are left to Django's
+normal handling.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 
+from controlplane.common.asgi_limits import body_limit, too_large_message
 from controlplane.common.errors import error_response
 
 logger = logging.getLogger("controlplane.errors")
@@ -23,13 +26,6 @@ def _is_api(path: str) -> bool:
     return path.startswith(tuple(settings.STRATA_JSON_ERROR_PREFIXES))
 
 
-def body_limit(path: str) -> int:
-    """Largest request body accepted on ``path`` (admin API is smaller than the serving API)."""
-    if path.startswith("/api/admin/"):
-        return settings.STRATA_ADMIN_MAX_BODY_BYTES
-    return settings.STRATA_MAX_BODY_BYTES
-
-
 def _precheck(request: HttpRequest) -> HttpResponseBase | None:
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -37,7 +33,7 @@ def _precheck(request: HttpRequest) -> HttpResponseBase | None:
         return error_response(400, "invalid Content-Length header")
     limit = body_limit(request.path)
     if length > limit:
-        return error_response(413, f"request body too large (limit {limit} bytes)")
+        return error_response(413, too_large_message(limit))
     return None
 
 
