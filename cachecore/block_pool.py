@@ -7,16 +7,24 @@ Every block is in exactly one of three states:
   later request can hit it; evicted (hash dropped) only when it is reused or its owner's cap needs room.
 - **plain free** (``ref_cnt == 0``, no hash): in the free queue, reused first.
 
-The free queue is ordered ``[plain free ...][cached free, least recently freed first]``; ``allocate``
-takes from the head. ``free`` appends a request's blocks deepest-first, so a shared short prefix is
-evicted after the longer tails that hang off it. Cached capacity therefore grows and shrinks with load.
+The free queue is ordered ``[plain free ...][cached free, least recently freed first]``. ``free``
+appends a request's blocks deepest-first, so a shared short prefix is evicted after the longer tails
+that hang off it. Cached capacity therefore grows and shrinks with load.
 
-Per-owner caps bound how many tokens an owner may keep in the index; an owner over its cap evicts its
-own least recently freed blocks, never another owner's, so it cannot flush other tenants' prefixes by
-caching more.
+**Fair sharing, on by default.** An owner's *usage* is the blocks it holds or keeps cached. Each owner
+with usage (and the one allocating) is *protected* up to ``num_blocks * weight // total_weight`` of the
+pool (equal shares unless ``set_weight``). When ``allocate`` must evict, it takes the least recently
+freed block among owners **over** their protected share; only when none is over does it evict the
+allocating owner's own blocks; when that is not possible either it raises ``OutOfBlocks`` rather than
+push another owner below its share. So a tenant that floods evicts its own blocks or the unprotected
+surplus of others, never another tenant's protected prefixes. Deepest-first order holds inside an owner.
 
-All methods are O(1) per block touched (``drop_where`` and ``check_integrity`` are O(index)/O(pool)).
-Not thread-safe: the caller holds its lock around every call.
+Per-owner caps (``set_cap``) are hard limits on top: an owner over its cap evicts its own least
+recently freed blocks.
+
+All methods are O(1) per block touched except ``allocate``'s eviction, O(owners) per evicted block
+(``drop_where`` and ``check_integrity`` are O(index)/O(pool)). Not thread-safe: the caller holds its
+lock around every call.
 """
 
 from __future__ import annotations
@@ -62,6 +70,10 @@ class BlockPool:
         self._owner_lru: dict[str | None, OrderedDict[int, Block]] = {}
         self._caps: dict[str, int] = {}
         self._num_cached_free = 0
+        # Per owner: blocks it holds or keeps cached (what fair sharing protects), and its weight.
+        self._usage: Counter[str] = Counter()
+        self._weights: dict[str, int] = {}
+        self._clock = 0  # stamps Block.freed_at
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -90,6 +102,28 @@ class BlockPool:
 
     def cap(self, owner: str) -> int | None:
         return self._caps.get(owner)
+
+    def usage(self, owner: str) -> int:
+        """Blocks ``owner`` holds or keeps cached: what its fair share protects."""
+        return self._usage[owner]
+
+    def protected(self, owner: str) -> int:
+        """Blocks of ``owner`` that another owner's allocation may not evict now: its share of the pool
+        among the owners with usage (``owner`` counted even when it has none yet)."""
+        return self._protected(owner, self._usage, extra=owner)
+
+    def owners(self) -> list[str]:
+        """Owners that hold or keep cached at least one block."""
+        return [o for o, n in self._usage.items() if n > 0]
+
+    def set_weight(self, owner: str, weight: int) -> None:
+        """Weight of ``owner``'s fair share (default 1). Takes effect at the next allocation."""
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise ValueError(f"weight must be an int >= 1, got {weight!r}")
+        if weight == 1:
+            self._weights.pop(owner, None)
+        else:
+            self._weights[owner] = weight
 
     def iter_free(self) -> Iterator[Block]:
         """Free blocks in reuse order, next to be reused first (plain ones, then cached LRU first).
@@ -127,25 +161,77 @@ class BlockPool:
             block.ref_cnt += 1
 
     def allocate(self, n: int, owner: str) -> list[Block]:
-        """Take ``n`` blocks from the head of the free queue, each with ``ref_cnt == 1`` and ``owner``.
-
-        A cached block taken this way is evicted first (its hash leaves the index). Raises
-        ``OutOfBlocks`` without side effects when fewer than ``n`` blocks are free.
-        """
+        """Take ``n`` blocks, each with ``ref_cnt == 1`` and ``owner``: plain free blocks first, then
+        cached ones chosen by the fair-share policy (module docstring), each evicted (its hash leaves
+        the index) as it is taken. Raises ``OutOfBlocks`` without side effects when fewer than ``n``
+        can be taken without evicting a held block or another owner's protected share. The message
+        names no pool-wide figure (a tenant learns nothing about other tenants' use)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} blocks")
-        if n > self._free.num_free:
-            raise OutOfBlocks(f"need {n} blocks, {self._free.num_free} free of {self.num_blocks}")
+        victims = self._plan_evictions(n, owner)
+        if victims is None:
+            raise OutOfBlocks("not enough cache capacity for this request right now; retry shortly")
         out = []
-        for _ in range(n):
+        for _ in range(n - len(victims)):
             block = self._free.popleft()
-            if block.block_hash is not None:
-                self._count_eviction(block)
-                self._unindex(block, was_free=True)
-            block.ref_cnt = 1
-            block.owner = owner
+            assert block.block_hash is None, "plain free blocks come first in the free queue"
             out.append(block)
+        for block in victims:
+            self._free.remove(block)
+            self._count_eviction(block)
+            self._unindex(block, was_free=True)
+            out.append(block)
+        for block in out:
+            block.ref_cnt = 1
+            self._set_owner(block, owner)
         return out
+
+    def _plan_evictions(self, n: int, owner: str) -> list[Block] | None:
+        """The cached free blocks ``allocate(n, owner)`` would evict, in order, or None if it cannot."""
+        plain = self._free.num_free - self._num_cached_free
+        need = n - min(n, plain)
+        if need == 0:
+            return []
+        if need > self._num_cached_free:
+            return None
+        usage = Counter(self._usage)
+        usage[owner] += n - need
+        cursors = {o: iter(lru.values()) for o, lru in self._owner_lru.items()}
+        heads: dict[str | None, Block] = {o: next(it) for o, it in cursors.items()}
+        victims: list[Block] = []
+        while len(victims) < need:
+            total = self._total_weight(usage, owner)
+            best = None
+            for o, block in heads.items():
+                if o == owner or o is None:
+                    continue
+                if usage[o] > self.num_blocks * self._weights.get(o, 1) // total and (
+                    best is None or block.freed_at < best.freed_at
+                ):
+                    best = block
+            if best is None:
+                best = heads.get(owner)
+                if best is None:
+                    return None
+            victims.append(best)
+            victim_owner = best.owner
+            usage[victim_owner] -= 1
+            usage[owner] += 1
+            following = next(cursors[victim_owner], None)
+            if following is None:
+                del heads[victim_owner]
+            else:
+                heads[victim_owner] = following
+        return victims
+
+    def _total_weight(self, usage: Counter[str], extra: str) -> int:
+        """Sum of the weights of the owners with usage, plus ``extra`` (the allocating owner)."""
+        active = {o for o, u in usage.items() if u > 0}
+        active.add(extra)
+        return sum(self._weights.get(o, 1) for o in active)
+
+    def _protected(self, owner: str, usage: Counter[str], *, extra: str) -> int:
+        return self.num_blocks * self._weights.get(owner, 1) // self._total_weight(usage, extra)
 
     def free(self, blocks: Sequence[Block]) -> None:
         """Drop one reference per entry. ``blocks`` is a block table, prefix first: blocks reaching 0
@@ -163,9 +249,11 @@ class BlockPool:
             if block.ref_cnt:
                 continue
             if block.block_hash is None:
-                block.owner = None
+                self._set_owner(block, None)
                 self._free.appendleft(block)
                 continue
+            self._clock += 1
+            block.freed_at = self._clock
             self._free.append(block)
             self._lru(block.owner)[block.block_id] = block
             self._num_cached_free += 1
@@ -216,7 +304,7 @@ class BlockPool:
         self._index[block_hash] = block
         block.block_hash = block_hash
         block.token_ids = tokens
-        block.owner = owner
+        self._set_owner(block, owner)
         self._owner_cached[owner] += 1
         return block
 
@@ -243,7 +331,7 @@ class BlockPool:
             was_free = block.ref_cnt == 0
             self._unindex(block, was_free=was_free)
             if was_free:
-                block.owner = None
+                self._set_owner(block, None)
                 self._free.remove(block)
                 self._free.appendleft(block)
         self.stats.dropped += len(matches)
@@ -254,6 +342,17 @@ class BlockPool:
         return self.drop_where(lambda b: b.owner == owner)
 
     # ------------------------------------------------------------------ internals
+    def _set_owner(self, block: Block, owner: str | None) -> None:
+        if block.owner == owner:
+            return
+        if block.owner is not None:
+            self._usage[block.owner] -= 1
+            if not self._usage[block.owner]:
+                del self._usage[block.owner]
+        if owner is not None:
+            self._usage[owner] += 1
+        block.owner = owner
+
     def _lru(self, owner: str | None) -> OrderedDict[int, Block]:
         lru = self._owner_lru.get(owner)
         if lru is None:
@@ -290,7 +389,7 @@ class BlockPool:
             self._count_eviction(block)
             self.stats.cap_evictions += 1
             self._unindex(block, was_free=True)
-            block.owner = None
+            self._set_owner(block, None)
             self._free.remove(block)
             self._free.appendleft(block)
 
@@ -349,6 +448,14 @@ class BlockPool:
             per_owner.setdefault(block.owner, []).append(block.block_id)
         lru_view = {o: list(lru) for o, lru in self._owner_lru.items()}
         assert per_owner == lru_view, f"per-owner evictable order {lru_view} != free queue order {per_owner}"
+
+        usage: Counter[str] = Counter(
+            b.owner for b in self.blocks if b.owner is not None and (b.ref_cnt > 0 or b.block_hash is not None)
+        )
+        assert usage == self._usage, f"per-owner usage {dict(self._usage)} != {dict(usage)}"
+        for block in self.blocks:
+            assert block.owner is not None or (block.ref_cnt == 0 and block.block_hash is None), \
+                f"{block}: held or cached without an owner"
 
         for owner, cap in self._caps.items():
             assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"

@@ -15,11 +15,11 @@ class Block:
     """One KV page's bookkeeping. ``token_ids`` is set iff ``block_hash`` is (the block is indexed).
 
     ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
-    plain free block. ``prev_free``/``next_free`` link the block into the free queue (``None`` when
+    plain free block. ``freed_at`` orders cached free blocks across owners (least recently freed first). ``prev_free``/``next_free`` link the block into the free queue (``None`` when
     it is not in it).
     """
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "freed_at", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -27,6 +27,7 @@ class Block:
         self.block_hash: bytes | None = None
         self.token_ids: tuple[int, ...] | None = None
         self.owner: str | None = None
+        self.freed_at = 0  # pool-wide free order of a cached free block: smaller = less recently used
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -84,7 +85,7 @@ def test_free_orders_a_request_deepest_first_so_the_shared_prefix_survives_longe
     pool.free(table)
     survivors = []
     for _ in range(3):
-        pool.allocate(1, "b")
+        pool.allocate(1, "a")  # the owner reclaiming its own cache: deepest first inside an owner
         survivors.append([x for x in (1, 2, 3) if hit(pool, x)])
     assert survivors == [[1, 2], [1], []]
 
@@ -106,11 +107,11 @@ def test_plain_free_blocks_are_reused_before_cached_ones():
     plain = pool.allocate(1, "a")
     pool.free(cached)
     pool.free(plain)  # freed after the cached one, yet reused first
-    assert pool.allocate(1, "b")[0] is plain[0]
+    assert pool.allocate(1, "a")[0] is plain[0]
     assert hit(pool, 1)
-    pool.allocate(2, "b")  # the two never-used blocks
+    pool.allocate(2, "a")  # the two never-used blocks
     assert hit(pool, 1)
-    pool.allocate(1, "b")
+    pool.allocate(1, "a")
     assert not hit(pool, 1)
 
 
@@ -191,27 +192,71 @@ def test_cache_rejects_unheld_blocks_wrong_length_and_rekeying():
 
 
 # ---------------------------------------------------------------------------- caps
-def test_capped_owner_flooding_prefixes_cannot_evict_another_owners_hot_prefix():
-    def flood(cap: int | None) -> tuple[BlockPool, bool]:
-        pool = BlockPool(32, BS)
-        pool.set_cap("flood", cap)
-        pool.free(cache_request(pool, [1, 2, 3], "victim"))  # hot prefix, freed and cached
-        for i in range(200):
-            table = pool.allocate(4, "flood")
-            for j, block in enumerate(table):
-                pool.cache(block, key(1000 + 4 * i + j), toks(1000 + 4 * i + j), "flood")
-            pool.free(table)
-            pool.check_integrity()
-            assert pool.cached_tokens("flood") <= (cap if cap is not None else 32 * BS)
-        return pool, all(hit(pool, x) for x in (1, 2, 3))
+def _flood(pool: BlockPool, rounds: int = 200) -> None:
+    for i in range(rounds):
+        table = pool.allocate(4, "flood")
+        for j, block in enumerate(table):
+            pool.cache(block, key(1000 + 4 * i + j), toks(1000 + 4 * i + j), "flood")
+        pool.free(table)
+        pool.check_integrity()
 
-    capped, survived = flood(8 * BS)
-    assert survived
-    assert capped.stats.evictions_by_owner["victim"] == 0
-    assert capped.stats.cap_evictions > 0 and capped.cached_tokens("flood") == 8 * BS
-    uncapped, survived = flood(None)
-    assert not survived  # without the cap the same flood pushes the prefix out
-    assert uncapped.stats.evictions_by_owner["victim"] > 0
+
+def test_a_flooding_owner_cannot_evict_another_owners_share_without_any_setting():
+    pool = BlockPool(32, BS)
+    pool.free(cache_request(pool, [1, 2, 3], "victim"))  # hot prefix, well inside its half
+    _flood(pool)
+    assert all(hit(pool, x) for x in (1, 2, 3))
+    assert pool.stats.evictions_by_owner["victim"] == 0 and pool.stats.evictions_by_owner["flood"] > 0
+    assert pool.usage("flood") == 32 - 3  # the flood recycles its own blocks and the free surplus
+
+
+def test_a_flood_takes_only_the_surplus_above_the_victims_share_least_recent_first():
+    pool = BlockPool(16, BS)
+    victim = list(range(1, 13))  # 12 blocks: 4 above its half once a second owner appears
+    pool.free(cache_request(pool, victim, "victim"))
+    _flood(pool, rounds=20)
+    survivors = [x for x in victim if hit(pool, x)]
+    assert survivors == victim[:8]  # the deepest 4 went, the first 8 (its protected share) stayed
+    assert pool.usage("victim") == pool.protected("victim") == 8
+    assert pool.stats.evictions_by_owner["victim"] == 4
+
+
+def test_an_owner_over_its_share_with_held_blocks_gets_out_of_blocks_not_anothers_share():
+    pool = BlockPool(4, BS)
+    pool.free(cache_request(pool, [1, 2], "victim"))
+    held = pool.allocate(2, "hog")  # the two plain blocks
+    with pytest.raises(OutOfBlocks) as err:
+        pool.allocate(1, "hog")
+    assert not any(ch.isdigit() for ch in str(err.value))  # no pool-wide figures in the message
+    assert hit(pool, 1) and hit(pool, 2)
+    pool.free(held)
+    pool.check_integrity()
+
+
+def test_weights_scale_the_protected_share():
+    pool = BlockPool(12, BS)
+    pool.set_weight("big", 2)
+    pool.free(cache_request(pool, list(range(1, 9)), "big"))
+    assert pool.protected("big") == 12  # alone, it may use the whole pool
+    held = pool.allocate(4, "small")  # the four plain blocks
+    assert pool.protected("big") == 8 and pool.protected("small") == 4
+    with pytest.raises(OutOfBlocks):
+        pool.allocate(1, "small")  # big sits exactly at its weighted share
+    pool.set_weight("big", 1)
+    assert len(pool.allocate(2, "small")) == 2  # equal shares now: big's surplus above 6 goes
+    assert pool.usage("big") == 6
+    pool.free(held)
+    with pytest.raises(ValueError):
+        pool.set_weight("big", 0)
+
+
+def test_capped_owner_keeps_to_its_cap_while_flooding():
+    pool = BlockPool(32, BS)
+    pool.set_cap("flood", 8 * BS)
+    pool.free(cache_request(pool, [1, 2, 3], "victim"))
+    _flood(pool)
+    assert all(hit(pool, x) for x in (1, 2, 3))
+    assert pool.stats.cap_evictions > 0 and pool.cached_tokens("flood") == 8 * BS
 
 
 def test_cap_rejects_caching_when_the_owners_cached_blocks_are_all_held():
@@ -311,6 +356,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.hashed: dict[int, tuple[bytes, tuple[int, ...], str]] = {}
         self.lru: list[int] = []  # cached free block ids, least recently freed first
         self.caps: dict[str, int] = {}
+        self.owner_of: dict[int, str] = {}  # blocks held or cached -> the owner they count for
         self.counts = {"evictions": 0, "duplicate_stores": 0, "collisions": 0, "cap_rejections": 0}
 
     # -- model helpers
@@ -322,6 +368,39 @@ class PoolMachine(RuleBasedStateMachine):
         del self.index[h]
         if block_id in self.lru:
             self.lru.remove(block_id)
+        if block_id not in self.ref:
+            del self.owner_of[block_id]
+
+    def usage(self) -> Counter:
+        return Counter(self.owner_of.values())
+
+    @staticmethod
+    def share(usage: Counter, allocator: str) -> int:
+        active = {o for o, u in usage.items() if u > 0} | {allocator}
+        return NUM_BLOCKS // len(active)
+
+    def model_plan(self, n: int, owner: str) -> list[int] | None:
+        """Fair sharing: plain blocks first; then the least recently freed block of an owner over
+        its share; else the allocator's own; else refuse."""
+        free = NUM_BLOCKS - len(self.ref)
+        if n > free:
+            return None
+        need = n - min(n, free - len(self.lru))
+        usage = self.usage()
+        usage[owner] += n - need
+        lru, victims = list(self.lru), []
+        for _ in range(need):
+            share = self.share(usage, owner)
+            over = [b for b in lru if self.hashed[b][2] != owner and usage[self.hashed[b][2]] > share]
+            own = [b for b in lru if self.hashed[b][2] == owner]
+            if not over and not own:
+                return None
+            victim = (over or own)[0]
+            victims.append(victim)
+            lru.remove(victim)
+            usage[self.hashed[victim][2]] -= 1
+            usage[owner] += 1
+        return victims
 
     def model_trim(self, owner: str, limit_tokens: int) -> None:
         for block_id in [b for b in self.lru if self.hashed[b][2] == owner]:
@@ -333,15 +412,15 @@ class PoolMachine(RuleBasedStateMachine):
     # -- rules
     @rule(n=st.integers(0, 4), owner=st.sampled_from(OWNERS))
     def allocate(self, n: int, owner: str) -> None:
-        free = NUM_BLOCKS - len(self.ref)
-        if n > free:
+        expected_evicted = self.model_plan(n, owner)
+        if expected_evicted is None:
             before = (self.pool.num_free, self.pool.num_cached)
             with pytest.raises(OutOfBlocks):
                 self.pool.allocate(n, owner)
             assert (self.pool.num_free, self.pool.num_cached) == before
             return
-        plain = free - len(self.lru)
-        expected_evicted = self.lru[: max(0, n - plain)]
+        usage_before = self.usage()
+        share_before = self.share(usage_before, owner)
         blocks = self.pool.allocate(n, owner)
         ids = [b.block_id for b in blocks]
         assert not set(ids) & set(self.ref), "a held block was handed out again"
@@ -351,8 +430,14 @@ class PoolMachine(RuleBasedStateMachine):
             self.counts["evictions"] += 1
         for block_id in ids:
             self.ref[block_id] = 1
+            self.owner_of[block_id] = owner
         if blocks:
             self.requests.append(blocks)
+        # The fairness property: another owner's allocation never pushes an owner below its share.
+        usage_after = self.usage()
+        for other in OWNERS:
+            if other != owner:
+                assert usage_after[other] >= min(usage_before[other], share_before), (other, usage_before)
 
     @precondition(lambda self: self.requests)
     @rule(data=st.data(), choice=st.sampled_from(TOKEN_CHOICES), owner=st.sampled_from(OWNERS))
@@ -384,6 +469,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert result is block and block.block_hash == h
         self.index[h] = block.block_id
         self.hashed[block.block_id] = (h, choice, owner)
+        self.owner_of[block.block_id] = owner
 
     @rule(choice=st.sampled_from(TOKEN_CHOICES))
     def hit_and_touch(self, choice: tuple[int, ...]) -> None:
@@ -415,6 +501,8 @@ class PoolMachine(RuleBasedStateMachine):
                 if block.block_id in self.hashed:
                     self.lru.append(block.block_id)
                     over.add(self.hashed[block.block_id][2])
+                else:
+                    del self.owner_of[block.block_id]
         for owner in over:
             if owner in self.caps:
                 self.model_trim(owner, self.caps[owner])
@@ -448,8 +536,10 @@ class PoolMachine(RuleBasedStateMachine):
             assert block.ref_cnt == self.ref.get(block.block_id, 0)
             expected = self.hashed.get(block.block_id)
             assert block.block_hash == (expected[0] if expected else None), f"{block} vs model {expected}"
+        usage = self.usage()
         for owner in OWNERS:
             assert pool.cached_tokens(owner) == self.owner_blocks(owner) * 4
+            assert pool.usage(owner) == usage[owner]
         stats = pool.stats
         assert stats.evictions == self.counts["evictions"]
         assert stats.duplicate_stores == self.counts["duplicate_stores"]
