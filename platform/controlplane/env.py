@@ -61,8 +61,9 @@ def _str(name: str) -> str | None:
 class StrataEnv:
     """Typed view of the environment. ``None`` means "not set: use the embedded default"."""
 
-    home: Path  # STRATA_HOME: state directory (SQLite DB, secret key file, broker files)
+    home: Path  # STRATA_HOME: state directory (SQLite DB, secret key files, broker files, audit head log)
     secret_key: str | None  # STRATA_SECRET_KEY
+    audit_key: str | None  # STRATA_AUDIT_KEY: HMAC key of the audit chain (else $STRATA_HOME/audit.key)
     debug: bool  # STRATA_DEBUG (local settings only)
     allowed_hosts: tuple[str, ...]  # STRATA_ALLOWED_HOSTS, comma separated
     csrf_trusted_origins: tuple[str, ...]  # STRATA_CSRF_TRUSTED_ORIGINS, comma separated
@@ -82,6 +83,10 @@ class StrataEnv:
     def secret_key_file(self) -> Path:
         return self.home / "secret_key"
 
+    @property
+    def audit_key_file(self) -> Path:
+        return self.home / "audit.key"
+
 
 def load() -> StrataEnv:
     """Read the environment now. Raises :class:`EnvError` for malformed values."""
@@ -92,6 +97,7 @@ def load() -> StrataEnv:
     return StrataEnv(
         home=home,
         secret_key=_str("STRATA_SECRET_KEY"),
+        audit_key=_str("STRATA_AUDIT_KEY"),
         debug=_bool("STRATA_DEBUG", False),
         allowed_hosts=_list("STRATA_ALLOWED_HOSTS"),
         csrf_trusted_origins=_list("STRATA_CSRF_TRUSTED_ORIGINS"),

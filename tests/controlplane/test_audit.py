@@ -64,7 +64,7 @@ def test_chain_links_each_event_to_the_previous_hash(actor):
     assert events[0].prev_hash == GENESIS_HASH
     assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
     assert all(event_hash(e) == e.hash for e in events)
-    assert verify() == {"ok": True, "length": 3, "head": events[-1].hash, "first_bad": None}
+    assert verify() == {"ok": True, "length": 3, "head": events[-1].hash, "first_bad": None, "problem": None}
 
 
 def test_orm_and_raw_sql_update_and_delete_are_refused_by_the_database(actor):
@@ -277,6 +277,7 @@ def test_test_flush_empties_the_log_and_puts_the_triggers_back(actor, settings):
     call_command("flush", interactive=False, verbosity=0)
     assert AuditEvent.objects.count() == 0
     record(1, actor)
-    assert verify() == {"ok": True, "length": 1, "head": AuditEvent.objects.get().hash, "first_bad": None}
+    assert verify() == {"ok": True, "length": 1, "head": AuditEvent.objects.get().hash, "first_bad": None,
+                        "problem": None}
     with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
         AuditEvent.objects.all().delete()

@@ -1,22 +1,51 @@
-"""Canonical encoding and hash of one audit record (DESIGN section 4).
+"""Canonical encoding and keyed hash of one audit record (DESIGN section 4).
 
-``hash = sha256(canonical_json(fields))`` where ``fields`` are every column except ``hash`` itself
-(``prev_hash`` included), ``time`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC) and ``old``/``new`` as
-their JSON values; canonical JSON = sorted keys, no whitespace, UTF-8. An external verifier can
-recompute the chain from an export with nothing but this description.
+``hash = HMAC-SHA256(key, canonical_json(fields))`` (hex) where ``fields`` are every column except
+``hash`` itself (``prev_hash`` included), ``time`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC) and
+``old``/``new`` as their JSON values; canonical JSON = sorted keys, no whitespace, UTF-8. An external
+verifier holding the key can recompute the chain from an export with nothing but this description.
+
+The key never lives in the database, so someone who can rewrite rows cannot re-hash them: it is
+``settings.STRATA_AUDIT_KEY`` (environment ``STRATA_AUDIT_KEY``) or the file
+``settings.STRATA_AUDIT_KEY_FILE`` (``$STRATA_HOME/audit.key``, created 0600 on first use). Every
+process appending to one database (web, Celery, CLI) must see the same key; back the file up with
+the database, since a lost key makes the existing chain unverifiable.
+
+Earlier versions hashed with plain SHA-256 (no key). A log written by them does not verify under
+this scheme (``first_bad`` = 1); there is no in-place conversion, since re-hashing would itself be
+the forgery the chain exists to detect. Such a log stays checkable with ``sha256`` in place of the
+HMAC; start a fresh database for the keyed chain. Test databases are always created fresh.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+from django.conf import settings
+
+from controlplane.env import secret_key_from_file
 
 HASHED_FIELDS = (
     "seq", "time", "actor", "auth_method", "source", "action", "target", "tenant",
     "old", "new", "reason", "result", "prev_hash",
 )
+
+_key_cache: dict[tuple[str | None, str], bytes] = {}
+
+
+def audit_key() -> bytes:
+    """The chain's HMAC key: ``STRATA_AUDIT_KEY`` or the key file (generated on first use)."""
+    configured, path = settings.STRATA_AUDIT_KEY, str(settings.STRATA_AUDIT_KEY_FILE)
+    cache_key = (configured, path)
+    if cache_key not in _key_cache:
+        raw = configured or secret_key_from_file(Path(path))
+        _key_cache[cache_key] = raw.encode("utf-8")
+    return _key_cache[cache_key]
 
 
 def canonical_json(value: Any) -> str:
@@ -28,10 +57,15 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def event_hash(event: Any) -> str:
-    """SHA-256 hex of ``event``'s canonical encoding (``event``: an AuditEvent or same-named attrs)."""
+def canonical_encoding(event: Any) -> bytes:
+    """The bytes that are hashed for ``event`` (an AuditEvent or an object with the same attrs)."""
     fields = {name: getattr(event, name) for name in HASHED_FIELDS}
     fields["time"] = format_time(fields["time"])
     for name in ("old", "new"):
         fields[name] = None if fields[name] is None else json.loads(fields[name])
-    return hashlib.sha256(canonical_json(fields).encode("utf-8")).hexdigest()
+    return canonical_json(fields).encode("utf-8")
+
+
+def event_hash(event: Any, *, key: bytes | None = None) -> str:
+    """HMAC-SHA256 hex of ``event``'s canonical encoding under ``key`` (default :func:`audit_key`)."""
+    return hmac.new(key if key is not None else audit_key(), canonical_encoding(event), hashlib.sha256).hexdigest()

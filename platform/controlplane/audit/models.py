@@ -1,9 +1,11 @@
 """AuditEvent rows are written once by ``services.audit_record`` and never changed.
 
-The database refuses UPDATE and DELETE on ``audit_auditevent`` (triggers installed by migration 0002,
-see ``triggers.py``); the hash chain (``chain.py``) detects what a privileged user does behind the
-triggers' back. ``AuditHead`` is the one-row lock that serialises appends and remembers the last
-seq/hash, so a truncated tail is detected too.
+The database refuses UPDATE and DELETE on ``audit_auditevent`` (triggers installed by migrations 0002
+and 0003, see ``triggers.py``); the keyed hash chain (``chain.py``) detects what a privileged user
+does behind the triggers' back. ``AuditHead`` is the one-row lock that serialises appends and
+remembers the last seq/hash (the database lets it move forward only), so a truncated tail is
+detected too; the external head log (``headlog.py``) catches a tail truncated with the head
+rewound to match.
 """
 
 from __future__ import annotations

@@ -9,12 +9,14 @@ describes.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from controlplane.audit.chain import canonical_json, event_hash
+from controlplane.audit.headlog import head_log_append_quietly
 from controlplane.audit.models import GENESIS_HASH, AuditEvent, AuditHead
 from controlplane.common.actor import Actor
 
@@ -42,10 +44,12 @@ def _check_clean(value: Any, path: str = "") -> None:
         raise AuditSecretError(f"audit values must not carry raw bytes ({path.rstrip('.') or 'value'})")
 
 
-def _lock_head() -> AuditHead:
+def _lock_head() -> tuple[AuditHead, AuditEvent | None]:
+    """The locked head, and the last event when the head row had to be re-created even though the
+    log holds events (the row was removed behind the triggers' back)."""
     head = AuditHead.objects.select_for_update().filter(pk=1).first()
     if head is not None:
-        return head
+        return head, None
     # First append (or after a test flush): seed the head from whatever the log already holds.
     last = AuditEvent.objects.order_by("-seq").first()
     try:
@@ -53,9 +57,35 @@ def _lock_head() -> AuditHead:
             AuditHead.objects.create(
                 pk=1, seq=last.seq if last else 0, hash=last.hash if last else GENESIS_HASH
             )
-    except IntegrityError:
-        pass  # a concurrent first append created it; lock theirs
-    return AuditHead.objects.select_for_update().get(pk=1)
+    except DatabaseError:
+        last = None  # a concurrent first append created it (IntegrityError, or a trigger); lock theirs
+    return AuditHead.objects.select_for_update().get(pk=1), last
+
+
+def _append(head: AuditHead, *, name: str, auth_method: str, source: str, action: str, target: str,
+            tenant: str, old: Any, new: Any, reason: str, result: str) -> AuditEvent:
+    event = AuditEvent(
+        seq=head.seq + 1,
+        time=timezone.now(),
+        actor=name[:150],
+        auth_method=auth_method[:16],
+        source=source[:64],
+        action=action[:64],
+        target=target[:255],
+        tenant=tenant[:63],
+        old=None if old is None else canonical_json(old),
+        new=None if new is None else canonical_json(new),
+        reason=reason,
+        result=result[:16],
+        prev_hash=head.hash,
+    )
+    event.hash = event_hash(event)
+    event.save(force_insert=True)
+    AuditHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
+    head.seq, head.hash = event.seq, event.hash
+    # Outside the database, once committed: a rollback must not advance the external head.
+    transaction.on_commit(partial(head_log_append_quietly, seq=event.seq, hash=event.hash))
+    return event
 
 
 def audit_record(
@@ -79,6 +109,10 @@ def audit_record(
     key prefix), ``tenant`` the tenant slug it concerns (for filtering). ``old``/``new`` are JSON
     values; secret-looking keys or raw bytes raise :class:`AuditSecretError`. ``result`` is ``ok``,
     ``denied`` or ``error``.
+
+    If the head row is missing while events exist (removed behind the triggers' back), it is
+    re-created from the last event and an ``audit.head_restored`` event is appended first, so the
+    incident stays in the chain. After commit the new head is appended to the external head log.
     """
     if isinstance(actor, Actor):
         name = actor.name
@@ -89,23 +123,11 @@ def audit_record(
     _check_clean(old)
     _check_clean(new)
     with transaction.atomic():
-        head = _lock_head()
-        event = AuditEvent(
-            seq=head.seq + 1,
-            time=timezone.now(),
-            actor=name[:150],
-            auth_method=(auth_method or "")[:16],
-            source=(source or "")[:64],
-            action=action[:64],
-            target=target[:255],
-            tenant=tenant[:63],
-            old=None if old is None else canonical_json(old),
-            new=None if new is None else canonical_json(new),
-            reason=reason,
-            result=result[:16],
-            prev_hash=head.hash,
-        )
-        event.hash = event_hash(event)
-        event.save(force_insert=True)
-        AuditHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
-    return event
+        head, restored_from = _lock_head()
+        if restored_from is not None:
+            _append(head, name="system:audit", auth_method="system", source="", action="audit.head_restored",
+                    target=f"seq {restored_from.seq}", tenant="", old=None,
+                    new={"seq": restored_from.seq, "hash": restored_from.hash},
+                    reason="the chain head record was missing; re-created from the last event", result="error")
+        return _append(head, name=name, auth_method=auth_method or "", source=source or "", action=action,
+                       target=target, tenant=tenant, old=old, new=new, reason=reason, result=result)

@@ -1,8 +1,10 @@
 """/metrics: Prometheus text exposition of the cache figures (token-weighted, per tenant and model).
 
-Gathered on each scrape from the workers (``stats.cluster_stats``) and the jobs table. Tenant labels
-are slugs, bounded by the engine's label cap. Operator credentials are required (a viewer token is
-enough): tenant names and traffic volumes are not public.
+Gathered on each scrape from the workers (``stats.cluster_stats``), the jobs table and the audit
+chain's two heads (``strata_audit_head_seq``: the database's head row and the external head log),
+so the scraping Prometheus keeps a history of the head that nobody with database access can rewind
+(alert when it decreases). Tenant labels are slugs, bounded by the engine's label cap. Operator
+credentials are required (a viewer token is enough): tenant names and traffic volumes are not public.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controlplane.adminapi.auth import OperatorAuth
+from controlplane.audit.selectors import audit_head_status
 from controlplane.common.errors import ApplicationError, error_response
 from controlplane.jobs.models import FlushJob
 from controlplane.runtime import stats
@@ -27,8 +30,8 @@ USAGE_COUNTERS = {
 
 
 class _Collector:
-    def __init__(self, snapshot: dict, jobs: dict[str, int]) -> None:
-        self.snapshot, self.jobs = snapshot, jobs
+    def __init__(self, snapshot: dict, jobs: dict[str, int], audit_heads: dict[str, int | None]) -> None:
+        self.snapshot, self.jobs, self.audit_heads = snapshot, jobs, audit_heads
 
     def collect(self):
         up = GaugeMetricFamily("strata_worker_up", "1 if the model's cache worker answered", labels=["model"])
@@ -55,7 +58,12 @@ class _Collector:
         jobs = GaugeMetricFamily("strata_jobs", "Flush and rollout jobs by status", labels=["status"])
         for status, n in self.jobs.items():
             jobs.add_metric([status], n)
-        yield from (up, pages, evictions, dupes, saved, jobs, *usage.values())
+        heads = GaugeMetricFamily("strata_audit_head_seq", "Seq of the audit chain head, as recorded in the "
+                                  "database head row and in the external head log", labels=["store"])
+        for store, seq in self.audit_heads.items():
+            if seq is not None:
+                heads.add_metric([store], seq)
+        yield from (up, pages, evictions, dupes, saved, jobs, heads, *usage.values())
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -66,5 +74,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         return exc.response()
     jobs = {s: FlushJob.objects.filter(status=s).count() for s in FlushJob.Status.values}
     registry = CollectorRegistry()
-    registry.register(_Collector(stats.cluster_stats(), jobs))
+    registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status())))
     return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")

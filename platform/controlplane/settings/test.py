@@ -20,6 +20,10 @@ STRATA_AUDIT_ALLOW_FLUSH = True
 
 _TEST_HOME = STRATA_HOME / "test"
 _TEST_HOME.mkdir(parents=True, exist_ok=True)
+# One audit key for every test process and its worker subprocesses (they write to one database);
+# one head log per test database, so concurrent test runs never read each other's heads.
+STRATA_AUDIT_KEY_FILE = _TEST_HOME / "audit.key"
+STRATA_AUDIT_HEAD_LOG = str(_TEST_HOME / "audit-head-{db}.log")
 CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'broker-{os.getpid()}.sqlite3'}"
 
 _db = DATABASES["default"]

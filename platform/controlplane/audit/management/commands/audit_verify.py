@@ -8,10 +8,10 @@ from controlplane.audit.selectors import audit_verify
 
 
 class Command(BaseCommand):
-    help = "Verify the audit log hash chain; prints {ok, length, head, first_bad} as JSON."
+    help = "Verify the audit log hash chain and its heads; prints {ok, length, head, first_bad, problem} as JSON."
 
     def handle(self, *args, **options):
         result = audit_verify()
         self.stdout.write(json.dumps(result))
         if not result["ok"]:
-            raise CommandError(f"audit chain broken at seq {result['first_bad']}")
+            raise CommandError(f"audit chain broken at seq {result['first_bad']}: {result['problem']}")

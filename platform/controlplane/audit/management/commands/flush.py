@@ -3,7 +3,7 @@
 Django's ``flush`` empties every table, which the audit triggers refuse. Outside tests that is the
 right answer, so this command refuses too; with ``STRATA_AUDIT_ALLOW_FLUSH`` (test settings only:
 ``TransactionTestCase`` flushes between tests) it drops the triggers around the flush and puts them
-back.
+back, and writes a ``reset`` line to the external head log (the emptied log starts again at 0).
 """
 
 from django.conf import settings
@@ -12,6 +12,8 @@ from django.core.management.commands.flush import Command as DjangoFlush
 from django.db import connections
 
 from controlplane.audit import triggers
+from controlplane.audit.headlog import head_log_append
+from controlplane.audit.models import GENESIS_HASH
 
 
 class Command(DjangoFlush):
@@ -19,4 +21,6 @@ class Command(DjangoFlush):
         if not settings.STRATA_AUDIT_ALLOW_FLUSH:
             raise CommandError("refusing to flush: the audit log is append-only")
         with triggers.suspended(connections[options["database"]]):
-            return super().handle(**options)
+            result = super().handle(**options)
+        head_log_append(seq=0, hash=GENESIS_HASH, kind="reset", using=options["database"])
+        return result
