@@ -2,14 +2,18 @@
 
 Pins: a stop ends every child, its grandchildren and a descendant that left the child's process group;
 SIGTERM (or Ctrl-C) to the launcher ends all of them and the launcher itself; one child dying brings
-the others down; a child that ignores SIGTERM is killed after the grace period.
+the others down; a child that ignores SIGTERM is killed after the grace period. Private state:
+STRATA_HOME and logs/ are 0700 and every file in them 0600 (children run under umask 0077), the demo's
+secrets are printed once and written to no file, and the local Ray head binds to 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.launcher import REPO_ROOT, Config, Launcher, free_port
+from workers.launcher import REPO_ROOT, Config, Launcher, free_port, ray_bind_env
 from workers.supervisor import Supervisor, _alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and setsid")
@@ -222,3 +226,142 @@ def test_children_get_the_source_roots_and_the_state_dir(tmp_path):
     paths = launcher.env["PYTHONPATH"].split(os.pathsep)
     assert str(REPO_ROOT) in paths and str(REPO_ROOT / "platform") in paths
     assert launcher.env["STRATA_HOME"] == str(tmp_path)
+
+
+# ------------------------------------------------------------------ private state (STRATA_HOME)
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_prepare_makes_strata_home_and_logs_0700_and_tightens_old_files(tmp_path):
+    home = tmp_path / "home"
+    (home / "logs").mkdir(parents=True)
+    for folder in (home, home / "logs"):
+        folder.chmod(0o755)
+    old_db, old_log = home / "db.sqlite3", home / "logs" / "web.log"
+    for old in (old_db, old_log):
+        old.write_text("left by an older version")
+        old.chmod(0o644)
+
+    Launcher(Config(home=home, port=free_port(), demo=False, verbose=False, ray_address=None)).prepare()
+
+    assert mode(home) == mode(home / "logs") == 0o700
+    assert mode(old_db) == mode(old_log) == 0o600
+
+
+def test_children_run_under_umask_0077_and_their_logs_are_0600(tmp_path):
+    home = tmp_path / "home"
+    launcher = Launcher(Config(home=home, port=free_port(), demo=False, verbose=False, ray_address=None))
+    launcher.prepare()
+    old_umask = os.umask(0o022)  # a permissive umask in the launcher's own process changes nothing
+    try:
+        rc = launcher.sup.run("touch", ["sh", "-c", "echo made; touch made.db; mkdir made.d"], cwd=home,
+                              log_path=launcher._log("touch"))
+    finally:
+        os.umask(old_umask)
+    assert rc == 0
+    assert mode(home / "made.db") == 0o600 and mode(home / "made.d") == 0o700
+    log = home / "logs" / "touch.log"
+    assert log.read_text().strip() == "made" and mode(log) == 0o600
+
+
+def test_run_captured_keeps_stdout_in_memory_and_only_stderr_in_the_log(sup, tmp_path):
+    log = tmp_path / "logs" / "secretive.log"
+    rc, out = sup.run_captured("secretive", ["sh", "-c", "echo the-secret; echo a-warning >&2"], log_path=log)
+    assert (rc, out.strip()) == (0, "the-secret")
+    assert log.read_text().strip() == "a-warning" and "the-secret" not in log.read_text()
+    assert mode(log) == 0o600 and mode(log.parent) == 0o700
+
+
+def _demo_secrets(output: str) -> list[str]:
+    """The operator token, the admin password and the tenant keys that strata_demo printed."""
+    token = re.search(r"^Admin API token\s+(st-op-\S+)$", output, re.M)
+    password = re.search(r"\buser admin\s+password (\S+)$", output, re.M)
+    keys = re.findall(r"^\s+(?:acme|globex)\s+(sk-st-\S+)$", output, re.M)
+    assert token and password and len(keys) == 2, output
+    return [token.group(1), password.group(1), *keys]
+
+
+@pytest.mark.slow
+def test_demo_set_up_prints_secrets_once_and_writes_them_to_no_file(tmp_path, capsys):
+    """The real set-up (manage.py migrate + strata_demo under the launcher, on SQLite in a fresh
+    STRATA_HOME): every file is 0600 in 0700 folders, and no file under STRATA_HOME (logs, database,
+    broker, keys) holds the token, password or keys that the banner printed once."""
+    home = tmp_path / "home"
+    launcher = Launcher(Config(home=home, port=free_port(), demo=True, verbose=False, ray_address=None))
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "STRATA_SECRET_KEY", "STRATA_AUDIT_KEY"):
+        launcher.env.pop(name, None)  # embedded defaults, also under CI's PostgreSQL
+    launcher.env["DJANGO_SETTINGS_MODULE"] = "controlplane.settings.local"
+    launcher.prepare()
+    launcher.migrate()
+    launcher.demo()
+    launcher.banner()
+    printed = capsys.readouterr().out
+
+    found = _demo_secrets(launcher.demo_output)
+    assert all(secret in printed for secret in found)
+    assert printed.count("Tenant API keys (shown only now: store them)") == 1  # the demo output, once
+
+    files = [p for p in home.rglob("*") if p.is_file()]
+    assert {"db.sqlite3", "broker.sqlite3", "secret_key", "migrate.log"} <= {p.name for p in files}
+    assert (home / "logs" / "migrate.log").exists()
+    for path in files:
+        content = path.read_bytes()
+        leaked = [s for s in found if s.encode() in content]
+        assert not leaked, f"{path} holds a demo secret"
+        assert mode(path) == 0o600, f"{path} is {oct(mode(path))}"
+    for folder in [home, *(p for p in home.rglob("*") if p.is_dir())]:
+        assert mode(folder) & 0o077 == 0, f"{folder} is {oct(mode(folder))}"
+
+
+# ------------------------------------------------------------------ the local Ray head's address
+def test_the_local_ray_head_binds_to_loopback_with_the_dashboard_off(tmp_path, monkeypatch):
+    monkeypatch.delenv("STRATA_RAY_BIND", raising=False)
+    launcher = Launcher(Config(home=tmp_path, port=1, demo=False, verbose=False, ray_address=None))
+    argv = launcher.ray_head_argv(6380)
+    assert argv[1:4] == ["start", "--head", "--block"]
+    assert "--node-ip-address=127.0.0.1" in argv and "--port=6380" in argv
+    assert "--include-dashboard=false" in argv and "--dashboard-host=127.0.0.1" in argv
+    # Ray on Linux turns --node-ip-address 127.0.0.1 into the outward address (and listens on every
+    # interface) unless its single-machine switch is off.
+    assert ray_bind_env("127.0.0.1") == {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def test_strata_ray_bind_opens_the_head_to_other_nodes_but_not_the_dashboard(tmp_path, monkeypatch):
+    monkeypatch.setenv("STRATA_RAY_BIND", "10.0.0.7")
+    launcher = Launcher(Config(home=tmp_path, port=1, demo=False, verbose=False, ray_address=None))
+    argv = launcher.ray_head_argv(6380)
+    assert "--node-ip-address=10.0.0.7" in argv and "--node-ip-address=127.0.0.1" not in argv
+    assert "--include-dashboard=false" in argv and "--dashboard-host=127.0.0.1" in argv
+    assert ray_bind_env("10.0.0.7") == {}
+
+
+class _RecordingSupervisor(Supervisor):
+    """start() records what it was asked to run and starts ``true`` instead (which exits at once)."""
+
+    def __init__(self) -> None:
+        super().__init__(stop_timeout=3, log=lambda _msg: None)
+        self.started: list[tuple[str, list[str], dict[str, str]]] = []
+
+    def start(self, name, argv, *, env=None, **kwargs):
+        self.started.append((name, list(argv), dict(env or {})))
+        return super().start(name, ["true"], env=env, **kwargs)
+
+
+def test_start_ray_runs_the_head_and_its_drivers_on_the_loopback_address(tmp_path, monkeypatch):
+    from workers.launcher import LaunchError
+
+    for name in ("STRATA_RAY_BIND", "RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    sup = _RecordingSupervisor()
+    launcher = Launcher(Config(home=tmp_path, port=1, demo=False, verbose=False, ray_address=None), sup)
+    try:
+        with pytest.raises(LaunchError, match="Ray head exited"):
+            launcher.start_ray()
+    finally:
+        sup.stop()
+    (name, argv, env), = sup.started
+    assert name == "ray-head" and "--node-ip-address=127.0.0.1" in argv
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and env["RAY_AUTH_MODE"] == "token"
+    assert launcher.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # web and Celery (drivers) too
+    assert mode(tmp_path / "ray_auth_token") == 0o600

@@ -13,6 +13,15 @@ every Ray process of the machine, including clusters this launcher did not start
 
 Children's output goes to ``$STRATA_HOME/logs/<name>.log`` (``--verbose``: to this console instead);
 the last lines of a child's log are printed when it dies unexpectedly.
+
+Private state: the launcher and every child run under umask 0077, ``$STRATA_HOME`` and ``logs/`` are
+0700 and the files in them 0600 (files left by older versions are tightened on start). The demo's
+stdout holds secrets (operator token, admin password, tenant keys): it is kept in memory and printed
+to this terminal once, never written to a log (its stderr still goes to ``logs/demo.log``).
+
+The local Ray head binds to ``127.0.0.1`` (``--node-ip-address``; dashboard off, and on 127.0.0.1
+if turned on). ``STRATA_RAY_BIND=<this node's address>`` makes it reachable for other nodes, which
+join with ``ray start --address=<address>:<port>`` and the token in ``$STRATA_HOME/ray_auth_token``.
 """
 
 from __future__ import annotations
@@ -32,14 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.supervisor import Supervisor, say
+from workers.supervisor import Supervisor, private_dir, private_files, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
 DEFAULT_RAY_PORT = 6380  # not 6379: that is Redis's port
 HOST = "127.0.0.1"
-
-
+PRIVATE_UMASK = 0o077  # files the launcher and its children create: owner only
 
 
 # ---------------------------------------------------------------------------------------- launcher
@@ -65,6 +73,22 @@ def ray_temp_dir() -> str:
     if path.stat().st_uid != os.getuid():
         raise LaunchError(f"{path} belongs to another user; remove it or set TMPDIR")
     return str(path)
+
+
+def ray_bind() -> str:
+    """The address the local Ray head binds to: ``STRATA_RAY_BIND`` (for a multi-node cluster: this
+    node's address that the other nodes reach), default 127.0.0.1 (this machine only)."""
+    return (os.environ.get("STRATA_RAY_BIND") or "").strip() or HOST
+
+
+def ray_bind_env(bind: str) -> dict[str, str]:
+    """Environment for a Ray head bound to ``bind``. On Linux Ray replaces ``--node-ip-address
+    127.0.0.1`` by the machine's outward address and its GCS and raylet then listen on every
+    interface; with Ray's single-machine switch (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, Ray's
+    ``ENABLE_RAY_CLUSTER``) the loopback address is kept and they listen on 127.0.0.1 only."""
+    if bind in {"127.0.0.1", "localhost", "::1"}:
+        return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    return {}
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
@@ -120,10 +144,11 @@ class Launcher:
 
     def __init__(self, cfg: Config, sup: Supervisor | None = None) -> None:
         self.cfg = cfg
-        self.sup = sup or Supervisor()
+        self.sup = sup or Supervisor(umask=PRIVATE_UMASK)
         self.logs = cfg.home / "logs"
         self.env = self._child_env()
         self.ray_port: int | None = None
+        self.ray_host = HOST
         self.demo_output = ""
 
     def _child_env(self) -> dict[str, str]:
@@ -148,8 +173,15 @@ class Launcher:
     def _manage(self, *args: str) -> list[str]:
         return [self.cfg.python, str(REPO_ROOT / "manage.py"), *args]
 
-    def _one_shot(self, name: str, argv: list[str], what: str, timeout: float) -> None:
-        rc = self.sup.run(name, argv, env=self.env, cwd=REPO_ROOT, log_path=self._log(name), timeout=timeout)
+    def _one_shot(self, name: str, argv: list[str], what: str, timeout: float, *, capture: bool = False) -> str:
+        """Run a set-up step to completion; returns its stdout when ``capture`` (kept in memory only:
+        never in a log file), else ``""``."""
+        kwargs = {"env": self.env, "cwd": REPO_ROOT, "log_path": self._log(name), "timeout": timeout}
+        output = ""
+        if capture:
+            rc, output = self.sup.run_captured(name, argv, **kwargs)
+        else:
+            rc = self.sup.run(name, argv, **kwargs)
         if rc is None and self.sup.stop_reason:
             raise Interrupted(self.sup.stop_reason)
         if rc != 0:
@@ -157,11 +189,14 @@ class Launcher:
             reason = "timed out" if rc is None else f"exit {rc}"
             raise LaunchError(f"{what} failed ({reason})" + (f"; last lines of {self._log(name)}:\n{detail}"
                                                              if detail else ""))
+        return output
 
     # -------------------------------------------------------------- steps
     def prepare(self) -> None:
-        self.cfg.home.mkdir(parents=True, exist_ok=True)
-        self.logs.mkdir(parents=True, exist_ok=True)
+        """``$STRATA_HOME`` and ``logs/`` mode 0700, what is already in them 0600; the port is free."""
+        for folder in (self.cfg.home, self.logs):
+            private_dir(folder)
+            private_files(folder)
         if port_open(HOST, self.cfg.port):
             raise LaunchError(f"port {self.cfg.port} is already in use; set PORT to a free port")
         say(f"state in {self.cfg.home} (logs in {self.logs})")
@@ -173,9 +208,21 @@ class Launcher:
     def demo(self) -> None:
         say("creating demo tenants, keys and model (strata_demo)")
         argv = self._manage("strata_demo", "--base-url", f"http://{HOST}:{self.cfg.port}")
-        self._one_shot("demo", argv, "manage.py strata_demo", timeout=300)
-        path = self._log("demo")
-        self.demo_output = path.read_text() if path and path.exists() else ""
+        # Its stdout holds the secrets: in memory, printed once by banner(), never in logs/demo.log.
+        self.demo_output = self._one_shot("demo", argv, "manage.py strata_demo", timeout=300, capture=True)
+
+    def ray_head_argv(self, port: int) -> list[str]:
+        """``ray start --head`` for the local head: bound to 127.0.0.1 (or ``STRATA_RAY_BIND``), no
+        dashboard (its host pinned to 127.0.0.1 all the same), private temp dir."""
+        bind = ray_bind()
+        return [
+            self._bin("ray"), "start", "--head", "--block",
+            f"--node-ip-address={bind}", f"--port={port}", f"--num-cpus={os.cpu_count() or 1}",
+            "--include-dashboard=false", f"--dashboard-host={HOST}", "--disable-usage-stats",
+            # Ray's fixed defaults collide with other local clusters (tests, a second launcher).
+            f"--dashboard-port={free_port(8265)}", f"--dashboard-agent-listen-port={free_port(52365)}",
+            f"--temp-dir={ray_temp_dir()}",
+        ]
 
     def start_ray(self) -> None:
         if self.cfg.ray_address:
@@ -184,21 +231,15 @@ class Launcher:
         port = free_port(int(os.environ.get("STRATA_RAY_PORT") or DEFAULT_RAY_PORT))
         if port != DEFAULT_RAY_PORT:
             say(f"port {DEFAULT_RAY_PORT} is busy; the Ray head uses {port}")
-        temp_dir = ray_temp_dir()
-        argv = [
-            self._bin("ray"), "start", "--head", "--block",
-            f"--port={port}", f"--num-cpus={os.cpu_count() or 1}",
-            "--include-dashboard=false", "--disable-usage-stats",
-            # Ray's fixed defaults collide with other local clusters (tests, a second launcher).
-            f"--dashboard-port={free_port(8265)}", f"--dashboard-agent-listen-port={free_port(52365)}",
-            f"--temp-dir={temp_dir}",
-        ]
+        argv = self.ray_head_argv(port)
         self._ray_auth()
+        host = ray_bind()
+        self.env.update(ray_bind_env(host))  # the head and every driver (web, Celery) agree on the address
         env = {**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # one node: nothing to drain
-        say(f"starting a local Ray head on {HOST}:{port}")
+        say(f"starting a local Ray head on {host}:{port}")
         child = self.sup.start("ray-head", argv, env=env, cwd=REPO_ROOT, log_path=self._log("ray-head"))
         deadline = time.monotonic() + 120
-        while not port_open(HOST, port):
+        while not port_open(host, port):
             if child.proc.poll() is not None:
                 raise LaunchError(f"the Ray head exited (code {child.proc.returncode}):\n"
                                   f"{tail(child.log_path)}")
@@ -208,12 +249,14 @@ class Launcher:
                 raise LaunchError(f"the Ray head did not open port {port} within 120 s")
             time.sleep(0.25)
         self.ray_port = port
-        self.env["RAY_ADDRESS"] = f"{HOST}:{port}"
+        self.ray_host = host
+        self.env["RAY_ADDRESS"] = f"{host}:{port}"
 
     def _ray_auth(self) -> None:
-        """Ray's GCS listens on every interface, so the local head requires a token (Ray's own token
-        auth) kept in ``$STRATA_HOME/ray_auth_token`` (0600); children get it through the
-        environment. An explicit ``RAY_AUTH_MODE`` in the environment is respected."""
+        """Defence in depth beside the loopback bind (the only defence with ``STRATA_RAY_BIND``): the
+        local head requires a token (Ray's own token auth) kept in ``$STRATA_HOME/ray_auth_token``
+        (0600); children get it through the environment. An explicit ``RAY_AUTH_MODE`` in the
+        environment is respected."""
         if "RAY_AUTH_MODE" in os.environ:
             return
         path = self.cfg.home / "ray_auth_token"
@@ -264,7 +307,7 @@ class Launcher:
             f"  health:                     {base}/healthz  {base}/readyz",
         ]
         if self.ray_port:
-            lines.append(f"  Ray head:                   {HOST}:{self.ray_port} (RAY_ADDRESS for clients)")
+            lines.append(f"  Ray head:                   {self.ray_host}:{self.ray_port} (RAY_ADDRESS for clients)")
         if not self.cfg.demo:
             lines += [
                 "",
@@ -305,7 +348,7 @@ class Launcher:
             return 1
         finally:
             self.sup.stop()
-            if self.ray_port and port_open(HOST, self.ray_port):
+            if self.ray_port and port_open(self.ray_host, self.ray_port):
                 say(f"warning: something still listens on the Ray port {self.ray_port}")
             say("stopped")
 
@@ -329,6 +372,7 @@ def stop_on_signals(sup: Supervisor) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    os.umask(PRIVATE_UMASK)  # first: everything this process creates is private (children get it too)
     launcher = Launcher(Config.from_env(argv))
     stop_on_signals(launcher.sup)
     return launcher.run()

@@ -4,6 +4,11 @@ A plain class (:class:`Supervisor`) so it is testable with harmless children. St
 to each child's process group in reverse start order, waits a grace period, then SIGKILLs the group
 and any descendant that left it (tracked by pid and start time, so a reused pid is never hit).
 Children also get SIGTERM from the kernel if the launcher itself dies (Linux parent-death signal).
+
+Files: log files are created mode 0600 (whatever the umask), their folder 0700, and a supervisor
+given ``umask`` starts every child under it, so what the children create is private too. A one-shot
+child's stdout can be kept in memory only (:meth:`Supervisor.run_captured`): for output that holds
+secrets and must never reach a log file.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import contextlib
 import ctypes
 import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,11 +32,47 @@ def say(message: str) -> None:
     print(f"[strata] {message}", flush=True)
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) mode 0700; an existing one of ours is tightened to 0700 (never a
+    shared sticky folder such as ``/tmp``)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077 and not info.st_mode & stat.S_ISVTX:
+        path.chmod(0o700)
+    return path
+
+
+def private_files(folder: Path) -> None:
+    """Tighten every regular file of ours directly in ``folder`` to 0600 (left by older versions)."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        with contextlib.suppress(OSError):
+            info = entry.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077:
+                entry.chmod(0o600)
+
+
+def open_private_log(path: Path) -> IO[bytes]:
+    """``path`` opened for appending, created mode 0600 in a 0700 folder (independent of the umask)."""
+    private_dir(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "ab")
+
+
 def _set_parent_death_signal() -> None:
     """Runs in the child before exec (Linux): if the launcher dies without cleaning up (SIGKILL),
     the kernel sends the child SIGTERM so nothing is orphaned."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+def _drain(pipe: IO[bytes], into: bytearray) -> None:
+    with contextlib.suppress(OSError, ValueError), pipe:
+        for chunk in iter(lambda: pipe.read1(65536), b""):
+            into.extend(chunk)
 
 
 @dataclass(frozen=True)
@@ -110,6 +153,8 @@ class Child:
     proc: subprocess.Popen
     log_path: Path | None = None
     known: dict[int, int] = field(default_factory=dict)  # descendants seen while it ran: pid -> start
+    captured: bytearray | None = None  # stdout kept in memory (start(capture=True))
+    reader: threading.Thread | None = None
 
     @property
     def pid(self) -> int:
@@ -126,9 +171,11 @@ class Supervisor:
     Not thread-safe: one launcher thread owns it; signal handlers only call ``request_stop``.
     """
 
-    def __init__(self, *, stop_timeout: float = 20.0, log: Callable[[str], None] = say) -> None:
+    def __init__(self, *, stop_timeout: float = 20.0, log: Callable[[str], None] = say,
+                 umask: int | None = None) -> None:
         self.stop_timeout = stop_timeout
         self.log = log
+        self.umask = umask  # every child runs under it (None: the children inherit this process's)
         self.children: list[Child] = []
         self.stop_reason: str | None = None
 
@@ -141,34 +188,52 @@ class Supervisor:
         env: dict[str, str] | None = None,
         cwd: Path | str | None = None,
         log_path: Path | None = None,
+        capture: bool = False,
     ) -> Child:
-        """Start ``argv`` as child ``name``; output goes to ``log_path`` (appended) or this console."""
-        out: IO | None = None
-        if log_path is not None:
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(log_path, "ab")  # noqa: SIM115 - the child holds it; closed below
+        """Start ``argv`` as child ``name``; output goes to ``log_path`` (appended, created 0600) or
+        this console. With ``capture`` its stdout is kept in memory only (``Child.captured``) and just
+        its stderr goes to ``log_path``."""
+        out: IO | None = open_private_log(log_path) if log_path is not None else None
         try:
             proc = subprocess.Popen(
                 list(argv),
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT if out else None,
+                stdout=subprocess.PIPE if capture else out,
+                stderr=out if capture else (subprocess.STDOUT if out else None),
                 start_new_session=True,
                 preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                umask=-1 if self.umask is None else self.umask,
             )
         finally:
             if out is not None:
                 out.close()
         child = Child(name, proc, log_path)
+        if capture:
+            child.captured = bytearray()
+            child.reader = threading.Thread(target=_drain, args=(proc.stdout, child.captured),
+                                            name=f"capture-{name}", daemon=True)
+            child.reader.start()
         self.children.append(child)
         return child
 
     def run(self, name: str, argv: Sequence[str], *, timeout: float | None = None, **kwargs) -> int | None:
         """Run a one-shot child to completion; returns its exit code, or None if a stop was requested
         (or ``timeout`` passed) first, in which case the child has been stopped."""
-        child = self.start(name, argv, **kwargs)
+        return self._finish(self.start(name, argv, **kwargs), timeout)
+
+    def run_captured(self, name: str, argv: Sequence[str], *, timeout: float | None = None,
+                     **kwargs) -> tuple[int | None, str]:
+        """:meth:`run` with the child's stdout kept in memory, never written to a file: returns
+        ``(exit code or None, stdout)``. Its stderr goes to ``log_path`` (or this console)."""
+        child = self.start(name, argv, capture=True, **kwargs)
+        rc = self._finish(child, timeout)
+        if child.reader is not None:
+            child.reader.join(timeout=5)
+        return rc, bytes(child.captured or b"").decode(errors="replace")
+
+    def _finish(self, child: Child, timeout: float | None) -> int | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while child.proc.poll() is None:
             if self.stop_reason or (deadline is not None and time.monotonic() > deadline):

@@ -19,12 +19,13 @@ PRINT_SETTINGS = (
 )
 
 
-def run_django(env_overrides, *args, settings_module="controlplane.settings.local"):
+def run_django(env_overrides, *args, settings_module="controlplane.settings.local", umask=-1):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STRATA_") and k not in ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL")}
     env.update({"DJANGO_SETTINGS_MODULE": settings_module, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'platform'}"})
     env.update(env_overrides)
-    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                          umask=umask)
 
 
 def test_check_deploy_passes_with_production_settings(tmp_path):
@@ -88,6 +89,50 @@ def test_generated_secret_key_lives_in_strata_home_private_and_stable(tmp_path):
     other = run_django({"STRATA_HOME": str(tmp_path / "other")}, "-c", PRINT_SETTINGS)
     assert other.returncode == 0
     assert (tmp_path / "other" / "secret_key").read_text() != key_file.read_text()
+
+
+# Opens the embedded database (WAL mode: -wal and -shm appear), writes, and reports the modes of
+# every file in STRATA_HOME while the connection is still open.
+WRITE_AND_LIST_MODES = (
+    "import json, os, stat, django; from django.conf import settings; django.setup(); "
+    "from django.db import connection; c = connection.cursor(); "
+    "c.execute('CREATE TABLE t (x)'); c.execute('INSERT INTO t VALUES (1)'); "
+    "home = settings.STRATA_HOME; mode = lambda p: stat.S_IMODE(os.stat(p).st_mode); "
+    "print(json.dumps({'home': mode(home), "
+    "'files': {n: mode(home / n) for n in os.listdir(home) if (home / n).is_file()}}))"
+)
+
+
+def test_strata_home_database_broker_and_key_are_private_whatever_the_umask(tmp_path):
+    """Without the launcher (a plain ``manage.py`` under umask 022): STRATA_HOME 0700, the SQLite
+    database with its -wal/-shm, the broker file and the secret key 0600; an existing, too open
+    STRATA_HOME and database are tightened."""
+    fresh = run_django({"STRATA_HOME": str(tmp_path / "fresh")}, "-c", WRITE_AND_LIST_MODES, umask=0o022)
+    assert fresh.returncode == 0, fresh.stderr
+    got = json.loads(fresh.stdout)
+    assert got["home"] == 0o700
+    assert {"db.sqlite3", "db.sqlite3-wal", "db.sqlite3-shm", "broker.sqlite3", "secret_key"} <= set(got["files"])
+    assert all(m == 0o600 for m in got["files"].values()), {n: oct(m) for n, m in got["files"].items()}
+
+    old = tmp_path / "old"
+    old.mkdir()
+    old.chmod(0o755)
+    (old / "db.sqlite3").touch(mode=0o644)
+    (old / "db.sqlite3").chmod(0o644)
+    again = run_django({"STRATA_HOME": str(old)}, "-c", WRITE_AND_LIST_MODES, umask=0o022)
+    assert again.returncode == 0, again.stderr
+    got = json.loads(again.stdout)
+    assert got["home"] == 0o700 and got["files"]["db.sqlite3"] == 0o600
+
+
+def test_private_dir_never_changes_a_shared_sticky_folder(tmp_path):
+    from controlplane.env import private_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    private_dir(shared)
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
 
 
 def test_secret_key_file_is_created_once_and_reused(tmp_path):

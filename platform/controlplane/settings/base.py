@@ -4,6 +4,9 @@ Database: the embedded SQLite file ``$STRATA_HOME/db.sqlite3`` unless ``DATABASE
 (parsed by dj-database-url, e.g. ``postgres://user@host:5432/strata``).
 Broker: ``CELERY_BROKER_URL`` when set, otherwise kombu's SQLAlchemy transport on
 ``$STRATA_HOME/broker.sqlite3`` (needs no server).
+Private state: ``$STRATA_HOME`` is created (or tightened to) mode 0700, and the embedded SQLite
+database and broker files are created 0600 before SQLite opens them (SQLite gives their ``-wal`` and
+``-shm`` files the same mode), whatever the process umask.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ SQLITE_OPTIONS = {
 }
 
 
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
 def database_config(env: envmod.StrataEnv) -> dict:
     """``DATABASES['default']`` for ``env``: ``DATABASE_URL`` (PostgreSQL, or any URL dj-database-url
     parses) or the SQLite file ``$STRATA_HOME/db.sqlite3``. Every SQLite database gets
@@ -51,8 +57,8 @@ def database_config(env: envmod.StrataEnv) -> dict:
         if config["ENGINE"].endswith("postgresql"):
             config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 20, "timeout": 10}
     else:
-        env.home.mkdir(parents=True, exist_ok=True)
-        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(env.home / "db.sqlite3")}
+        database = envmod.private_file(env.home / "db.sqlite3", *SQLITE_COMPANIONS)  # 0600 in a 0700 home
+        config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(database)}
     if config["ENGINE"].endswith("sqlite3"):
         config["OPTIONS"] = {**SQLITE_OPTIONS, **config.get("OPTIONS", {})}
         config["CONN_MAX_AGE"] = 0
@@ -117,6 +123,9 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": database_config(ENV)}
+envmod.private_dir(STRATA_HOME)
+if not ENV.celery_broker_url:  # the embedded broker's SQLite file (CELERY_BROKER_URL below): 0600 too
+    envmod.private_file(STRATA_HOME / "broker.sqlite3", *SQLITE_COMPANIONS)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
