@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from cachecore.block_pool import Block, BlockPool
-from cachecore.errors import InvalidKV, InvalidPrompt
+from cachecore.errors import InflightLimit, InvalidKV, InvalidPrompt
 from cachecore.hashing import chain_hashes
 from cachecore.layout import KVLayout
 from cachecore.metrics import CacheMetrics
@@ -91,6 +91,10 @@ class CacheEngine(Tier):
         self._retired: set[tuple[str, str]] = set()  # (model, revision) that may neither hit nor store
         self._flush_gen = 0
         self._running: dict[int, CachedSequence] = {}
+        # Blocks held by each owner's running requests, and per-owner limits on them (in blocks).
+        self._inflight: dict[str, int] = {}
+        self._inflight_limits: dict[str, int] = {}
+        self.default_inflight_blocks = max(1, num_blocks // 2)
 
     # ------------------------------------------------------------------ serving path
     def admit(
@@ -110,7 +114,10 @@ class CacheEngine(Tier):
         prompt plus ``max_new_tokens``. The last prompt token is never served from cache (its logits
         are needed), so the hit is at most ``len(tokens) - 1`` rounded down to a block boundary;
         ``recompute_last=False`` lifts that rule for callers that only move KV (``store``).
-        Raises ``OutOfBlocks`` (nothing held) when the pool cannot fit the request now."""
+        Raises ``OutOfBlocks`` (nothing held) when the pool cannot fit the request now without evicting
+        another owner's protected share, and ``InflightLimit`` when ``owner``'s running requests already
+        hold its in-flight limit (a request is always admitted when the owner holds nothing, so one
+        request up to the context length always fits)."""
         tokens = list(tokens)
         if not tokens:
             raise InvalidPrompt("prompt is empty")
@@ -127,8 +134,11 @@ class CacheEngine(Tier):
                         break
                     index_hits.append(block)
             usable = index_hits[: (len(tokens) - int(recompute_last)) // bs]
-            self.pool.touch(usable)
             total = -(-(len(tokens) + max_new_tokens) // bs)
+            held = self._inflight.get(owner, 0)
+            if held and held + total > self.inflight_limit(owner):
+                raise InflightLimit("this tenant has too many tokens in flight; retry when a request finishes")
+            self.pool.touch(usable)
             try:
                 fresh = self.pool.allocate(total - len(usable), owner)
             except Exception:
@@ -152,6 +162,7 @@ class CacheEngine(Tier):
                 use_cache=use_cache,
             )
             self._running[seq.seq_id] = seq
+            self._inflight[owner] = held + len(seq.blocks)
             self.metrics.record_query(
                 tenant=owner,
                 model=model,
@@ -213,33 +224,57 @@ class CacheEngine(Tier):
             if seq.released:
                 return
             self.commit(seq)
-            seq.released = True
-            self._running.pop(seq.seq_id, None)
-            self.pool.free(seq.blocks)
+            self._finish(seq)
+
+    def _finish(self, seq: CachedSequence) -> None:
+        seq.released = True
+        self._running.pop(seq.seq_id, None)
+        owner = seq.tag.owner
+        left = self._inflight.get(owner, 0) - len(seq.blocks)
+        if left > 0:
+            self._inflight[owner] = left
+        else:
+            self._inflight.pop(owner, None)
+        self.pool.free(seq.blocks)
 
     def abort(self, seq: CachedSequence) -> None:
         """Free without registering anything (the request failed; its KV may be partial)."""
         with self._lock:
             if seq.released:
                 return
-            seq.released = True
-            self._running.pop(seq.seq_id, None)
-            self.pool.free(seq.blocks)
+            self._finish(seq)
 
     # ------------------------------------------------------------------ tier contract (KV API, tiers)
-    def _hit_blocks(self, ns: Namespace, tokens: Sequence[int], request_salt: bytes) -> list[Block]:
+    def _hit_blocks(self, ns: Namespace, tokens: Sequence[int], request_salt: bytes, *, hold: bool) -> list[Block]:
+        """The contiguous hit prefix of ``tokens``. Hashes are computed outside the lock, a batch of
+        blocks at a time, and hashing stops at the first miss, so a long token list neither stalls
+        other requests nor costs more than its hit. ``hold``: take a reference on each hit (the caller
+        frees them)."""
         bs = self.block_size
-        hits = []
-        for i, h in enumerate(chain_hashes(ns, tokens, bs, request_salt=request_salt)):
-            block = self.pool.get_cached(h, tuple(tokens[i * bs : (i + 1) * bs]))
-            if block is None:
-                break
-            hits.append(block)
+        hits: list[Block] = []
+        parent = None
+        try:
+            for start in range(0, len(tokens) - bs + 1, bs * _HASH_BATCH):
+                part = tokens[start : start + bs * _HASH_BATCH]
+                hashes = chain_hashes(ns, part, bs, request_salt=request_salt, parent=parent)
+                with self._lock:
+                    for i, h in enumerate(hashes):
+                        block = self.pool.get_cached(h, tuple(part[i * bs : (i + 1) * bs]))
+                        if block is None:
+                            return hits
+                        if hold:
+                            self.pool.touch([block])
+                        hits.append(block)
+                parent = hashes[-1]
+        except BaseException:
+            if hold and hits:
+                with self._lock:
+                    self.pool.free(hits)
+            raise
         return hits
 
     def lookup(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> int:
-        with self._lock:
-            return len(self._hit_blocks(ns, list(tokens), request_salt)) * self.block_size
+        return len(self._hit_blocks(ns, list(tokens), request_salt, hold=False)) * self.block_size
 
     def store(
         self,
@@ -275,9 +310,7 @@ class CacheEngine(Tier):
     def retrieve(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> Retrieved:
         tokens = list(tokens)
         t0 = time.perf_counter()
-        with self._lock:
-            hits = self._hit_blocks(ns, tokens, request_salt)
-            self.pool.touch(hits)
+        hits = self._hit_blocks(ns, tokens, request_salt, hold=True)
         try:
             kv = self.pages.read_blocks(_ids([b.block_id for b in hits])) if hits else torch.empty(
                 (0, *self.layout.page_shape), dtype=self.layout.torch_dtype
@@ -332,6 +365,22 @@ class CacheEngine(Tier):
         with self._lock:
             self.pool.set_cap(owner, max_tokens)
 
+    def set_inflight_limit(self, owner: str, max_tokens: int | None) -> None:
+        """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool)."""
+        with self._lock:
+            if max_tokens is None:
+                self._inflight_limits.pop(owner, None)
+            else:
+                self._inflight_limits[owner] = max(1, int(max_tokens) // self.block_size)
+
+    def inflight_limit(self, owner: str) -> int:
+        """Blocks ``owner``'s running requests may hold at once."""
+        return self._inflight_limits.get(owner, self.default_inflight_blocks)
+
+    def inflight_blocks(self, owner: str) -> int:
+        with self._lock:
+            return self._inflight.get(owner, 0)
+
     def running(self) -> list[CachedSequence]:
         with self._lock:
             return list(self._running.values())
@@ -339,6 +388,10 @@ class CacheEngine(Tier):
     def check_integrity(self) -> None:
         with self._lock:
             self.pool.check_integrity()
+            held: dict[str, int] = {}
+            for seq in self._running.values():
+                held[seq.tag.owner] = held.get(seq.tag.owner, 0) + len(seq.blocks)
+            assert held == self._inflight, f"in-flight blocks {self._inflight} != running requests {held}"
             for block in self.pool.blocks:
                 if block.block_hash is not None:
                     assert self.tag_of(block) is not None, f"cached block {block.block_id} has no tag"
@@ -365,6 +418,9 @@ class CacheEngine(Tier):
             snap["evictions"] = self.pool.stats.evictions
             snap["duplicate_stores"] = self.pool.stats.duplicate_stores
             return snap
+
+
+_HASH_BATCH = 16  # blocks hashed per lock round trip in the KV API's lookup and retrieve
 
 
 def _ids(block_ids: list[int]) -> torch.Tensor:

@@ -43,6 +43,25 @@ class OutOfBlocks(CacheError, RuntimeError):
     code = "out_of_blocks"
 
 
+class InflightLimit(CacheError, RuntimeError):
+    """The tenant already holds its in-flight share of the pool in running requests; retry later.
+    Says nothing about other tenants or the pool's size."""
+
+    code = "inflight_limit"
+
+
+class TenantBusy(CacheError, RuntimeError):
+    """The tenant already runs its limit of concurrent requests on this worker; retry later."""
+
+    code = "tenant_busy"
+
+
+class Cancelled(CacheError, RuntimeError):
+    """The client went away; the request was stopped and its blocks released."""
+
+    code = "cancelled"
+
+
 class InvalidKV(CacheError, ValueError):
     """KV bytes handed to ``store`` do not match the layout (shape, dtype or block count)."""
 

@@ -23,12 +23,16 @@ from cachecore.errors import InvalidNamespace, UnknownNamespaceField
 __all__ = ["FORMAT_VERSION", "SCOPE_SALT_BYTES", "Namespace", "canonical_encode"]
 
 #: Bump when the canonical encoding or the field set changes: old keys then simply stop matching.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SCOPE_SALT_BYTES = 32
 
 _DOMAIN = b"strata/namespace"
 _FINGERPRINT_PERSON = b"strata-ns-fp"
 _LEN = struct.Struct("<Q")
+
+
+#: Where cached KV comes from: the model's own forward pass, or the KV API (untrusted).
+ORIGINS = ("model", "upload")
 
 
 def _frame(tag: bytes, payload: bytes) -> bytes:
@@ -127,6 +131,7 @@ class Namespace:
     lora_id: str = field(compare=False)
     tp_rank: int = field(compare=False)
     tp_size: int = field(compare=False)
+    origin: str = field(default="model", compare=False)
 
     @classmethod
     def build(
@@ -141,6 +146,7 @@ class Namespace:
         lora_id: str = "",
         tp_rank: int = 0,
         tp_size: int = 1,
+        origin: str = "model",
         **unknown: object,
     ) -> Namespace:
         """Validate every field and derive the digest. Pure.
@@ -148,6 +154,9 @@ class Namespace:
         ``scope_salt`` is the tenant's (or share group's) secret, exactly 32 bytes, chosen by the
         server. Mapping values keep their type in the key (``10000`` and ``10000.0`` are different
         namespaces), so build the mappings from one canonical source (e.g. ``KVLayout.canonical()``).
+        ``origin`` says where the KV comes from: ``"model"`` (computed by Strata's own forward pass,
+        what completions reuse) or ``"upload"`` (untrusted bytes from the KV API, never read by a
+        completion); the two never share a key.
 
         Raises ``UnknownNamespaceField`` (naming the field) for any keyword outside the schema and
         ``InvalidNamespace`` for a wrong type, an empty ``model_id``/digest, a salt that is not
@@ -171,6 +180,8 @@ class Namespace:
         tp_size = _check_int("tp_size", tp_size)
         if tp_size < 1 or not 0 <= tp_rank < tp_size:
             raise InvalidNamespace(f"need 0 <= tp_rank < tp_size, got tp_rank={tp_rank} tp_size={tp_size}")
+        if origin not in ORIGINS:
+            raise InvalidNamespace(f"namespace field 'origin' must be one of {', '.join(ORIGINS)}, got {origin!r}")
 
         # Field names travel with their values so the encoding stays self-describing when fields
         # are added (with a FORMAT_VERSION bump).
@@ -186,6 +197,7 @@ class Namespace:
             ("lora_id", lora_id),
             ("tp_rank", tp_rank),
             ("tp_size", tp_size),
+            ("origin", origin),
         )
         return cls(
             digest=hashlib.blake2b(encoded, digest_size=32).digest(),
@@ -197,6 +209,7 @@ class Namespace:
             lora_id=lora_id,
             tp_rank=tp_rank,
             tp_size=tp_size,
+            origin=origin,
         )
 
     @property
@@ -207,5 +220,5 @@ class Namespace:
     def __repr__(self) -> str:
         return (
             f"Namespace(model_id={self.model_id!r}, lora_id={self.lora_id!r}, "
-            f"tp={self.tp_rank}/{self.tp_size}, fingerprint={self.fingerprint!r})"
+            f"tp={self.tp_rank}/{self.tp_size}, origin={self.origin!r}, fingerprint={self.fingerprint!r})"
         )

@@ -5,13 +5,16 @@ of the prompt is computed), one ``TokenOut`` per generated token, then ``Finishe
 prompt is registered right after prefill (so concurrent requests can share it) and the KV of generated
 tokens at the end, so the next turn of a chat reuses the previous answer.
 
-Model forwards are serialised by one lock (a CPU has no batching to gain here); bookkeeping is the
-engine's and is thread-safe, so concurrent streams interleave token by token.
+Model forwards are serialised (no batching yet) and handed out fairly among tenants by
+``FairTurns``; a prompt's prefill runs in chunks of ``prefill_chunk`` tokens, one turn each, so a light
+request waits about one chunk behind a heavy tenant, not its whole prompt. Bookkeeping is the engine's
+and is thread-safe, so concurrent streams interleave token by token. ``should_abort`` is polled
+between chunks and tokens: a cancelled or aborted request stops computing at once and releases its
+blocks.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +24,9 @@ import torch
 from cachecore.engine import CachedSequence, CacheEngine
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.namespace import Namespace
+from cachecore.turns import FairTurns
+
+DEFAULT_PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -75,14 +81,21 @@ Event = Prefilled | TokenOut | Finished
 class Generator:
     """Owns nothing but references: the model (weights), the engine (cache) and the tokenizer."""
 
-    def __init__(self, model, engine: CacheEngine, tokenizer, *, model_name: str, revision: str) -> None:
+    def __init__(
+        self, model, engine: CacheEngine, tokenizer, *, model_name: str, revision: str,
+        turns: FairTurns | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.model = model
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.revision = revision
         self.config = model.config
-        self._forward_lock = threading.Lock()
+        # Shared by every Generator on one device (revisions being rolled out included).
+        self.turns = turns or FairTurns()
+        self.prefill_chunk = prefill_chunk
         allowed = torch.full((self.config.vocab_size,), float("-inf"))
         allowed[list(tokenizer.generatable_ids())] = 0.0
         self._allowed = allowed.to(engine.pages.device)
@@ -110,13 +123,27 @@ class Generator:
         return out
 
     # ------------------------------------------------------------------ generation
-    def _forward(self, seq: CachedSequence, start: int) -> torch.Tensor:
+    def _forward(self, seq: CachedSequence, start: int, end: int | None = None) -> torch.Tensor:
+        """One turn: compute ``seq.tokens[start:end]`` (KV into the pages), return the last logits."""
+        end = len(seq.tokens) if end is None else end
         device = self.engine.pages.device
-        chunk = torch.tensor(seq.tokens[start:], dtype=torch.long, device=device)
+        chunk = torch.tensor(seq.tokens[start:end], dtype=torch.long, device=device)
         table = torch.tensor(seq.block_table, dtype=torch.long, device=device)
-        with self._forward_lock:
+        with self.turns.turn(seq.tag.owner):
             logits = self.model.forward(chunk, start, table, self.engine.pages)[-1]
-        self.engine.mark_computed(seq, len(seq.tokens))
+        self.engine.mark_computed(seq, end)
+        return logits
+
+    def _prefill(self, seq: CachedSequence, should_abort: Callable[[], bool] | None) -> torch.Tensor | None:
+        """Prefill after the cached prefix in chunks; None if aborted between chunks."""
+        start, end = seq.num_cached_tokens, len(seq.tokens)
+        logits = None
+        while start < end:
+            if logits is not None and should_abort is not None and should_abort():
+                return None
+            stop = min(end, start + self.prefill_chunk)
+            logits = self._forward(seq, start, stop)
+            start = stop
         return logits
 
     def prefill_logits(self, ns: Namespace, tokens: Sequence[int], *, owner: str, request_salt: bytes = b"",
@@ -126,7 +153,7 @@ class Generator:
         seq = self.engine.admit(ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
                                 request_salt=request_salt, use_cache=use_cache)
         try:
-            return self._forward(seq, seq.num_cached_tokens).float().cpu(), seq.num_cached_tokens
+            return self._prefill(seq, None).float().cpu(), seq.num_cached_tokens
         finally:
             self.engine.release(seq)
 
@@ -148,8 +175,14 @@ class Generator:
         )
         try:
             t0 = time.perf_counter()
-            logits = self._forward(seq, seq.num_cached_tokens)
+            if should_abort is not None and should_abort():
+                yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
+                return
+            logits = self._prefill(seq, should_abort)
             seconds = time.perf_counter() - t0
+            if logits is None:
+                yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
+                return
             self.engine.commit(seq)
             with self.engine._lock:
                 self.engine.metrics.record_prefill(

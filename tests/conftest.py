@@ -6,6 +6,10 @@ import pytest
 from django.test import Client
 from hypothesis import settings as hypothesis_settings
 
+# Cache-worker actors created by this test process expose their test hooks (poisoning free pages);
+# production actors never do.
+os.environ.setdefault("STRATA_TEST_HOOKS", "1")
+
 # CI runs the property-based tests on a fixed, derandomized set of examples so a landing never depends
 # on a lucky draw; local runs keep exploring new examples (and remember failures in .hypothesis/).
 hypothesis_settings.register_profile("ci", derandomize=True, database=None)

@@ -116,3 +116,18 @@ def test_decode_logits_match_dense_after_cached_prefix(loaded, gen, ns):
                                   + gen._allowed.cpu(), dim=-1)
     expected = [float(dense[len(tokens) - 1 + i, t]) for i, t in enumerate(out.token_ids)]
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 33])
+def test_chunked_prefill_is_exact_at_any_chunk_size(loaded, ns, chunk):
+    engine = CacheEngine(loaded.layout, num_blocks=64, device="cpu")
+    chunked = Generator(loaded.model, engine, loaded.tokenizer, model_name="exact-llama", revision="r1",
+                        prefill_chunk=chunk)
+    tokens = _prompt(70, seed=chunk)
+    logits, hit = chunked.prefill_logits(ns, tokens, owner="t")
+    assert hit == 0
+    torch.testing.assert_close(logits, _dense_last(loaded, tokens), atol=1e-5, rtol=1e-5)
+    logits, hit = chunked.prefill_logits(ns, tokens, owner="t")  # the chunked KV is reused exactly too
+    assert hit == 64
+    torch.testing.assert_close(logits, _dense_last(loaded, tokens), atol=1e-5, rtol=1e-5)
+    engine.check_integrity()

@@ -7,12 +7,12 @@ cluster has GPUs and 0 otherwise (the CPU fallback).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
-from workers.cache_worker import CacheWorker
+from workers.cache_worker import MAX_CONCURRENCY, CacheWorker
 
 NAMESPACE = "strata"
-MAX_CONCURRENCY = 16  # concurrent requests per actor (threads); forwards are serialised inside
 
 
 def actor_name(deployment: str, replica: int = 0) -> str:
@@ -31,7 +31,7 @@ class CacheWorkerActor:
 
 _DELEGATED = (
     "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve", "flush",
-    "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks",
+    "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks", "cancel",
 )
 
 
@@ -53,6 +53,8 @@ def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **
     import ray
 
     gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    # Test hooks (poisoning free pages) exist only where the test suite asks for them.
+    worker_kwargs.setdefault("test_hooks", os.environ.get("STRATA_TEST_HOOKS") == "1")
     remote_cls = ray.remote(CacheWorkerActor)
     return remote_cls.options(
         name=actor_name(deployment, replica),

@@ -4,9 +4,12 @@ It never touches a database: the control plane resolves the tenant, its scope sa
 active revision, and hands them in with each request. All inputs and outputs are plain data (dicts,
 lists, bytes) so the same calls work in-process (tests) and through Ray.
 
-Concurrency: many requests may stream at once (threads); the engine's lock guards the bookkeeping and
-the generator serialises model forwards. A failing request releases its blocks in ``finally`` and
-leaves the pool intact (``check_integrity`` holds after every call).
+Concurrency: many requests may stream at once (threads, ``MAX_CONCURRENCY`` per actor); the engine's
+lock guards the bookkeeping and ``FairTurns`` hands model forwards out fairly among tenants. Each tenant
+may run at most ``max_concurrent_requests`` requests at once on a worker (default a quarter of the
+slots; over it: ``tenant_busy``, retryable), so one tenant's queue cannot fill every slot. A failing or
+cancelled request releases its blocks in ``finally`` and leaves the pool intact (``check_integrity``
+holds after every call).
 """
 
 from __future__ import annotations
@@ -15,17 +18,23 @@ import hashlib
 import os
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError
+from cachecore.errors import CacheError, Cancelled, InvalidKV, TenantBusy
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.turns import FairTurns
 
 DEFAULT_L1_MB = int(os.environ.get("STRATA_L1_MB", "256"))
+MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); forwards are taken in fair turns
+DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
+RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
+_CANCEL_MEMORY = 4096  # cancelled request ids remembered (a cancel may arrive before its request)
 
 
 class RevisionChanged(CacheError):
@@ -59,6 +68,7 @@ class CacheWorker:
         device: str | None = None,
         l1_mb: int | None = None,
         block_size: int = 16,
+        test_hooks: bool = False,
     ) -> None:
         self.deployment = deployment
         self.preset = preset
@@ -69,14 +79,19 @@ class CacheWorker:
         layout = loaded.layout
         num_blocks = max(64, (l1_mb or DEFAULT_L1_MB) * 2**20 // layout.bytes_per_block)
         self.engine = CacheEngine(layout, num_blocks, loaded.model.device)
+        self.turns = FairTurns()
+        self.test_hooks = test_hooks
         self._active = _Active(loaded, self._generator(loaded))
         self._staged: dict[str, _Active] = {}
         self._aborting: set[str] = set()  # revisions whose running requests must stop now
         self._lock = threading.Lock()
+        self._per_tenant: Counter[str] = Counter()  # running requests per tenant
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._running_ids: set[str] = set()
 
     def _generator(self, loaded: LoadedModel) -> Generator:
         return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
-                         revision=loaded.revision.label)
+                         revision=loaded.revision.label, turns=self.turns)
 
     # ------------------------------------------------------------------ introspection
     def info(self) -> dict:
@@ -92,6 +107,7 @@ class CacheWorker:
             "vocab_size": a.config.vocab_size,
             "max_seq_len": a.config.max_seq_len,
             "running": len(self.engine.running()),
+            "max_concurrency": MAX_CONCURRENCY,
         }
 
     def ping(self) -> bool:
@@ -112,16 +128,46 @@ class CacheWorker:
         ``cache_salt`` (optional str), ``prompt`` (token ids: the control plane tokenizes and renders
         chat templates, so limits and quotas are checked before a worker is involved), ``max_tokens``,
         ``temperature``, ``seed``, ``logprobs``, ``max_cached_tokens`` (tenant cap or None),
-        ``expected_revision`` (optional: fail with ``revision_changed`` if another is active).
+        ``expected_revision`` (optional: fail with ``revision_changed`` if another is active),
+        ``request_id`` (optional: ``cancel`` stops it), ``max_inflight_tokens`` and
+        ``max_concurrent_requests`` (tenant bounds or None for the defaults).
         Yields plain-dict events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
+        tenant = str(req["tenant"])
+        rid = req.get("request_id")
+        limit = req.get("max_concurrent_requests") or DEFAULT_TENANT_CONCURRENCY
+        with self._lock:
+            busy = self._per_tenant[tenant] >= limit
+            if not busy:
+                self._per_tenant[tenant] += 1
+                if rid is not None:
+                    self._running_ids.add(rid)
+        if busy:
+            yield self._error(TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly"))
+            return
+        try:
+            yield from self._stream(req, tenant, rid)
+        finally:
+            with self._lock:
+                self._per_tenant[tenant] -= 1
+                if not self._per_tenant[tenant]:
+                    del self._per_tenant[tenant]
+                if rid is not None:
+                    self._cancelled.pop(rid, None)
+                    self._running_ids.discard(rid)
+
+    @staticmethod
+    def _error(exc: CacheError) -> dict:
+        return {"type": "error", "code": exc.code, "message": str(exc), "retryable": exc.code in RETRYABLE}
+
+    def _stream(self, req: dict, tenant: str, rid: str | None) -> Iterator[dict]:
         active = self._active
         revision = active.loaded.revision.label
         try:
             if req.get("expected_revision") not in (None, revision):
                 raise RevisionChanged(f"revision {req['expected_revision']} is no longer active; retry")
             tokens = req.get("prompt")
-            tenant = str(req["tenant"])
             self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
+            self.engine.set_inflight_limit(tenant, req.get("max_inflight_tokens"))
             ns = active.loaded.namespace(req["scope_salt"])
             params = SamplingParams(
                 max_tokens=int(req.get("max_tokens", 16)),
@@ -131,7 +177,8 @@ class CacheWorker:
             )
             events = active.generator.stream(
                 ns, tokens, owner=tenant, params=params, request_salt=request_salt(req.get("cache_salt")),
-                use_cache=req.get("use_cache", True), should_abort=lambda: revision in self._aborting,
+                use_cache=req.get("use_cache", True),
+                should_abort=lambda: revision in self._aborting or (rid is not None and rid in self._cancelled),
             )
             for ev in events:
                 if isinstance(ev, Prefilled):
@@ -142,14 +189,25 @@ class CacheWorker:
                            "top_logprobs": ev.top_logprobs}
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
+                        if rid is not None and rid in self._cancelled:
+                            raise Cancelled("the request was cancelled")
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
                     yield {"type": "finished", "finish_reason": ev.finish_reason, "revision": revision,
                            "usage": {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
                                      "total_tokens": ev.prompt_tokens + ev.completion_tokens,
                                      "cached_tokens": ev.cached_tokens}}
         except CacheError as exc:
-            yield {"type": "error", "code": exc.code, "message": str(exc),
-                   "retryable": isinstance(exc, RevisionChanged) or exc.code == "out_of_blocks"}
+            yield self._error(exc)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop the request ``request_id`` at its next chunk or token (its client went away); its
+        blocks are released. Remembered for a while, so a cancel that overtakes its request works too.
+        Returns whether such a request is running now."""
+        with self._lock:
+            self._cancelled[str(request_id)] = None
+            while len(self._cancelled) > _CANCEL_MEMORY:
+                self._cancelled.popitem(last=False)
+            return str(request_id) in self._running_ids
 
     def collect(self, req: dict) -> list[dict]:
         """All events of ``stream`` at once (one round trip for non-streaming API calls)."""
@@ -172,25 +230,73 @@ class CacheWorker:
 
     # ------------------------------------------------------------------ KV API for external engines
     def kv_layout(self) -> dict:
-        layout = self._active.loaded.layout
+        a = self._active.loaded
+        layout = a.layout
         return {**layout.canonical(), "page_shape": list(layout.page_shape),
-                "bytes_per_block": layout.bytes_per_block}
+                "bytes_per_block": layout.bytes_per_block, "vocab_size": a.config.vocab_size,
+                "max_seq_len": a.config.max_seq_len}
 
-    def kv_lookup(self, req: dict) -> int:
-        ns = self._active.loaded.namespace(req["scope_salt"])
-        return self.engine.lookup(ns, req["tokens"], request_salt=request_salt(req.get("cache_salt")))
+    # KV uploaded through the API is untrusted (origin "upload"): keyed under the uploading tenant's own
+    # salt (never its share group's) and read back only by the KV API, never by a completion. KV the
+    # model computed (origin "model", the tenant's scope) can be looked up and retrieved as well.
+    def _kv_namespaces(self, req: dict):
+        a = self._active.loaded
+        return a.namespace(req["scope_salt"]), a.namespace(req["tenant_salt"], origin="upload")
+
+    def _kv_tokens(self, req: dict) -> list[int]:
+        config = self._active.loaded.config
+        tokens = req.get("tokens")
+        if not isinstance(tokens, list):
+            raise InvalidKV("tokens must be a list of token ids")
+        if len(tokens) > config.max_seq_len:
+            raise InvalidKV(f"{len(tokens)} tokens exceed the model's context length of {config.max_seq_len}")
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < config.vocab_size:
+                raise InvalidKV(f"token ids must be integers in [0, {config.vocab_size})")
+        return tokens
+
+    def kv_lookup(self, req: dict) -> dict:
+        """``{"hit_tokens", "origin"}``: the longer contiguous hit of the model's KV and the tenant's uploads."""
+        tokens = self._kv_tokens(req)
+        salt = request_salt(req.get("cache_salt"))
+        best = {"hit_tokens": 0, "origin": None}
+        for ns in self._kv_namespaces(req):
+            hit = self.engine.lookup(ns, tokens, request_salt=salt)
+            if hit > best["hit_tokens"]:
+                best = {"hit_tokens": hit, "origin": ns.origin}
+        return best
 
     def kv_store(self, req: dict, kv: torch.Tensor) -> int:
-        a = self._active.loaded
-        self.engine.set_tenant_cap(str(req["tenant"]), req.get("max_cached_tokens"))
-        return self.engine.store(a.namespace(req["scope_salt"]), req["tokens"], kv, owner=str(req["tenant"]),
-                                 request_salt=request_salt(req.get("cache_salt")), model=self.deployment,
-                                 revision=a.revision.label)
+        """Store untrusted KV for the full blocks of ``tokens`` under the tenant's upload namespace.
+        Raises ``InvalidKV`` unless ``kv`` has exactly the layout's shape and dtype and only finite
+        values. Counts against the tenant's cap like any cached block."""
+        tokens = self._kv_tokens(req)
+        layout = self._active.loaded.layout
+        n_blocks = len(tokens) // self.block_size
+        if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != (n_blocks, *layout.page_shape):
+            raise InvalidKV(f"kv must have shape [{n_blocks}, {', '.join(map(str, layout.page_shape))}]")
+        if kv.dtype != layout.torch_dtype:
+            raise InvalidKV(f"kv must be {layout.dtype}")
+        if n_blocks and not bool(torch.isfinite(kv).all()):
+            raise InvalidKV("kv holds NaN or infinite values")
+        tenant = str(req["tenant"])
+        self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
+        _, upload_ns = self._kv_namespaces(req)
+        return self.engine.store(upload_ns, tokens, kv, owner=tenant, request_salt=request_salt(req.get("cache_salt")),
+                                 model=self.deployment, revision=self._active.loaded.revision.label)
 
-    def kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        ns = self._active.loaded.namespace(req["scope_salt"])
-        kv, mask = self.engine.retrieve(ns, req["tokens"], request_salt=request_salt(req.get("cache_salt")))
-        return kv.cpu(), mask
+    def kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+        """KV of the longer contiguous hit (model or the tenant's uploads), its mask and origin."""
+        tokens = self._kv_tokens(req)
+        found = self.kv_lookup(req)
+        if not found["hit_tokens"]:
+            layout = self._active.loaded.layout
+            empty = torch.empty((0, *layout.page_shape), dtype=layout.torch_dtype)
+            return empty, torch.zeros(len(tokens), dtype=torch.bool), None
+        model_ns, upload_ns = self._kv_namespaces(req)
+        ns = upload_ns if found["origin"] == "upload" else model_ns
+        kv, mask = self.engine.retrieve(ns, tokens, request_salt=request_salt(req.get("cache_salt")))
+        return kv.cpu(), mask, ns.origin
 
     # ------------------------------------------------------------------ operations (flush, rollout)
     @staticmethod
@@ -259,7 +365,10 @@ class CacheWorker:
         return [s for s in self.engine.running() if s.tag.revision == revision]
 
     def poison_free_blocks(self) -> int:
-        """Test hook: fill every unheld block with NaN, so any read of a freed page shows in outputs."""
+        """Test hook: fill every unheld block with NaN, so any read of a freed page shows in outputs.
+        Refused unless the worker was built with ``test_hooks=True`` (never in production)."""
+        if not self.test_hooks:
+            raise PermissionError("test hooks are disabled on this worker")
         with self.engine._lock:
             ids = [b.block_id for b in self.engine.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
             self.engine.pages.poison(torch.tensor(ids, dtype=torch.long))

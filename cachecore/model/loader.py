@@ -49,8 +49,10 @@ class LoadedModel:
     def layout(self) -> KVLayout:
         return self.config.kv_layout(self.block_size)
 
-    def namespace(self, scope_salt: bytes, *, lora_id: str = "", tp_rank: int = 0, tp_size: int = 1) -> Namespace:
-        """The cache namespace of this revision for one scope (tenant or share group)."""
+    def namespace(
+        self, scope_salt: bytes, *, lora_id: str = "", tp_rank: int = 0, tp_size: int = 1, origin: str = "model",
+    ) -> Namespace:
+        """The cache namespace of this revision for one scope (tenant or share group) and origin."""
         return Namespace.build(
             scope_salt=scope_salt,
             model_id=self.name,
@@ -61,6 +63,7 @@ class LoadedModel:
             lora_id=lora_id,
             tp_rank=tp_rank,
             tp_size=tp_size,
+            origin=origin,
         )
 
 

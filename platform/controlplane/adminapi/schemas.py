@@ -29,6 +29,8 @@ class QuotasIn(StrictIn):
     max_cached_tokens: int | None = Count
     max_prompt_tokens: int | None = Count
     max_l3_bytes: int | None = Count
+    max_inflight_tokens: int | None = Count
+    max_concurrent_requests: int | None = Count
 
 
 class QuotasOut(Schema):
@@ -37,6 +39,8 @@ class QuotasOut(Schema):
     max_cached_tokens: int | None
     max_prompt_tokens: int | None
     max_l3_bytes: int | None
+    max_inflight_tokens: int | None
+    max_concurrent_requests: int | None
 
 
 class TenantCreateIn(StrictIn):

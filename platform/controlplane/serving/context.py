@@ -8,6 +8,7 @@ revision from the registry. A client's ``cache_salt`` is passed on only as a nar
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
@@ -143,7 +144,10 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "seed": body.seed,
         "logprobs": logprobs,
         "max_cached_tokens": tenant.max_cached_tokens,
+        "max_inflight_tokens": tenant.max_inflight_tokens,
+        "max_concurrent_requests": tenant.max_concurrent_requests,
         "expected_revision": spec.revision["label"],
+        "request_id": uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
     }
     return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req)
 
@@ -151,17 +155,37 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
 prepare = sync_to_async(_prepare, thread_sensitive=True)
 
 
-def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSpec, BaseModel, dict]:
+def _check_kv_tokens(tokens: list[int], deployment: ModelDeployment) -> None:
+    """KV API token lists: bounded by the model's context length (413) and inside its vocabulary (422),
+    checked before any worker is involved."""
+    config = preset(deployment.preset)
+    if len(tokens) > config.max_seq_len:
+        raise TooLarge(f"{len(tokens)} tokens exceed the model's context length of {config.max_seq_len}",
+                       code="context_length_exceeded")
+    bad = next((t for t in tokens if not 0 <= t < config.vocab_size), None)
+    if bad is not None:
+        raise InvalidInput(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
+
+
+def _prepare_kv(request: HttpRequest, schema: type[BaseModel], *, store: bool = False
+                ) -> tuple[WorkerSpec, BaseModel, dict]:
+    """A KV API request. Uploads (``store``) count their tokens against tokens-per-minute; every KV
+    call counts against requests-per-minute. ``tenant_salt`` is the tenant's own salt: uploads are
+    keyed under it alone (never the share group's)."""
     tenant = authenticate(request)
     body = parse_body(request, schema)
     deployment = resolve_model(tenant, body.model)
+    tokens = list(body.tokens)
+    _check_kv_tokens(tokens, deployment)
     ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute,
-                    tokens_per_minute=None, tokens=0)
+                    tokens_per_minute=tenant.tokens_per_minute if store else None,
+                    tokens=len(tokens) if store else 0)
     return gateway.spec_for(deployment), body, {
         "tenant": str(tenant.pk),
         "scope_salt": tenant_selectors.tenant_scope_salt(tenant),
+        "tenant_salt": bytes(tenant.scope_salt),
         "cache_salt": body.cache_salt,
-        "tokens": list(body.tokens),
+        "tokens": tokens,
         "max_cached_tokens": tenant.max_cached_tokens,
     }
 

@@ -145,12 +145,14 @@ async def kv_layout(request: HttpRequest):
 @_api_view(("POST",))
 async def kv_lookup(request: HttpRequest):
     spec, _, req = await context.prepare_kv(request, KVRequest)
-    return JsonResponse({"hit_tokens": await gateway.acall(spec, "kv_lookup", req)})
+    return JsonResponse(await gateway.acall(spec, "kv_lookup", req))
 
 
 @_api_view(("POST",))
 async def kv_store(request: HttpRequest):
-    spec, body, req = await context.prepare_kv(request, KVRequest)
+    """Upload KV for full blocks. Untrusted: exact size for the layout, finite values only, keyed under
+    the uploading tenant alone and never read by a completion (``CacheWorker.kv_store``)."""
+    spec, body, req = await context.prepare_kv(request, KVRequest, store=True)
     layout = await gateway.acall(spec, "kv_layout")
     n_blocks = len(body.tokens) // layout["block_size"]
     try:
@@ -164,6 +166,8 @@ async def kv_store(request: HttpRequest):
     if n_blocks == 0:
         return JsonResponse({"stored_blocks": 0})
     kv = torch.frombuffer(bytearray(raw), dtype=dtype).view(n_blocks, *layout["page_shape"])
+    if not bool(torch.isfinite(kv).all()):
+        raise InvalidInput("kv holds NaN or infinite values", code="invalid_kv")
     stored = await gateway.acall(spec, "kv_store", req, kv)
     return JsonResponse({"stored_blocks": stored, "blocks": n_blocks})
 
@@ -171,7 +175,7 @@ async def kv_store(request: HttpRequest):
 @_api_view(("POST",))
 async def kv_retrieve(request: HttpRequest):
     spec, _, req = await context.prepare_kv(request, KVRequest)
-    kv, mask = await gateway.acall(spec, "kv_retrieve", req)
+    kv, mask, origin = await gateway.acall(spec, "kv_retrieve", req)
     hit = int(mask.sum())
-    return JsonResponse({"hit_tokens": hit, "dtype": str(kv.dtype).removeprefix("torch."),
+    return JsonResponse({"hit_tokens": hit, "origin": origin, "dtype": str(kv.dtype).removeprefix("torch."),
                          "shape": list(kv.shape), "kv": base64.b64encode(kv.contiguous().numpy().tobytes()).decode()})

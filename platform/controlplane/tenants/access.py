@@ -13,6 +13,7 @@ from django.db import transaction
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput, NotFound
+from controlplane.common.hooks import optional_attr
 from controlplane.registry.models import ModelDeployment
 from controlplane.tenants.models import Grant, ShareGroup, Tenant
 from controlplane.tenants.services import validate_slug
@@ -82,15 +83,21 @@ def share_group_add(*, actor: Actor, group: ShareGroup, tenant: Tenant, reason: 
 
 
 def share_group_remove(*, actor: Actor, group: ShareGroup, tenant: Tenant, reason: str = "") -> Tenant:
-    """Take ``tenant`` out of ``group``; it falls back to its own salt. NotFound if not a member."""
+    """Take ``tenant`` out of ``group``; it falls back to its own salt at once (the scope salt is
+    resolved per request), so it stops reusing the group's blocks with its next request. The blocks it
+    created (in the group's namespace and its own) are flushed everywhere by a tenant-scope flush job
+    requested in the same transaction. NotFound if not a member."""
     with transaction.atomic():
         locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
         if locked.share_group_id != group.pk:
             raise NotFound(f"tenant {locked.slug!r} is not in share group {group.slug!r}")
         locked.share_group = None
         locked.save(update_fields=["share_group", "updated"])
+        flush = optional_attr("controlplane.jobs.services", "flush_job_request")
+        job = (flush(actor=actor, scope="tenant", tenant=locked, reason=f"left share group {group.slug}")
+               if flush else None)
         audit_record(
             actor=actor, action="share_group.remove", target=group.slug, tenant=locked.slug, reason=reason,
-            old={"share_group": group.slug}, new={"share_group": None},
+            old={"share_group": group.slug}, new={"share_group": None, "flush_job": getattr(job, "pk", None)},
         )
     return locked

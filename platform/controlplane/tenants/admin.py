@@ -26,7 +26,8 @@ class TenantAdmin(ReadOnlyAdmin):
     search_fields = ("slug", "name")
     fields = (
         "slug", "name", "status", "share_group", "fingerprint", "requests_per_minute", "tokens_per_minute",
-        "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes", "created", "updated",
+        "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes", "max_inflight_tokens",
+        "max_concurrent_requests", "created", "updated",
     )
     readonly_fields = fields
     inlines = [ApiKeyInline]

@@ -10,7 +10,10 @@ from django.db import models
 
 SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 slug_validator = RegexValidator(SLUG_PATTERN, "use 1-63 characters a-z, 0-9 and '-' (not at either end)")
-QUOTA_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes")
+QUOTA_FIELDS = (
+    "requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes",
+    "max_inflight_tokens", "max_concurrent_requests",
+)
 
 
 def new_scope_salt() -> bytes:
@@ -48,6 +51,10 @@ class Tenant(models.Model):
     max_cached_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     max_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     max_l3_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    # Resource bounds per worker; NULL = the worker's safe default (half the pool; a quarter of its
+    # request slots), never unlimited.
+    max_inflight_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 

@@ -25,8 +25,8 @@ from controlplane.tenants.models import QUOTA_FIELDS, ApiKey, Tenant, slug_valid
 
 KEY_KIND = "sk-st-"
 # Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
-QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens")} | {
-    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes")
+QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens", "max_concurrent_requests")} | {
+    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens")
 }
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
