@@ -3,7 +3,13 @@
 ``/readyz`` checks the database (``SELECT 1``), the Celery broker (a kombu connection with a short
 timeout) and the workers through ``controlplane.runtime.workers_ready()`` when that module exists
 (absent = ``"not configured"``, which does not fail readiness). 200 when every configured check
-passes, else 503 with ``Retry-After`` and the error shape plus the per-check detail.
+passes, else 503 with ``Retry-After`` and the error shape.
+
+Anonymous callers (load balancers, probes) learn only ok / not ok: ``{"status": "ok"}`` or
+``{"status": "unavailable", "error": {...}}`` naming no component. The per-check detail (which
+dependency, vendor, transport, worker figures) is for operators only: a valid operator bearer token
+or a logged-in staff session, checked exactly as the admin API checks them. A caller that cannot be
+verified (bad token, or the database needed to check it is down) gets the anonymous answer.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
 from controlplane.common.errors import error_body
@@ -62,14 +69,32 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def is_operator(request: HttpRequest) -> bool:
+    """Whether ``request`` carries a valid operator token or a staff session (as the admin API
+    checks them: bad tokens are audited there). Never raises: unverifiable means not an operator."""
+    from controlplane.adminapi.auth import OperatorAuth
+
+    try:
+        return OperatorAuth()(request) is not None
+    except Exception as exc:  # database down, throttled, denied: the caller gets the anonymous answer
+        logger.info("readyz: caller not verified as an operator (%s)", type(exc).__name__)
+        return False
+
+
 @require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     checks = {"database": _run(_database), "broker": _run(_broker), "workers": _run(_workers)}
     failing = [name for name, result in checks.items() if result["ok"] is False]
+    detailed = is_operator(request)
     if not failing:
-        return JsonResponse({"status": "ok", "checks": checks})
-    body = {"status": "unavailable", "checks": checks,
-            **error_body(503, f"not ready: {', '.join(failing)}", code="not_ready")}
-    response = JsonResponse(body, status=503)
-    response["Retry-After"] = "5"
+        response = JsonResponse({"status": "ok", "checks": checks} if detailed else {"status": "ok"})
+    else:
+        message = f"not ready: {', '.join(failing)}" if detailed else "not ready"
+        body = {"status": "unavailable", **error_body(503, message, code="not_ready")}
+        if detailed:
+            body["checks"] = checks
+        response = JsonResponse(body, status=503)
+        response["Retry-After"] = "5"
+    patch_vary_headers(response, ("Authorization", "Cookie"))  # the body depends on who asks
+    response["Cache-Control"] = "no-store"
     return response

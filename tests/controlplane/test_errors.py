@@ -79,8 +79,8 @@ def test_error_response_helper_shape_and_headers():
     assert defaults == {"message": "gone", "type": "not_found_error", "code": "not_found"}
 
 
-def test_openapi_document_is_valid_json_listing_every_admin_path(client):
-    response = client.get("/api/admin/openapi.json")
+def test_openapi_document_is_valid_json_listing_every_admin_path(admin_client):
+    response = admin_client.get("/api/admin/openapi.json")  # operators only: see test_exposure.py
     assert response.status_code == 200
     paths = response.json()["paths"]
     for expected in [
@@ -95,33 +95,33 @@ def test_openapi_document_is_valid_json_listing_every_admin_path(client):
     assert response.json()["components"]["securitySchemes"]["OperatorAuth"]["scheme"] == "bearer"
 
 
-def test_healthz_is_up_and_readyz_checks_database_and_broker(client, monkeypatch):
+def test_healthz_is_up_and_readyz_checks_database_and_broker(client, admin_client, monkeypatch):
     from controlplane import health
 
     monkeypatch.setattr(health, "optional_attr", lambda module, attr: lambda: True)  # workers: up
     assert client.get("/healthz").json() == {"status": "ok"}
-    ready = client.get("/readyz")
+    ready = admin_client.get("/readyz")  # the per-check detail is for operators (test_exposure.py)
     body = ready.json()
     assert ready.status_code == 200, body
     assert body["checks"]["database"]["ok"] is True and body["checks"]["broker"]["ok"] is True
     assert "workers" in body["checks"]
 
 
-def test_readyz_is_503_with_retry_after_when_broker_is_down(client, settings):
+def test_readyz_is_503_with_retry_after_when_broker_is_down(admin_client, settings):
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
-    response = client.get("/readyz")
+    response = admin_client.get("/readyz")
     assert response.status_code == 503 and response["Retry-After"]
     body = response.json()
     assert body["checks"]["broker"]["ok"] is False and body["checks"]["database"]["ok"] is True
     assert body["error"]["code"] == "not_ready" and "broker" in body["error"]["message"]
 
 
-def test_readyz_reports_workers_from_the_runtime_hook(client, monkeypatch):
+def test_readyz_reports_workers_from_the_runtime_hook(admin_client, monkeypatch):
     from controlplane import health
 
     monkeypatch.setattr(health, "optional_attr", lambda module, attr: lambda: False)
-    response = client.get("/readyz")
+    response = admin_client.get("/readyz")
     assert response.status_code == 503 and response.json()["checks"]["workers"]["ok"] is False
     monkeypatch.setattr(health, "optional_attr", lambda module, attr: None)
-    response = client.get("/readyz")
+    response = admin_client.get("/readyz")
     assert response.status_code == 200 and response.json()["checks"]["workers"]["detail"] == "not configured"

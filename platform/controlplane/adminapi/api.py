@@ -5,20 +5,53 @@ theirs without editing this file: a module listed in :data:`OPTIONAL_ROUTERS` th
 expose ``router`` (a ``ninja.Router`` with full relative paths such as ``"flush-jobs"``,
 ``"models/{name}/rollout"``, ``"stats"``); it is mounted at the API root and inherits operator auth
 (admin for writes, viewer for reads) and the JSON error shape.
+
+The OpenAPI document (``/api/admin/openapi.json``) and its docs page (``/api/admin/docs``, Swagger UI
+served from django-ninja's own static files, no CDN) are for operators only, like the API they
+describe: an operator token or a staff session. Anonymous callers get 401 JSON; a browser opening the
+docs page without credentials is sent to the operator UI's login page.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, reverse
 from ninja import NinjaAPI
 
 from controlplane.adminapi import audit, grants, keys, models, sharegroups, tenants
 from controlplane.adminapi.auth import OperatorAuth
-from controlplane.common.errors import install_ninja_handlers
+from controlplane.common.errors import ApplicationError, error_response, install_ninja_handlers
 from controlplane.common.hooks import module_exists
 
 OPTIONAL_ROUTERS = ["controlplane.jobs.api", "controlplane.runtime.api"]
+OPENAPI_URL = "/openapi.json"
+DOCS_URL = "/docs"
+
+
+def operators_only(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """ninja ``docs_decorator``: the OpenAPI document and the docs page need the credentials the API
+    itself takes (:class:`OperatorAuth`: bearer token or staff session; viewers may read them)."""
+
+    def guarded(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        try:
+            principal = OperatorAuth()(request)
+        except ApplicationError as exc:
+            return exc.response()
+        if principal is None:
+            if request.path.endswith(DOCS_URL) and "Authorization" not in request.headers:
+                try:
+                    return redirect_to_login(request.get_full_path(), login_url=reverse("ui:login"))
+                except NoReverseMatch:  # no operator UI installed: a plain 401 below
+                    pass
+            return error_response(401, "missing or invalid credentials", headers={"WWW-Authenticate": "Bearer"})
+        request.auth = principal
+        return view(request, *args, **kwargs)
+
+    return guarded
 
 
 def build_api() -> NinjaAPI:
@@ -28,8 +61,9 @@ def build_api() -> NinjaAPI:
         description="Operators manage tenants, keys, grants, models, share groups and audit. "
         "Authorization: Bearer <operator token>, or a staff session with CSRF.",
         urls_namespace="adminapi",
-        openapi_url="/openapi.json",
-        docs_url=None,  # the docs page loads assets from a CDN; the JSON document is enough
+        openapi_url=OPENAPI_URL,
+        docs_url=DOCS_URL,  # Swagger UI from ninja's static files ("ninja" is an installed app)
+        docs_decorator=operators_only,
         auth=OperatorAuth(),
     )
     install_ninja_handlers(api)

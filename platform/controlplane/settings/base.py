@@ -81,6 +81,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # only for the admin API docs page's templates and static files (served here, no CDN)
     "controlplane.audit",
     "controlplane.tenants",
     "controlplane.registry",
