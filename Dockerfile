@@ -26,11 +26,13 @@ RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "${TORCH_IN
 
 COPY . .
 
+# STRATA_HOME (database files, keys, logs) is the strata user's alone; a new named volume mounted
+# there copies this mode, and the processes keep what they create in it 0600.
 RUN useradd --create-home --uid 10001 strata \
-    && mkdir -p /var/lib/strata \
-    && chown strata:strata /var/lib/strata
+    && install -d -m 0700 -o strata -g strata /var/lib/strata
 USER strata
 
 EXPOSE 8000
-# The compose file gives each service its own command; alone, the image serves the web process.
+# The compose file gives each service its own command; alone, the image serves the web process
+# (publish it on 127.0.0.1 and put a TLS-terminating proxy in front: `-p 127.0.0.1:8000:8000`).
 CMD ["uvicorn", "controlplane.asgi:application", "--host", "0.0.0.0", "--port", "8000"]
