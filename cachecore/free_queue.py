@@ -15,8 +15,9 @@ class Block:
     """One KV page's bookkeeping. ``token_ids`` is set iff ``block_hash`` is (the block is indexed).
 
     ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
-    plain free block. ``freed_at`` orders cached free blocks across owners (least recently freed first). ``prev_free``/``next_free`` link the block into the free queue (``None`` when
-    it is not in it).
+    plain free block. ``freed_at`` orders cached free blocks across owners (least recently freed
+    first). ``prev_free``/``next_free`` link the block into the free queue (``None`` when it is not
+    in it).
     """
 
     __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "freed_at", "prev_free", "next_free")

@@ -88,6 +88,7 @@ class CacheWorker:
         self._per_tenant: Counter[str] = Counter()  # running requests per tenant
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._running_ids: set[str] = set()
+        self.counters: Counter[str] = Counter()  # cancelled, tenant_busy (reported by info/stats)
 
     def _generator(self, loaded: LoadedModel) -> Generator:
         return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
@@ -108,6 +109,8 @@ class CacheWorker:
             "max_seq_len": a.config.max_seq_len,
             "running": len(self.engine.running()),
             "max_concurrency": MAX_CONCURRENCY,
+            "cancelled": self.counters["cancelled"],
+            "tenant_busy": self.counters["tenant_busy"],
         }
 
     def ping(self) -> bool:
@@ -115,7 +118,8 @@ class CacheWorker:
 
     def stats(self) -> dict:
         snap = self.engine.snapshot()
-        snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label}
+        snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label,
+                          "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
         return snap
 
     def check_integrity(self) -> bool:
@@ -142,6 +146,7 @@ class CacheWorker:
                 if rid is not None:
                     self._running_ids.add(rid)
         if busy:
+            self.counters["tenant_busy"] += 1
             yield self._error(TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly"))
             return
         try:
@@ -190,6 +195,7 @@ class CacheWorker:
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
                         if rid is not None and rid in self._cancelled:
+                            self.counters["cancelled"] += 1
                             raise Cancelled("the request was cancelled")
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
                     yield {"type": "finished", "finish_reason": ev.finish_reason, "revision": revision,
