@@ -28,8 +28,11 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# Chromium for the browser test: installed when it can be (root + apt-get), else one line says so and
+# that test skips (under CI=true it fails instead).
 test: setup
 	$(VENV)/bin/ruff check .
+	.ci/ensure-chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:

@@ -1,38 +1,78 @@
 """One real browser (the machine's Chromium, driven by Playwright) against the live server: an
 operator logs in, requests a flush, and watches the job page show live progress until the job
 reaches its final state. The job really runs: a Celery worker subprocess calling cache workers on a
-local Ray cluster. A missing Chromium FAILS this test (CI installs it; see .ci/run)."""
+local Ray cluster. A missing Chromium skips this test with one line naming it, except under CI=true,
+where it FAILS (``make test`` installs Chromium when it can: .ci/ensure-chromium)."""
 
 from __future__ import annotations
 
+import os
 import re
-import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import PASSWORD
+from tests.ui import conftest as ui
+from tests.ui.conftest import PASSWORD, chromium_decision, find_chromium, in_ci, require_chromium
 
-CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run"]
 PROMPT = "Board minutes, strictly confidential, for the audit committee only. " * 4
 
 
-def _chromium() -> str:
-    path = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
-    if not path:
-        pytest.fail(f"Chromium is required for the operator UI browser test and was not found at {CHROMIUM}: "
-                    "install it with `apt-get install -y chromium` (.ci/run does this).", pytrace=False)
-    return path
+def test_missing_chromium_skips_locally_and_fails_under_ci(monkeypatch):
+    monkeypatch.setattr(ui, "find_chromium", lambda: None)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="missing prerequisite: Chromium"):
+        require_chromium()
+    for value in ("true", "1"):
+        monkeypatch.setenv("CI", value)
+        with pytest.raises(pytest.fail.Exception, match="missing prerequisite: Chromium.*CI=true requires it"):
+            require_chromium()
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        require_chromium()
+
+    monkeypatch.setattr(ui, "find_chromium", lambda: "/opt/chromium/chrome")
+    for value in ("true", ""):
+        monkeypatch.setenv("CI", value)
+        assert require_chromium() == "/opt/chromium/chrome"
+
+
+def test_make_test_set_up_names_a_missing_chromium_in_one_line_and_goes_on():
+    """.ci/ensure-chromium (the Makefile's test target runs it) agrees with the test's lookup: silent
+    when Chromium is there, else one line naming it (installing disabled here) and exit 0."""
+    env = {**os.environ, "STRATA_INSTALL_CHROMIUM": "0"}
+    result = subprocess.run([str(REPO / ".ci" / "ensure-chromium")], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    if ui.find_chromium():
+        assert result.stdout == ""
+    else:
+        lines = result.stdout.splitlines()
+        assert len(lines) == 1 and "missing prerequisite: Chromium" in lines[0], result.stdout
+    assert "ensure-chromium" in (REPO / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str | None:
+    """First argument of a browser test: without Chromium it skips here, before the Ray cluster, the
+    ASGI server and the Celery worker are started for nothing. Under CI it returns None instead and
+    the test's first line (:func:`require_chromium`) FAILS it: a failure, never an error or a skip."""
+    verdict, detail = chromium_decision(find_chromium(), in_ci())
+    if verdict == "skip":
+        pytest.skip(detail)
+    return detail if verdict == "run" else None
 
 
 @pytest.fixture
-def open_browser(live_server):
+def open_browser(chromium, live_server):
     """``open_browser()`` -> a fresh Chromium page. Call it only after the test's ORM work: Playwright's
     sync API runs an event loop in this thread, under which Django refuses ORM calls (and must: a
     connection opened there would belong to the loop's context and outlive the test)."""
-    executable = _chromium()
+    executable = chromium
     from playwright.sync_api import sync_playwright
 
     started = []
@@ -56,8 +96,9 @@ def _cached_tokens(platform, tenant: str) -> int:
     return out.usage.prompt_tokens_details.cached_tokens
 
 
-def test_operator_logs_in_requests_a_flush_and_watches_it_finish(platform, live_server, admin_user, actor,
+def test_operator_logs_in_requests_a_flush_and_watches_it_finish(chromium, platform, live_server, admin_user, actor,
                                                                  celery_worker_factory, open_browser):
+    assert require_chromium() == chromium  # fails here, under CI, when the browser is missing
     from playwright.sync_api import expect
 
     from controlplane.registry.services import model_create
