@@ -79,6 +79,11 @@ def test_malformed_bodies_are_400(platform, content, code):
     {"max_tokens": 10**9},
     {"temperature": "hot"},
     {"temperature": -1},
+    {"temperature": 1e-300},  # overflows the sampler's logits / temperature: NaN probabilities
+    {"temperature": 5e-324},
+    {"temperature": 0.001},
+    {"temperature": 2.5},
+    {"temperature": 1e308},
     {"prompt": ""},
     {"prompt": []},
     {"prompt": [1, -5]},
@@ -92,6 +97,23 @@ def test_malformed_bodies_are_400(platform, content, code):
 ])
 def test_wrong_types_and_values_are_422(platform, over):
     _err(_post(platform, json=_ok(platform, **over)), 422)
+
+
+def test_temperature_is_0_or_within_the_samplers_safe_range(platform):
+    """Paired with the 422 cases above: the bounds themselves work, streamed and whole, and a non-finite
+    temperature (Python's json reads NaN/Infinity) is refused too."""
+    for temperature in (0, 0.01, 2):
+        resp = _post(platform, json=_ok(platform, temperature=temperature, seed=1))
+        assert resp.status_code == 200, (temperature, resp.text[:300])
+        assert resp.json()["usage"]["completion_tokens"] == 2
+    streamed = _post(platform, json=_ok(platform, temperature=0.01, stream=True))
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"error"' not in streamed.text
+    for literal in (b"NaN", b"Infinity"):
+        body = b'{"model": "%s", "prompt": "x", "temperature": %s}' % (platform.model.encode(), literal)
+        _err(_post(platform, content=body), 422)
+    _err(_post(platform, "/v1/chat/completions", json={"model": platform.model, "temperature": 1e-300,
+                                                       "messages": [{"role": "user", "content": "x"}]}), 422)
 
 
 def test_lone_surrogate_in_prompt_or_message_is_400(platform):

@@ -2,6 +2,7 @@
 
 - :func:`error_response` builds it (the serving API uses it too);
 - :class:`ApplicationError` and subclasses are what services raise; each carries its HTTP status;
+- :data:`WORKER_ERRORS` and :class:`WorkerError`: the errors a cache worker answers with, by code;
 - :func:`install_ninja_handlers` maps those, ninja's and Django's exceptions onto it for a NinjaAPI.
 
 Messages are written for clients and never include stack traces, SQL or secrets.
@@ -138,6 +139,35 @@ class Unavailable(ApplicationError):
 
     def __init__(self, message: str, *, retry_after: int = 1, code: str | None = None):
         super().__init__(message, code=code, headers={"Retry-After": str(max(1, int(retry_after)))})
+
+
+# Error codes a cache worker answers with (cachecore's ``CacheError.code`` and the gateway's own)
+# -> (HTTP status, Retry-After seconds or None). A bad request is 4xx; a worker that is alive but
+# momentarily cannot serve it is 503 with Retry-After.
+WORKER_ERRORS = {
+    "invalid_prompt": (400, None),
+    "context_length_exceeded": (400, None),
+    "invalid_request": (422, None),
+    "invalid_kv": (422, None),
+    "invalid_namespace": (422, None),
+    "revision_changed": (503, 1),
+    "out_of_blocks": (503, 1),
+    # A tenant over its own bounds is throttled (429), never given the pool's state.
+    "inflight_limit": (429, 1),
+    "tenant_busy": (429, 1),
+    "cancelled": (499, None),  # the client went away; nobody reads this answer
+    "worker_failed": (503, 2),
+}
+
+
+class WorkerError(ApplicationError):
+    """An error the cache worker answered with; status and Retry-After from :data:`WORKER_ERRORS`
+    by ``code`` (``default`` for codes not listed)."""
+
+    def __init__(self, message: str, *, code: str, default: tuple[int, int | None] = (422, None)):
+        status, retry = WORKER_ERRORS.get(code, default)
+        self.status = status
+        super().__init__(message, code=code, headers={"Retry-After": str(retry)} if retry else None)
 
 
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:

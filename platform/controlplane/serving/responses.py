@@ -5,24 +5,18 @@ from __future__ import annotations
 import time
 import uuid
 
-from controlplane.common.errors import ApplicationError
+from controlplane.common import errors
 
-# worker error code -> (HTTP status, retry-after seconds or None)
-WORKER_ERRORS = {
-    "invalid_prompt": (400, None),
-    "context_length_exceeded": (400, None),
-    "revision_changed": (503, 1),
-    "out_of_blocks": (503, 1),
-    "worker_failed": (503, 2),
-}
+# worker error code -> (HTTP status, retry-after seconds or None); one table, in common.errors
+WORKER_ERRORS = errors.WORKER_ERRORS
 
 
-class WorkerError(ApplicationError):
+class WorkerError(errors.WorkerError):
+    """An ``error`` event of a worker's stream as an API error (codes not listed: 503, retryable)."""
+
     def __init__(self, event: dict):
-        status, retry = WORKER_ERRORS.get(event.get("code", ""), (503, 2))
-        self.status = status
-        headers = {"Retry-After": str(retry)} if retry else None
-        super().__init__(event.get("message", "the worker failed"), code=event.get("code"), headers=headers)
+        super().__init__(event.get("message", "the worker failed"), code=event.get("code") or "worker_failed",
+                         default=(503, 2))
 
 
 def new_id(kind: str) -> str:

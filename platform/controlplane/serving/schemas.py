@@ -12,6 +12,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 MAX_TOKENS_LIMIT = 4096
+# Sampling divides float32 logits by the temperature: below ~1e-37 they overflow to inf and the
+# probabilities become NaN. 0 means greedy; a positive temperature must be at least this (far from
+# any overflow, and already indistinguishable from greedy in practice). OpenAI's range ends at 2.
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 2.0
 TokenId = Annotated[StrictInt, Field(ge=0)]
 
 
@@ -20,8 +25,8 @@ class _Common(BaseModel):
 
     model: Annotated[str, Field(min_length=1, max_length=200)]
     max_tokens: Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_LIMIT)] = 16
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    temperature: Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] = 1.0
     seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | None = None  # what torch's generator takes
     stream: StrictBool = False
     stream_options: dict | None = None
@@ -30,6 +35,13 @@ class _Common(BaseModel):
     n: Literal[1] = 1
     presence_penalty: Literal[0, 0.0] = 0
     frequency_penalty: Literal[0, 0.0] = 0
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        if 0.0 < v < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}")
+        return v
 
     @field_validator("top_p")
     @classmethod
