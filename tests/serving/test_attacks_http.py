@@ -176,3 +176,20 @@ def test_a_client_that_disconnects_cancels_its_request_and_frees_its_blocks(plat
     info = _wait_idle(small, before)
     assert info["running"] == 0
     assert gateway.call(small, "check_integrity") is True
+
+
+def test_leaving_a_share_group_stops_reuse_at_once_and_flushes_what_it_created(platform, small, actor):
+    from controlplane.jobs.models import FlushJob
+    from controlplane.tenants.access import share_group_add, share_group_create, share_group_remove
+
+    group = share_group_create(actor=actor, slug="leavers", name="Leavers")
+    for slug in ("acme", "globex"):
+        share_group_add(actor=actor, group=group, tenant=platform.tenants[slug])
+    shared = _tokens(96, 31)
+    assert _complete(platform, "globex", shared + [1]).usage.prompt_tokens_details.cached_tokens == 0
+    assert _complete(platform, "acme", shared + [2]).usage.prompt_tokens_details.cached_tokens == 96
+    share_group_remove(actor=actor, group=group, tenant=platform.tenants["acme"], reason="contract ended")
+    assert _complete(platform, "acme", shared + [3]).usage.prompt_tokens_details.cached_tokens == 0
+    assert _complete(platform, "globex", shared + [4]).usage.prompt_tokens_details.cached_tokens == 96
+    job = FlushJob.objects.get(scope="tenant", tenant=platform.tenants["acme"])
+    assert "leavers" in job.reason
