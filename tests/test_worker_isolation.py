@@ -4,6 +4,7 @@ bounds, cancellation, and test hooks that production workers refuse."""
 from __future__ import annotations
 
 import secrets
+
 import pytest
 import torch
 

@@ -50,7 +50,8 @@ def _tokens(n: int, seed: int) -> list[int]:
 
 
 def _complete(platform, tenant: str, prompt, **kw):
-    return platform.client(tenant).completions.create(model=FLOOD_MODEL, prompt=prompt, max_tokens=kw.pop("max_tokens", 1),
+    max_tokens = kw.pop("max_tokens", 1)
+    return platform.client(tenant).completions.create(model=FLOOD_MODEL, prompt=prompt, max_tokens=max_tokens,
                                                       temperature=0, **kw)
 
 
