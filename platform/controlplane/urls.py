@@ -10,11 +10,15 @@ from django.urls import include, path, re_path
 from controlplane import health
 from controlplane.adminapi.api import api as admin_api
 from controlplane.common.hooks import module_exists
+from controlplane.operators.views import admin_login
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("api/admin/", admin_api.urls),
+    # The admin's login, throttled and audited (operators.forms.AdminLoginForm) with a 429 lockout
+    # page; it shadows the admin site's own login route, so no other way in skips the throttle.
+    path("admin/login/", admin_login, name="admin-login"),
     path("admin/", admin.site.urls),
 ]
 

@@ -19,6 +19,13 @@ def audit_actions() -> list[str]:
     return list(AuditEvent.objects.order_by("seq").values_list("action", flat=True))
 
 
+def audit_events(action: str) -> list:
+    """The events of one action, oldest first."""
+    from controlplane.audit.models import AuditEvent
+
+    return list(AuditEvent.objects.filter(action=action).order_by("seq"))
+
+
 def assert_error(response, status: int, code: str | None = None) -> dict:
     """The response has ``status`` and the Strata error shape; returns the inner error object."""
     assert response.status_code == status, (response.status_code, response.content[:300])

@@ -7,9 +7,11 @@ Accepted credentials, in order:
 2. A logged-in Django session of a staff user (superuser = admin, other staff = viewer). CSRF is
    enforced for unsafe methods (403 ``csrf_failed``).
 
-Viewers may use safe methods only (403 otherwise). Presented-but-bad credentials, CSRF failures
-and viewer write attempts are audited (``auth.failed`` / ``auth.denied``); requests that bring no
-credentials at all are answered 401 without an event, so anonymous noise cannot flood the log.
+Viewers may use safe methods only (403 otherwise). CSRF failures and viewer write attempts are
+audited (``auth.failed`` / ``auth.denied``). Bad or malformed bearer tokens are throttled per source
+and audited as aggregated ``auth.failed`` events (``operators.authguard``): past the limit the
+source gets 429 with ``Retry-After`` and no token is checked. Requests that bring no credentials at
+all are answered 401 without an event, so anonymous noise cannot flood the log.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from ninja.utils import check_csrf
 
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
-from controlplane.common.errors import Forbidden
+from controlplane.common.errors import Forbidden, RateLimited
 from controlplane.common.tokens import secret_prefix
+from controlplane.operators.authguard import token_auth_failed, token_auth_refused, token_auth_retry_after
 from controlplane.operators.models import OperatorToken
 from controlplane.operators.selectors import operator_authenticate
 from controlplane.operators.services import operator_token_mark_used
@@ -79,15 +82,23 @@ class OperatorAuth(HttpBearer):
         return Principal(Actor(operator.username, "token", client_address(request)), operator.role)
 
     def _from_header(self, request: HttpRequest, header: str) -> Principal | None:
+        source, target = client_address(request), f"{request.method} {request.path}"
+        retry_after = token_auth_retry_after(source=source)
+        if retry_after is not None:
+            token_auth_refused(source=source, target=target)
+            raise RateLimited("too many failed authentication attempts from this address; retry later",
+                              retry_after=retry_after, code="auth_throttled")
         scheme, _, token = header.strip().partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            _audit_failure(request, "auth.failed", "anonymous", "token", "malformed Authorization header")
+            token_auth_failed(source=source, presented="anonymous", target=target,
+                              reason="malformed Authorization header")
             return None
         principal = self.authenticate(request, token)
         if principal is None:
             shown = secret_prefix(token) if token.startswith(TOKEN_KIND) else "?"
-            _audit_failure(request, "auth.failed", f"token:{shown}", "token", "unknown or revoked token")
+            token_auth_failed(source=source, presented=f"token:{shown}", target=target,
+                              reason="unknown or revoked token")
         return principal
 
     def _from_session(self, request: HttpRequest) -> Principal | None:

@@ -24,6 +24,9 @@ _TEST_HOME.mkdir(parents=True, exist_ok=True)
 # one head log per test database, so concurrent test runs never read each other's heads.
 STRATA_AUDIT_KEY_FILE = _TEST_HOME / "audit.key"
 STRATA_AUDIT_HEAD_LOG = str(_TEST_HOME / "audit-head-{db}.log")
+# Login/token throttle counters of this process only (test runs may share one Redis cache); the
+# control-plane tests give each test a namespace of its own.
+STRATA_THROTTLE_NAMESPACE = f"test-{os.getpid()}"
 CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'broker-{os.getpid()}.sqlite3'}"
 
 _db = DATABASES["default"]

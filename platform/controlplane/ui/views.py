@@ -12,17 +12,19 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
 from django.forms import Form, Select
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from controlplane.audit.selectors import audit_list, audit_verify
 from controlplane.common.errors import ApplicationError
 from controlplane.jobs.selectors import flush_job_get, flush_job_list
 from controlplane.jobs.services import flush_job_request, rollout_request
+from controlplane.operators.forms import OperatorLoginForm
+from controlplane.operators.views import lockout_response
 from controlplane.registry.selectors import model_get, model_list
 from controlplane.registry.services import revision_create
 from controlplane.runtime.stats import cluster_stats
@@ -39,11 +41,17 @@ AUDIT_FILTERS = ("action", "actor", "tenant")
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login view; only active staff accounts may log in (``AdminAuthenticationForm``)."""
+    """Django's login view; only active staff accounts may log in. Throttled per account and per
+    source and audited (``OperatorLoginForm``): a locked attempt gets the lockout page (429)."""
 
     template_name = "ui/login.html"
-    authentication_form = AdminAuthenticationForm
+    authentication_form = OperatorLoginForm
     next_page = "ui:dashboard"
+
+    def form_invalid(self, form):
+        if form.retry_after is not None:
+            return lockout_response(self.request, retry_after=form.retry_after, login_url=reverse("ui:login"))
+        return super().form_invalid(form)
 
 
 class LogoutView(auth_views.LogoutView):

@@ -1,0 +1,131 @@
+"""Failure counters, lockouts and once-per-window gates in Django's cache.
+
+With ``REDIS_URL`` set the cache is Redis, so every web process shares them; the embedded default
+is process-local memory (one web process). Keys are digests of the caller's key (usernames and
+addresses are attacker-chosen; they never become cache keys verbatim). Everything expires by
+itself, so anonymous traffic cannot grow this state without bound either.
+
+A cache that fails (Redis down) fails open and loudly: nothing is locked, every failure opens its
+window (so it is audited one by one), and a warning is logged; authentication itself keeps working.
+
+- :func:`throttle_failure` counts a failure and locks the key once ``limit`` are reached within
+  ``window_s``; :func:`throttle_retry_after` says whether (and for how long) it is locked;
+  :func:`throttle_clear` forgets both (a successful login).
+- :func:`throttle_window_open` is true for the first call per key in each window;
+  :func:`throttle_tally_add` / :func:`throttle_tally_take` count what happened in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import ipaddress
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.cache import cache
+
+PREFIX = "strata:th"
+TALLY_TTL_S = 24 * 3600
+logger = logging.getLogger("controlplane.throttle")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail_open(fallback: Any) -> Callable[[F], F]:
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except Exception:  # any cache backend error: throttling must not take authentication down
+                logger.warning("throttle cache unavailable in %s; failing open", func.__name__, exc_info=True)
+                return fallback
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _key(scope: str, key: str, part: str) -> str:
+    # STRATA_THROTTLE_NAMESPACE (tests: per process, per test) keeps runs sharing one Redis apart.
+    namespace = getattr(settings, "STRATA_THROTTLE_NAMESPACE", "")
+    return f"{PREFIX}:{namespace}:{scope}:{part}:{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}"
+
+
+def _incr(name: str, amount: int, timeout: int) -> int:
+    cache.add(name, 0, timeout=timeout)
+    try:
+        return cache.incr(name, amount)
+    except ValueError:  # expired between add and incr
+        cache.set(name, amount, timeout=timeout)
+        return amount
+
+
+def source_bucket(address: str) -> str:
+    """What one source is, for throttling: an IPv4 address, or the /64 of an IPv6 address (one
+    host commonly holds a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+@_fail_open(None)
+def throttle_retry_after(*, scope: str, key: str) -> int | None:
+    """Seconds until ``key`` may try again, or ``None`` when it is not locked."""
+    until = cache.get(_key(scope, key, "lock"))
+    if until is None:
+        return None
+    left = until - time.time()
+    return max(1, math.ceil(left)) if left > 0 else None
+
+
+@_fail_open(None)
+def throttle_failure(*, scope: str, key: str, limit: int, window_s: int, lockout_s: int) -> int | None:
+    """Count one failure of ``key``. When it is the ``limit``-th within ``window_s`` (counted from
+    the first), lock ``key`` for ``lockout_s`` and return that; otherwise ``None``."""
+    count = _incr(_key(scope, key, "count"), 1, window_s)
+    if count < limit:
+        return None
+    cache.set(_key(scope, key, "lock"), time.time() + lockout_s, timeout=lockout_s)
+    cache.delete(_key(scope, key, "count"))  # a fresh count once the lock has passed
+    return lockout_s
+
+
+@_fail_open(None)
+def throttle_clear(*, scope: str, key: str) -> None:
+    """Forget ``key``'s failures and lock."""
+    cache.delete_many([_key(scope, key, "count"), _key(scope, key, "lock")])
+
+
+@_fail_open(True)
+def throttle_window_open(*, scope: str, key: str, window_s: int) -> bool:
+    """True for the first call per ``key`` in each ``window_s`` (atomic: ``cache.add``)."""
+    return cache.add(_key(scope, key, "gate"), 1, timeout=window_s)
+
+
+@_fail_open(1)
+def throttle_tally_add(*, scope: str, key: str, amount: int = 1, ttl_s: int = TALLY_TTL_S) -> int:
+    """Add ``amount`` to ``key``'s tally; returns the new total."""
+    return _incr(_key(scope, key, "tally"), amount, ttl_s)
+
+
+@_fail_open(1)
+def throttle_tally_take(*, scope: str, key: str) -> int:
+    """Return ``key``'s tally and subtract it (increments racing with this are kept)."""
+    name = _key(scope, key, "tally")
+    value = cache.get(name) or 0
+    if value:
+        with contextlib.suppress(ValueError):  # expired meanwhile
+            cache.decr(name, value)
+    return value

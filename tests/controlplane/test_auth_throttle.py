@@ -1,0 +1,121 @@
+"""Bad bearer tokens on the admin API: aggregated audit events (one per source per window, with a
+count), a 429 with Retry-After past the limit (no token checked meanwhile), and a bounded log
+whatever the number of sources."""
+
+import pytest
+from django.core.cache.backends.base import BaseCache
+from django.test import Client
+
+from tests.controlplane.helpers import assert_error, audit_actions, audit_events
+
+pytestmark = pytest.mark.django_db
+URL = "/api/admin/tenants"
+BAD = "Bearer st-op-AAAAAAAAnotarealtokenatall"
+
+
+def attacker(address="203.0.113.7", header=BAD) -> Client:
+    return Client(headers={"Authorization": header}, REMOTE_ADDR=address)
+
+
+def test_bad_tokens_from_one_source_become_one_event_per_window_carrying_a_count(clock):
+    for _ in range(7):
+        assert_error(attacker().get(URL), 401)
+    (first,) = audit_events("auth.failed")
+    assert (first.source, first.actor, first.result) == ("203.0.113.7", "token:st-op-AAAAAAAA", "denied")
+    assert first.new_value == {"kind": "token", "count": 1, "window_seconds": 60}
+    clock.advance(61)
+    assert_error(attacker().get(URL), 401)
+    later = audit_events("auth.failed")[-1]
+    assert later.new_value["count"] == 7  # the 6 counted in between, and this one
+    assert sum(e.new_value["count"] for e in audit_events("auth.failed")) == 8
+    assert_error(attacker("198.51.100.1").get(URL), 401)  # another source: its own event
+    assert [e.source for e in audit_events("auth.failed")][-1] == "198.51.100.1"
+    assert "notarealtoken" not in str([(e.actor, e.target, e.reason, e.new) for e in audit_events("auth.failed")])
+
+
+def test_past_the_limit_a_source_gets_429_with_retry_after_and_no_token_is_checked(
+        clock, admin_client, monkeypatch):
+    from controlplane.adminapi import auth
+    from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
+
+    for _ in range(TOKEN_FAILURE_LIMIT):
+        assert_error(attacker().get(URL), 401)
+    checked = []
+    real = auth.operator_authenticate
+    monkeypatch.setattr(auth, "operator_authenticate", lambda token: checked.append(token) or real(token))
+    response = attacker().get(URL)
+    assert_error(response, 429, "auth_throttled")
+    assert response.json()["error"]["type"] == "rate_limit_error" and 1 <= int(response["Retry-After"]) <= 60
+    # Locked means locked: even a valid token from that source is not looked at.
+    assert_error(attacker(header=f"Bearer {admin_client.token}").get(URL), 429, "auth_throttled")
+    assert checked == []
+    assert attacker("198.51.100.1", f"Bearer {admin_client.token}").get(URL).status_code == 200
+    assert admin_client.get(URL).status_code == 200  # 127.0.0.1 is another source
+    (refused,) = audit_events("auth.throttled")
+    assert (refused.source, refused.new_value["count"]) == ("203.0.113.7", 1)
+    clock.advance(61)
+    assert attacker(header=f"Bearer {admin_client.token}").get(URL).status_code == 200
+
+
+def test_an_ipv6_host_cannot_escape_the_limit_by_changing_addresses_within_its_64(clock):
+    from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
+
+    for i in range(TOKEN_FAILURE_LIMIT):
+        assert_error(attacker(f"2001:db8:1:2::{i + 1:x}").get(URL), 401)
+    assert_error(attacker("2001:db8:1:2::ffff").get(URL), 429)
+    assert_error(attacker("2001:db8:1:3::1").get(URL), 401)
+
+
+def test_malformed_headers_count_as_bad_tokens(clock):
+    for header in ["Basic dXNlcjpwYXNz", "garbage", "Bearer "]:
+        assert_error(attacker(header=header).get(URL), 401)
+    (event,) = audit_events("auth.failed")
+    assert (event.actor, event.reason) == ("anonymous", "malformed Authorization header")
+
+
+def test_requests_without_credentials_write_nothing(clock):
+    for _ in range(5):
+        assert_error(Client(REMOTE_ADDR="203.0.113.7").get(URL), 401)
+    assert audit_actions() == []
+
+
+def test_a_flood_from_many_sources_adds_a_bounded_number_of_audit_events(clock, monkeypatch):
+    from controlplane.audit import aggregate
+
+    monkeypatch.setattr(aggregate, "EVENTS_PER_WINDOW", 20)
+    for i in range(60):
+        for _ in range(2):
+            assert_error(attacker(f"10.0.{i // 250}.{i % 250 + 1}").get(URL), 401)
+    failed = audit_events("auth.failed")
+    assert len(failed) == 21  # 20 sources of their own, then one pooled event for the rest
+    pooled = failed[-1]
+    assert (pooled.source, pooled.actor, pooled.new_value["pooled"]) == ("*", "*", True)
+    assert sum(e.new_value["count"] for e in failed) <= 120
+
+
+def test_metrics_are_throttled_like_the_api(clock):
+    from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
+
+    for _ in range(TOKEN_FAILURE_LIMIT):
+        assert_error(attacker().get("/metrics"), 401)
+    assert_error(attacker().get("/metrics"), 429, "auth_throttled")
+
+
+class BrokenCache(BaseCache):
+    """A cache whose server is down: every operation raises."""
+
+    def __init__(self, location, params):
+        super().__init__(params)
+
+    def __getattribute__(self, name):
+        if name in {"add", "get", "set", "incr", "decr", "delete", "delete_many", "get_many", "clear"}:
+            raise ConnectionError("cache server unreachable")
+        return super().__getattribute__(name)
+
+
+def test_a_cache_outage_fails_open_and_every_failure_is_audited(settings, admin_client):
+    settings.CACHES = {"default": {"BACKEND": "tests.controlplane.test_auth_throttle.BrokenCache"}}
+    assert admin_client.get(URL).status_code == 200
+    for _ in range(3):
+        assert_error(attacker().get(URL), 401)
+    assert len(audit_events("auth.failed")) == 3
