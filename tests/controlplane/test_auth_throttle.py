@@ -119,3 +119,15 @@ def test_a_cache_outage_fails_open_and_every_failure_is_audited(settings, admin_
     for _ in range(3):
         assert_error(attacker().get(URL), 401)
     assert len(audit_events("auth.failed")) == 3
+
+
+def test_csrf_failures_of_a_session_are_aggregated(clock, django_user_model):
+    from tests.controlplane.helpers import post
+
+    browser = Client(enforce_csrf_checks=True, REMOTE_ADDR="203.0.113.9")
+    browser.force_login(django_user_model.objects.create_superuser("boss", "boss@example.com", "pw"))
+    for _ in range(4):
+        assert_error(post(browser, URL, {"slug": "s1", "name": "S1"}), 403, "csrf_failed")
+    (event,) = audit_events("auth.failed")
+    assert (event.actor, event.auth_method, event.reason, event.new_value["kind"]) == (
+        "boss", "session", "CSRF check failed", "csrf")

@@ -7,11 +7,13 @@ Accepted credentials, in order:
 2. A logged-in Django session of a staff user (superuser = admin, other staff = viewer). CSRF is
    enforced for unsafe methods (403 ``csrf_failed``).
 
-Viewers may use safe methods only (403 otherwise). CSRF failures and viewer write attempts are
-audited (``auth.failed`` / ``auth.denied``). Bad or malformed bearer tokens are throttled per source
-and audited as aggregated ``auth.failed`` events (``operators.authguard``): past the limit the
-source gets 429 with ``Retry-After`` and no token is checked. Requests that bring no credentials at
-all are answered 401 without an event, so anonymous noise cannot flood the log.
+Viewers may use safe methods only (403 otherwise). Viewer write attempts are audited
+(``auth.denied``); CSRF failures too, aggregated (``auth.failed``, one event per account and source
+per minute: another site can make an operator's browser send them). Bad or malformed bearer
+tokens are throttled per source and audited as aggregated ``auth.failed`` events
+(``operators.authguard``): past the limit the source gets 429 with ``Retry-After`` and no token is
+checked. Requests that bring no credentials at all are answered 401 without an event, so anonymous
+noise cannot flood the log.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 from ninja.utils import check_csrf
 
+from controlplane.audit.aggregate import audit_failure_record
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Forbidden, RateLimited
@@ -107,7 +110,10 @@ class OperatorAuth(HttpBearer):
             return None
         name = user.get_username()
         if request.method not in SAFE_METHODS and check_csrf(request) is not None:
-            _audit_failure(request, "auth.failed", name, "session", "CSRF check failed")
+            # Aggregated: any web page the operator visits can make their browser send these.
+            audit_failure_record(action="auth.failed", kind="csrf", source=client_address(request), subject=name,
+                                 actor=name, auth_method="session", target=f"{request.method} {request.path}",
+                                 reason="CSRF check failed")
             raise Forbidden("CSRF check failed", code="csrf_failed")
         role = OperatorToken.Role.ADMIN if user.is_superuser else OperatorToken.Role.VIEWER
         return Principal(Actor(name, "session", client_address(request)), role)
