@@ -78,7 +78,15 @@ def test_leaving_a_share_group_restores_the_tenants_own_salt(admin_client, actor
     assert tenant_scope_salt(tenant_get(slug="a")) != own
     assert admin_client.delete("/api/admin/share-groups/team/members/a").status_code == 204
     assert tenant_scope_salt(tenant_get(slug="a")) == own
-    assert audit_actions()[-3:] == ["share_group.create", "share_group.add", "share_group.remove"]
+    actions = audit_actions()
+    assert actions[-1] == "share_group.remove"
+    assert [a for a in actions if a.startswith("share_group.")][-3:] == [
+        "share_group.create", "share_group.add", "share_group.remove"]
+    # Leaving flushes what the tenant created (in the group's namespace too): a tenant flush job.
+    from controlplane.jobs.models import FlushJob
+
+    job = FlushJob.objects.get(scope="tenant", tenant=tenant)
+    assert job.reason == "left share group team"
 
 
 def test_share_group_membership_is_exclusive_and_conflicts_are_409(admin_client, tenant):

@@ -9,6 +9,7 @@ by ``[DONE]``.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -82,6 +83,11 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
     cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
 
     async def body() -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(events):  # a client that goes away cancels its request at once
+            async for chunk in _events_to_sse(first, events):
+                yield chunk
+
+    async def _events_to_sse(first: dict, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
         sent_first = False
         async for ev in _chain(first, events):
             if ev["type"] == "token":
