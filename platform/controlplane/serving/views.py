@@ -9,7 +9,6 @@ by ``[DONE]``.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -83,11 +82,9 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
     cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
 
     async def body() -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(events):  # a client that goes away cancels its request at once
-            async for chunk in _events_to_sse(first, events):
-                yield chunk
-
-    async def _events_to_sse(first: dict, events: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+        # When the client goes away Django stops iterating; this generator (and the gateway stream it
+        # holds) is then finalized at once by reference counting, which cancels the request on its
+        # worker (gateway.astream). Keep it free of reference cycles, or cancellation waits for the GC.
         sent_first = False
         async for ev in _chain(first, events):
             if ev["type"] == "token":
