@@ -13,7 +13,26 @@ hit every block. The "chain only" rows time the hashing alone. Schemes run inter
 round, so background load hits them alike; Mtok/s is from the median time, and "ratio" is the
 median over rounds of (base time / this scheme's time) for the same block size and part.
 
-    .venv/bin/python -m bench.prefix_index [--quick]
+Per request (the second table): the whole bookkeeping of a request through ``CacheEngine``, hashing
+included, on a shared-prefix workload: 64 prefixes of 1,024 random tokens; 4,000 requests, each one
+of the prefixes cut at a random length in 512..1,024 tokens plus 256 fresh random tokens; block size
+16; 31,250 blocks (500K tokens) of capacity. No model forward: each request is ``admit`` ->
+``mark_computed(seq, len(seq.tokens))`` -> ``commit`` -> ``release``, one namespace, owner "bench";
+the page tensor uses a 1-layer, 1-head, head_dim-1 layout (its bytes are never touched).
+
+- ours: that sequence through a fresh ``CacheEngine`` per round (so every round replays the same
+  cold-to-warm cache history).
+- base: a minimal vLLM-style prefix cache in plain Python, measured in the same run: sha256(pickle)
+  chain, dict index without token re-check, ref counts, one LRU free list, deepest blocks freed first;
+  no tenants, fair sharing, caps, locks or metrics. It is the yardstick that makes figures from runs
+  on a loaded machine comparable (the ratio), not a claim about vLLM's speed.
+- "chain only" rows: the same requests' hash chains alone (the hashing floor of a request).
+
+us/req is the median over rounds of (round time / 4,000 requests); Mtok/s is prompt tokens over that
+median; "ratio" is the median over rounds of (base time / this scheme's time); "hit" is the
+token-weighted share of prompt tokens served from cache.
+
+    .venv/bin/python -m bench.prefix_index [--quick] [--rounds N] [--request-rounds N]
 """
 
 from __future__ import annotations
@@ -26,15 +45,27 @@ import pickle
 import random
 import statistics
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from cachecore.block_pool import BlockPool
+from cachecore.engine import CacheEngine
 from cachecore.hashing import chain_hashes
+from cachecore.layout import KVLayout
 from cachecore.namespace import Namespace
 
 PROMPT_TOKENS = 128 * 1024
 VOCAB = 128_000
 BLOCK_SIZES = (16, 64)
+
+# Per-request workload (issue 8): shared prefixes, random cut, fresh tail.
+REQ_PREFIXES = 64
+REQ_PREFIX_TOKENS = 1024
+REQ_CUT = (512, 1024)
+REQ_FRESH_TOKENS = 256
+REQ_COUNT = 4000
+REQ_BLOCK_SIZE = 16
+REQ_CAPACITY_TOKENS = 500_000
 
 
 def vllm_sha256_chain(tokens: Sequence[int], block_size: int, seed: bytes) -> list[bytes]:
@@ -119,12 +150,210 @@ def run_rounds(schemes: dict[str, Callable[[], int]], rounds: int, expect: int) 
     return times
 
 
+# ---------------------------------------------------------------------- per-request row
+def shared_prefix_requests(rng: random.Random, *, count: int = REQ_COUNT) -> list[list[int]]:
+    """The per-request workload: ``count`` prompts, each a random one of ``REQ_PREFIXES`` prefixes cut at
+    a random length in ``REQ_CUT`` plus ``REQ_FRESH_TOKENS`` fresh random tokens."""
+    prefixes = [[rng.randrange(VOCAB) for _ in range(REQ_PREFIX_TOKENS)] for _ in range(REQ_PREFIXES)]
+    out = []
+    for _ in range(count):
+        cut = rng.randint(*REQ_CUT)
+        out.append(rng.choice(prefixes)[:cut] + [rng.randrange(VOCAB) for _ in range(REQ_FRESH_TOKENS)])
+    return out
+
+
+class MiniPrefixCache:
+    """Baseline: a minimal vLLM-style prefix cache (see the module docstring). Not thread-safe."""
+
+    def __init__(self, num_blocks: int, block_size: int, seed: bytes) -> None:
+        self.block_size = block_size
+        self.seed = seed
+        self.ref = [0] * num_blocks
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.index: dict[bytes, int] = {}
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # reuse from the front
+
+    def admit(self, tokens: list[int]) -> tuple[list[int], list[bytes], int]:
+        """Hash, take the longest hit (last prompt token recomputed), allocate the rest.
+        Returns (block table, hashes, hit tokens)."""
+        bs = self.block_size
+        hashes = vllm_sha256_chain(tokens, bs, self.seed)
+        table: list[int] = []
+        get = self.index.get
+        for h in hashes[: (len(tokens) - 1) // bs]:
+            block_id = get(h)
+            if block_id is None:
+                break
+            table.append(block_id)
+        ref, free = self.ref, self.free
+        for block_id in table:
+            if ref[block_id] == 0:
+                del free[block_id]
+            ref[block_id] += 1
+        hit = len(table)
+        for _ in range(-(-len(tokens) // bs) - hit):
+            block_id, _ = free.popitem(last=False)
+            old = self.hash_of[block_id]
+            if old is not None:  # evict: the reused block leaves the index
+                del self.index[old]
+                self.hash_of[block_id] = None
+            ref[block_id] = 1
+            table.append(block_id)
+        return table, hashes, hit * bs
+
+    def commit(self, table: list[int], hashes: list[bytes], hit_tokens: int) -> None:
+        """Index every full block that is not indexed yet (a duplicate keeps the existing block)."""
+        index, hash_of = self.index, self.hash_of
+        for i in range(hit_tokens // self.block_size, len(hashes)):
+            h = hashes[i]
+            if h not in index:
+                index[h] = table[i]
+                hash_of[table[i]] = h
+
+    def release(self, table: list[int]) -> None:
+        """Drop one reference per block; freed blocks join the LRU end deepest first."""
+        ref, free = self.ref, self.free
+        for block_id in reversed(table):
+            ref[block_id] -= 1
+            if ref[block_id] == 0:
+                free[block_id] = None
+
+
+def tiny_layout(block_size: int) -> KVLayout:
+    """A 1-layer, 1-head, head_dim-1 layout: 31K blocks of pages cost a few MB (never written)."""
+    return KVLayout(num_layers=1, num_kv_heads=1, head_dim=1, block_size=block_size)
+
+
+def make_request_schemes(
+    requests: list[list[int]], block_size: int, num_blocks: int
+) -> tuple[dict[str, Callable[[], int]], Callable[[], None]]:
+    """Timed callables over ``requests`` (each returns the hit tokens, or blocks hashed for chain rows)
+    and a ``reset`` that gives the cache schemes a fresh, empty cache (called before every round)."""
+    layout = tiny_layout(block_size)
+    ns = Namespace.build(
+        scope_salt=os.urandom(32),
+        model_id="bench",
+        weight_digest="w",
+        tokenizer_digest="t",
+        layout=layout.canonical(),
+        rope={"theta": 10000.0},
+    )
+    seed = os.urandom(32)
+    state: dict[str, object] = {}
+
+    def reset() -> None:
+        state.clear()  # drop the old engine first: two 31K-block pools need not coexist
+        gc.collect()
+        state["engine"] = CacheEngine(layout, num_blocks, "cpu")
+        state["base"] = MiniPrefixCache(num_blocks, block_size, seed)
+
+    def ours() -> int:
+        engine = state["engine"]
+        admit, mark_computed, commit, release = engine.admit, engine.mark_computed, engine.commit, engine.release
+        hit = 0
+        for tokens in requests:
+            seq = admit(ns, tokens, owner="bench")
+            mark_computed(seq, len(seq.tokens))
+            commit(seq)
+            release(seq)
+            hit += seq.num_cached_tokens
+        return hit
+
+    def base() -> int:
+        cache = state["base"]
+        admit, commit, release = cache.admit, cache.commit, cache.release
+        hit = 0
+        for tokens in requests:
+            table, hashes, hit_tokens = admit(tokens)
+            commit(table, hashes, hit_tokens)
+            release(table)
+            hit += hit_tokens
+        return hit
+
+    def base_chain() -> int:
+        return sum(len(vllm_sha256_chain(tokens, block_size, seed)) for tokens in requests)
+
+    def ours_chain() -> int:
+        return sum(len(chain_hashes(ns, tokens, block_size)) for tokens in requests)
+
+    return {"base": base, "ours": ours, "base_chain": base_chain, "ours_chain": ours_chain}, reset
+
+
+def run_request_rounds(
+    schemes: dict[str, Callable[[], int]], reset: Callable[[], None], rounds: int
+) -> tuple[dict[str, list[float]], dict[str, int]]:
+    """One untimed warm-up round, then ``rounds`` timed ones; every scheme once per round in rotating
+    order, a fresh cache before each round, GC off while timing. Returns (times, result of round 0)."""
+    names = list(schemes)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    reset()
+    outcome = {name: schemes[name]() for name in names}
+    for r in range(rounds):
+        reset()
+        gc.disable()
+        try:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                t0 = time.perf_counter()
+                got = schemes[name]()
+                times[name].append(time.perf_counter() - t0)
+                assert got == outcome[name], f"{name}: round {r} differs from the warm-up ({got} != {outcome[name]})"
+        finally:
+            gc.enable()
+    return times, outcome
+
+
+def per_request_table(rounds: int, rng: random.Random) -> dict[str, float]:
+    requests = shared_prefix_requests(rng)
+    bs = REQ_BLOCK_SIZE
+    num_blocks = REQ_CAPACITY_TOKENS // bs
+    prompt_tokens = sum(len(t) for t in requests)
+    schemes, reset = make_request_schemes(requests, bs, num_blocks)
+    times, outcome = run_request_rounds(schemes, reset, rounds)
+    n = len(requests)
+    print()
+    print(
+        f"per request: admit + mark_computed + commit + release, {n} requests ({prompt_tokens} prompt tokens), "
+        f"{REQ_PREFIXES} prefixes of {REQ_PREFIX_TOKENS} cut at {REQ_CUT[0]}..{REQ_CUT[1]} + {REQ_FRESH_TOKENS} "
+        f"fresh, {num_blocks} blocks, median of {rounds} rounds"
+    )
+    header = f"{'scheme':<40} {'block':>5} {'us/req':>8} {'Mtok/s':>8} {'ratio':>6} {'hit':>6}"
+    print(header)
+    print("-" * len(header))
+    labels = {
+        "base": "base  minimal vLLM-style prefix cache",
+        "ours": "ours  CacheEngine admit/commit/release",
+        "base_chain": "base  chain only",
+        "ours_chain": "ours  chain only",
+    }
+    us = {name: statistics.median(ts) / n * 1e6 for name, ts in times.items()}
+    ratio = {
+        name: statistics.median(b / t for b, t in zip(times[ref], ts, strict=True))
+        for name, ts in times.items()
+        for ref in ["base_chain" if name.endswith("_chain") else "base"]
+    }
+    for name in ("base", "ours", "base_chain", "ours_chain"):
+        hit = f"{outcome[name] / prompt_tokens:>6.1%}" if not name.endswith("_chain") else f"{'-':>6}"
+        mtok = prompt_tokens / (us[name] * n / 1e6) / 1e6
+        print(f"{labels[name]:<40} {bs:>5} {us[name]:>8.1f} {mtok:>8.2f} {ratio[name]:>5.2f}x {hit}")
+    return {
+        "per_request_us": us["ours"],
+        "base_per_request_us": us["base"],
+        "per_request_speedup": ratio["ours"],
+        "per_request_chain_us": us["ours_chain"],
+        "per_request_hit": outcome["ours"] / prompt_tokens,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="101 rounds instead of 1001 (seconds)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (median taken)")
+    parser.add_argument(
+        "--request-rounds", type=int, default=None, help="timed rounds of the per-request table (default 9, quick 3)"
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (101 if args.quick else 1001)
+    request_rounds = args.request_rounds or (3 if args.quick else 9)
     rng = random.Random(0)
 
     print(f"prefix index: {PROMPT_TOKENS} random tokens, every block cached, median of {rounds} rounds")
@@ -153,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         result[f"base_bs{bs}_mtok_s"] = mtok["base"]
         result[f"speedup_bs{bs}"] = ratio["ours"]
         result[f"chain_speedup_bs{bs}"] = ratio["ours_chain"]
+    result.update(per_request_table(request_rounds, rng))
     print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in result.items()))
 
 
