@@ -22,6 +22,12 @@ surplus of others, never another tenant's protected prefixes. Deepest-first orde
 Per-owner caps (``set_cap``) are hard limits on top: an owner over its cap evicts its own least
 recently freed blocks.
 
+**Listeners.** Every hash the pool drops is announced first to each callable in ``listeners`` as
+``listener(block, reason)`` with ``reason`` one of ``"evicted"`` (reused by ``allocate``), ``"capped"``
+(its owner's cap) or ``"flushed"`` (``drop_where``), while the block still holds its hash, tokens, tag
+and bytes, so write-back, metrics and KV events are pushed, never polled. A listener must not call
+back into the pool.
+
 All methods are O(1) per block touched except ``allocate``'s eviction, O(owners) per evicted block
 (``drop_where`` and ``check_integrity`` are O(index)/O(pool)). Not thread-safe: the caller holds its
 lock around every call.
@@ -74,6 +80,7 @@ class BlockPool:
         self._usage: Counter[str] = Counter()
         self._weights: dict[str, int] = {}
         self._clock = 0  # stamps Block.freed_at
+        self.listeners: list[Callable[[Block, str], None]] = []
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -149,8 +156,9 @@ class BlockPool:
 
     # ------------------------------------------------------------------ reference counting
     def touch(self, blocks: Sequence[Block]) -> None:
-        """Take one reference on each block (a cache hit). A free block leaves the free queue and keeps
-        its hash. Raises ``ValueError`` (changing nothing) for a plain free block: allocate those."""
+        """Take one reference on each block. A free block leaves the free queue and keeps its hash.
+        Raises ``ValueError`` (changing nothing) for a plain free block: allocate those. (A cache hit
+        also counts ``block.hits``: see ``hit``.)"""
         for block in blocks:
             if block.ref_cnt == 0 and block.block_hash is None:
                 raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
@@ -159,6 +167,12 @@ class BlockPool:
                 self._free.remove(block)
                 self._lru_remove(block)
             block.ref_cnt += 1
+
+    def hit(self, blocks: Sequence[Block]) -> None:
+        """``touch`` for a request reusing these blocks from the index: also counts their reuse."""
+        self.touch(blocks)
+        for block in blocks:
+            block.hits += 1
 
     def allocate(self, n: int, owner: str) -> list[Block]:
         """Take ``n`` blocks, each with ``ref_cnt == 1`` and ``owner``: plain free blocks first, then
@@ -179,6 +193,7 @@ class BlockPool:
         for block in victims:
             self._free.remove(block)
             self._count_eviction(block)
+            self._notify(block, "evicted")
             self._unindex(block, was_free=True)
             out.append(block)
         for block in out:
@@ -263,7 +278,9 @@ class BlockPool:
             self._trim(owner, self._caps[owner])
 
     # ------------------------------------------------------------------ the index
-    def cache(self, block: Block, block_hash: bytes, token_ids: Sequence[int], owner: str) -> Block:
+    def cache(
+        self, block: Block, block_hash: bytes, token_ids: Sequence[int], owner: str, tag: object | None = None,
+    ) -> Block:
         """Register a held, full block under ``block_hash``; returns the block that now serves that key.
 
         - Key already indexed with the same tokens: a duplicate store (``stats.duplicate_stores``);
@@ -304,6 +321,8 @@ class BlockPool:
         self._index[block_hash] = block
         block.block_hash = block_hash
         block.token_ids = tokens
+        block.tag = tag
+        block.hits = 0
         self._set_owner(block, owner)
         self._owner_cached[owner] += 1
         return block
@@ -319,7 +338,7 @@ class BlockPool:
         self._caps[owner] = max_tokens
         self._trim(owner, max_tokens)
 
-    def drop_where(self, predicate: Callable[[Block], bool]) -> int:
+    def drop_where(self, predicate: Callable[[Block], bool], *, reason: str = "flushed") -> int:
         """Flush: remove every indexed block matching ``predicate`` from the index; returns how many.
 
         Held blocks stay held and usable by their request but can never be hit again; free ones
@@ -329,6 +348,7 @@ class BlockPool:
         matches = [b for b in self._index.values() if predicate(b)]
         for block in matches:
             was_free = block.ref_cnt == 0
+            self._notify(block, reason)
             self._unindex(block, was_free=was_free)
             if was_free:
                 self._set_owner(block, None)
@@ -342,6 +362,10 @@ class BlockPool:
         return self.drop_where(lambda b: b.owner == owner)
 
     # ------------------------------------------------------------------ internals
+    def _notify(self, block: Block, reason: str) -> None:
+        for listener in self.listeners:
+            listener(block, reason)
+
     def _set_owner(self, block: Block, owner: str | None) -> None:
         if block.owner == owner:
             return
@@ -370,6 +394,7 @@ class BlockPool:
             self._lru_remove(block)
         block.block_hash = None
         block.token_ids = None
+        block.tag = None
 
     def _lru_remove(self, block: Block) -> None:
         lru = self._owner_lru[block.owner]
@@ -388,6 +413,7 @@ class BlockPool:
             block = next(iter(self._owner_lru[owner].values()))
             self._count_eviction(block)
             self.stats.cap_evictions += 1
+            self._notify(block, "capped")
             self._unindex(block, was_free=True)
             self._set_owner(block, None)
             self._free.remove(block)

@@ -20,7 +20,9 @@ class Block:
     in it).
     """
 
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "token_ids", "owner", "freed_at", "prev_free", "next_free")
+    __slots__ = (
+        "block_id", "ref_cnt", "block_hash", "token_ids", "owner", "tag", "hits", "freed_at", "prev_free", "next_free",
+    )
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
@@ -28,6 +30,8 @@ class Block:
         self.block_hash: bytes | None = None
         self.token_ids: tuple[int, ...] | None = None
         self.owner: str | None = None
+        self.tag: object | None = None  # what the cached block belongs to (set with the hash, cleared with it)
+        self.hits = 0  # times a request reused it from the index (selective write policies read it)
         self.freed_at = 0  # pool-wide free order of a cached free block: smaller = less recently used
         self.prev_free: Block | None = None
         self.next_free: Block | None = None

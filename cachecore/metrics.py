@@ -46,7 +46,10 @@ class TierCounters:
     bytes_out: int = 0
     failures: int = 0
     corrupt_loads: int = 0
+    late_loads: int = 0  # arrived after the deadline (the request had recomputed)
     fallbacks_to_recompute: int = 0
+    promotions: int = 0  # blocks copied up from this tier into L1
+    demotions: int = 0  # blocks written down into this tier
     load_seconds: float = 0.0
     _latencies: list[float] = field(default_factory=list, repr=False)
     _seen: int = 0
@@ -96,6 +99,13 @@ class CacheMetrics:
 
     def tier(self, name: str) -> TierCounters:
         return self._tiers[name]
+
+    def tier_row(self, name: str) -> dict:
+        """The snapshot row of one tier (what ``snapshot()["tiers"][name]`` holds)."""
+        t = self._tiers[name]
+        row = {k: v for k, v in asdict(t).items() if not k.startswith("_")}
+        row.update(load_latency=t.percentiles())
+        return row
 
     def record_query(
         self,
@@ -148,11 +158,7 @@ class CacheMetrics:
                 setattr(totals, name, getattr(totals, name) + getattr(u, name))
             totals.saved_prefill_seconds += u.saved_prefill_seconds
             totals.prefill_seconds += u.prefill_seconds
-        tiers = {}
-        for name, t in sorted(self._tiers.items()):
-            row = {k: v for k, v in asdict(t).items() if not k.startswith("_")}
-            row.update(load_latency=t.percentiles())
-            tiers[name] = row
+        tiers = {name: self.tier_row(name) for name in sorted(self._tiers)}
         total = asdict(totals)
         total.pop("hit_histogram")
         total["effective_hit_ratio"] = _ratio(totals.effective_hit_tokens, totals.query_tokens)

@@ -153,6 +153,7 @@ class Generator:
         seq = self.engine.admit(ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
                                 request_salt=request_salt, use_cache=use_cache)
         try:
+            self.engine.finish_loads(seq)
             return self._prefill(seq, None).float().cpu(), seq.num_cached_tokens
         finally:
             self.engine.release(seq)
@@ -166,29 +167,29 @@ class Generator:
         params: SamplingParams,
         request_salt: bytes = b"",
         use_cache: bool = True,
+        persist: bool = True,
         should_abort: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
         tokens = self.validate(tokens, params.max_tokens)
         seq = self.engine.admit(
             ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
-            request_salt=request_salt, max_new_tokens=params.max_tokens, use_cache=use_cache,
+            request_salt=request_salt, max_new_tokens=params.max_tokens, use_cache=use_cache, persist=persist,
         )
         try:
             t0 = time.perf_counter()
+            self.engine.finish_loads(seq)  # the L2 prefix was prefetched while we waited for a turn
             if should_abort is not None and should_abort():
                 yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
                 return
+            t_compute = time.perf_counter()
             logits = self._prefill(seq, should_abort)
             seconds = time.perf_counter() - t0
             if logits is None:
                 yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
                 return
             self.engine.commit(seq)
-            with self.engine._lock:
-                self.engine.metrics.record_prefill(
-                    tenant=owner, model=self.model_name, seconds=seconds,
-                    computed=len(tokens) - seq.num_cached_tokens, skipped=seq.num_cached_tokens,
-                )
+            self.engine.record_prefill(seq, seconds=time.perf_counter() - t_compute,
+                                       computed=len(tokens) - seq.num_cached_tokens)
             yield Prefilled(len(tokens), seq.num_cached_tokens, seconds)
             gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
             produced, reason = 0, "length"

@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,8 +29,8 @@ from cachecore.errors import CacheError, Cancelled, InvalidKV, TenantBusy
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
 from cachecore.turns import FairTurns
+from workers.config import WorkerConfig
 
-DEFAULT_L1_MB = int(os.environ.get("STRATA_L1_MB", "256"))
 MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); forwards are taken in fair turns
 DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
@@ -67,18 +67,26 @@ class CacheWorker:
         revision: dict,
         device: str | None = None,
         l1_mb: int | None = None,
+        l2_mb: int | None = None,
         block_size: int = 16,
         test_hooks: bool = False,
+        config: WorkerConfig | None = None,
     ) -> None:
         self.deployment = deployment
         self.preset = preset
+        cfg = config or WorkerConfig.from_env()
+        if l1_mb is not None or l2_mb is not None:
+            cfg = replace(cfg, l1_mb=cfg.l1_mb if l1_mb is None else l1_mb,
+                          l2_mb=cfg.l2_mb if l2_mb is None else l2_mb)
+        self.config = cfg
         # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread); prefill wants every core.
-        torch.set_num_threads(int(os.environ.get("STRATA_TORCH_THREADS") or os.cpu_count() or 1))
+        torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         self.block_size = block_size
         loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size)
         layout = loaded.layout
-        num_blocks = max(64, (l1_mb or DEFAULT_L1_MB) * 2**20 // layout.bytes_per_block)
-        self.engine = CacheEngine(layout, num_blocks, loaded.model.device)
+        num_blocks = max(64, cfg.blocks(cfg.l1_mb, layout.bytes_per_block))
+        self.engine = CacheEngine(layout, num_blocks, loaded.model.device,
+                                  config=cfg.engine(bytes_per_block=layout.bytes_per_block))
         self.turns = FairTurns()
         self.test_hooks = test_hooks
         self._active = _Active(loaded, self._generator(loaded))
@@ -104,6 +112,9 @@ class CacheWorker:
             "weight_digest": a.weight_digest,
             "device": str(self.engine.pages.device),
             "num_blocks": self.engine.pool.num_blocks,
+            "l2_blocks": self.engine.l2.pool.num_blocks if self.engine.l2 is not None else 0,
+            "write_policy": self.engine.write_policy.name,
+            "load_policy": self.engine.cost.policy,
             "layout": a.layout.canonical(),
             "vocab_size": a.config.vocab_size,
             "max_seq_len": a.config.max_seq_len,
@@ -182,7 +193,7 @@ class CacheWorker:
             )
             events = active.generator.stream(
                 ns, tokens, owner=tenant, params=params, request_salt=request_salt(req.get("cache_salt")),
-                use_cache=req.get("use_cache", True),
+                use_cache=req.get("use_cache", True), persist=bool(req.get("persist", True)),
                 should_abort=lambda: revision in self._aborting or (rid is not None and rid in self._cancelled),
             )
             for ev in events:

@@ -1,19 +1,38 @@
-"""The storage-tier contract, the same at L1 (device pages), L2 (host memory) and L3 (remote store).
+"""The contracts of the cache tiers.
 
-Metadata hit and bytes delivered are different things: ``lookup`` answers from the index only,
-``retrieve`` says with its mask which tokens really arrived. A failed, late or corrupt load is a miss
+Two levels, as in DESIGN section 2:
+
+- :class:`Tier` is the public, namespace-keyed contract (``lookup / store / retrieve``) that the
+  orchestrator (``cachecore.engine.CacheEngine``) offers, the same at every tier.
+- :class:`BlockStore` is the hash-keyed contract of one store (L1 device pages, L2 host memory, and
+  later L3): it keeps bytes of whole blocks under the orchestrator's chain hashes and knows nothing
+  about requests, namespaces or policies.
+
+Metadata hit and bytes delivered are different things: ``lookup``/``contains`` answer from the index
+only, ``retrieve``/``get`` say which blocks really arrived. A failed, late or corrupt load is a miss
 for that block and every block after it, never wrong bytes.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
 
 from cachecore.namespace import Namespace
+
+
+class Tag(NamedTuple):
+    """What a cached block belongs to; flushes select blocks by it. ``persist``: the request allowed
+    the block beyond host memory (``prompt_cache_retention``), read by the tiers below L2."""
+
+    owner: str
+    model: str
+    revision: str
+    ns_digest: bytes
+    persist: bool = True
 
 
 class Retrieved(NamedTuple):
@@ -24,8 +43,16 @@ class Retrieved(NamedTuple):
     mask: torch.Tensor
 
 
+class Fetched(NamedTuple):
+    """What a store's ``get`` delivered: ``kv`` ``[n, *page_shape]`` for the first ``n`` requested
+    blocks (contiguous), and why it stopped early (``"miss"``, ``"corrupt"``) or ``None``."""
+
+    kv: torch.Tensor
+    stopped: str | None
+
+
 class Tier(ABC):
-    """One storage tier. Only full blocks are ever stored or returned."""
+    """The orchestrator's public contract. Only full blocks are ever stored or returned."""
 
     name: str
 
@@ -44,3 +71,54 @@ class Tier(ABC):
     @abstractmethod
     def retrieve(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> Retrieved:
         """Copy out the KV of the longest cached prefix of ``tokens``; see :class:`Retrieved`."""
+
+
+Listener = Callable[[bytes, tuple, Tag, str, Callable[[], torch.Tensor]], None]
+"""``listener(key, tokens, tag, reason, read)``: a store dropped ``key`` (``reason``: ``"evicted"``,
+``"capped"``, ``"flushed"``, ``"corrupt"``); ``read()`` returns the block's bytes ``[1, *page_shape]``
+while the listener runs (not after). A listener must not call back into the store."""
+
+
+class BlockStore(ABC):
+    """One store of whole blocks under chain-hash keys, each with its token ids (re-checked on every
+    read: a key whose stored tokens differ is a miss) and its :class:`Tag`.
+
+    Thread-safe: every method may be called from any thread. Every method is always safe to call:
+    bad keys are misses, a full store refuses a ``put`` (returns False), nothing raises for lack of
+    space. Stores announce what they drop to ``listeners`` (eviction, flush, corruption).
+    """
+
+    name: str
+    listeners: list[Listener]
+
+    @abstractmethod
+    def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:
+        """Whether ``key`` is stored with exactly ``tokens``. Mutates nothing (not even LRU order)."""
+
+    @abstractmethod
+    def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
+        """Store one block (``kv``: ``[1, *page_shape]`` or ``page_shape``), evicting by the store's
+        fair-share policy if needed. Returns True if newly stored; False for a duplicate or when no
+        room can be made without evicting another owner's protected share."""
+
+    @abstractmethod
+    def get(self, items: Sequence[tuple[bytes, tuple[int, ...]]]) -> Fetched:
+        """Copy out the blocks of ``items`` (key, tokens), in order, stopping at the first one that is
+        missing or fails its integrity check (that one is dropped and announced as ``"corrupt"``).
+        Counts as a use of each block delivered (LRU)."""
+
+    @abstractmethod
+    def delete(self, match: Callable[[Tag], bool]) -> int:
+        """Drop every block whose tag matches (flush, retire, offboard); returns how many."""
+
+    @abstractmethod
+    def count(self, match: Callable[[Tag], bool]) -> int:
+        """Blocks whose tag matches (the probe after a flush)."""
+
+    @abstractmethod
+    def gauges(self) -> dict[str, int]:
+        """``total``, ``used`` (blocks), ``bytes_per_block`` and the store's counters."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Assert the store's invariants (``AssertionError`` naming the first broken one)."""

@@ -144,6 +144,7 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "seed": body.seed,
         "logprobs": logprobs,
         "max_cached_tokens": tenant.max_cached_tokens,
+        "persist": body.prompt_cache_retention != "in_memory",
         "max_inflight_tokens": tenant.max_inflight_tokens,
         "max_concurrent_requests": tenant.max_concurrent_requests,
         "expected_revision": spec.revision["label"],

@@ -32,6 +32,9 @@ class _Common(BaseModel):
     stream_options: dict | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    # OpenAI's prompt_cache_retention: "in_memory" keeps this request's KV out of every tier beyond
+    # host memory (recorded on its blocks; the remote tier honours it).
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     n: Literal[1] = 1
     presence_penalty: Literal[0, 0.0] = 0
     frequency_penalty: Literal[0, 0.0] = 0

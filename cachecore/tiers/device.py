@@ -1,0 +1,133 @@
+"""L1: the device pages (GPU HBM on a GPU node, a CPU tensor otherwise) and their block pool.
+
+The bookkeeping (:class:`~cachecore.block_pool.BlockPool`: ref counts, index, fair-share eviction) and
+the bytes (:class:`~cachecore.pages.KVPages`) stay apart; this store joins them under the hash-keyed
+:class:`~cachecore.tiers.base.BlockStore` contract. Unlike the lower tiers, L1 is also where running
+requests hold their blocks, so the orchestrator uses its pool directly for admit/commit/release; the
+contract methods here serve the KV API and tests.
+
+Not separately locked: every call happens under the orchestrator's lock (passed in), which is an
+``RLock`` so the contract methods can be called from inside it too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from cachecore.block_pool import Block, BlockPool
+from cachecore.errors import OutOfBlocks
+from cachecore.layout import KVLayout
+from cachecore.pages import KVPages
+from cachecore.tiers.base import BlockStore, Fetched, Listener, Tag
+
+
+class DeviceStore(BlockStore):
+    name = "l1"
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str,
+                 lock: threading.RLock | None = None) -> None:
+        self.layout = layout
+        self.pool = BlockPool(num_blocks, layout.block_size)
+        self.pages = KVPages(layout, num_blocks, torch.device(device))
+        self._lock = lock or threading.RLock()
+        self.listeners: list[Listener] = []
+        self.pool.listeners.append(self._announce)
+
+    # ------------------------------------------------------------------ what the orchestrator uses
+    def match(self, hashes: Sequence[bytes], tokens: Sequence[int]) -> list[Block]:
+        """The indexed blocks of the contiguous prefix of ``hashes`` (no references taken)."""
+        bs = self.layout.block_size
+        out = []
+        for i, h in enumerate(hashes):
+            block = self.pool.get_cached(h, tuple(tokens[i * bs : (i + 1) * bs]))
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    def read(self, blocks: Sequence[Block]) -> torch.Tensor:
+        return self.pages.read_blocks(_ids([b.block_id for b in blocks]))
+
+    def write(self, blocks: Sequence[Block], kv: torch.Tensor) -> None:
+        self.pages.write_blocks(_ids([b.block_id for b in blocks]), kv.to(self.pages.device))
+
+    # ------------------------------------------------------------------ contract
+    def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:
+        with self._lock:
+            block = self.pool._index.get(key)
+            return block is not None and block.token_ids == tokens
+
+    def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
+        with self._lock:
+            if self.pool.get_cached(key, tokens) is not None:
+                return False
+            try:
+                (block,) = self.pool.allocate(1, tag.owner)
+            except OutOfBlocks:
+                return False
+            try:
+                self.write([block], kv.reshape(1, *self.layout.page_shape))
+                kept = self.pool.cache(block, key, tokens, tag.owner, tag)
+                return kept is block and block.block_hash is not None
+            finally:
+                self.pool.free([block])
+
+    def get(self, items: Sequence[tuple[bytes, tuple[int, ...]]]) -> Fetched:
+        with self._lock:
+            blocks = []
+            for key, tokens in items:
+                block = self.pool.get_cached(key, tokens)
+                if block is None:
+                    break
+                blocks.append(block)
+            self.pool.hit(blocks)
+        try:
+            kv = self.read(blocks) if blocks else torch.empty((0, *self.layout.page_shape),
+                                                               dtype=self.layout.torch_dtype)
+        finally:
+            with self._lock:
+                self.pool.free(blocks)
+        return Fetched(kv, None if len(blocks) == len(items) else "miss")
+
+    def delete(self, match: Callable[[Tag], bool]) -> int:
+        with self._lock:
+            return self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
+
+    def count(self, match: Callable[[Tag], bool]) -> int:
+        with self._lock:
+            return sum(1 for b in self.pool._index.values() if b.tag is not None and match(b.tag))
+
+    def gauges(self) -> dict[str, int]:
+        with self._lock:
+            pool = self.pool
+            return {"total": pool.num_blocks, "used": pool.num_cached, "protected": pool.num_in_use,
+                    "evictable": pool.num_cached_free, "free": pool.num_free - pool.num_cached_free,
+                    "bytes_per_block": self.layout.bytes_per_block, "evictions": pool.stats.evictions,
+                    "duplicate_stores": pool.stats.duplicate_stores, "collisions": pool.stats.collisions,
+                    "cap_rejections": pool.stats.cap_rejections}
+
+    def resident(self) -> dict[str, int]:
+        """Blocks held or kept cached per owner (tenant)."""
+        with self._lock:
+            return {o: self.pool.usage(o) for o in self.pool.owners()}
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            self.pool.check_integrity()
+            for block in self.pool._index.values():
+                assert block.tag is not None, f"cached {block} has no tag"
+
+    # ------------------------------------------------------------------ internals
+    def _announce(self, block: Block, reason: str) -> None:
+        if not self.listeners or block.tag is None:
+            return
+        read = lambda blk=block: self.read([blk])  # noqa: E731  (bytes valid only during the call)
+        for listener in self.listeners:
+            listener(block.block_hash, block.token_ids, block.tag, reason, read)
+
+
+def _ids(block_ids: list[int]) -> torch.Tensor:
+    return torch.tensor(block_ids, dtype=torch.long)

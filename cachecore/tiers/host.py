@@ -1,0 +1,140 @@
+"""L2: a preallocated host-memory pool of whole KV blocks (pinned when CUDA is present).
+
+Bookkeeping is a :class:`~cachecore.block_pool.BlockPool` of its own (so L2 has the same keys, token
+re-check, deepest-first order and fair-share eviction among tenants as L1); the bytes live in one
+host tensor ``[num_blocks, *page_shape]`` allocated once. Every stored block carries a CRC-32 of its
+bytes, checked on every read: a block that fails it is dropped (announced as ``"corrupt"``) and is a
+miss for it and every block after it, never wrong bytes.
+
+Blocks are held (ref count > 0) only for the instant a ``put`` writes or a ``get`` copies them, under
+this store's lock, so a block is never overwritten while it is read.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from cachecore.block_pool import Block, BlockPool
+from cachecore.errors import OutOfBlocks
+from cachecore.layout import KVLayout
+from cachecore.tiers.base import BlockStore, Fetched, Listener, Tag
+
+
+class HostStore(BlockStore):
+    name = "l2"
+
+    def __init__(self, layout: KVLayout, num_blocks: int, *, pin_memory: bool | None = None) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.layout = layout
+        self.pool = BlockPool(num_blocks, layout.block_size)
+        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        self.data = torch.empty((num_blocks, *layout.page_shape), dtype=layout.torch_dtype, pin_memory=pin)
+        self.pinned = pin
+        self._crc = [0] * num_blocks
+        self._lock = threading.RLock()
+        self.listeners: list[Listener] = []
+        self.pool.listeners.append(self._announce)
+        self.stats = {"puts": 0, "duplicates": 0, "rejected": 0, "corrupt": 0, "gets": 0, "blocks_out": 0}
+
+    # ------------------------------------------------------------------ contract
+    def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:
+        with self._lock:
+            block = self.pool._index.get(key)
+            return block is not None and block.token_ids == tokens
+
+    def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
+        src = kv.reshape(self.layout.page_shape)
+        with self._lock:
+            if self.pool.get_cached(key, tokens) is not None:
+                self.stats["duplicates"] += 1
+                return False
+            try:
+                (block,) = self.pool.allocate(1, tag.owner)
+            except OutOfBlocks:
+                self.stats["rejected"] += 1
+                return False
+            try:
+                self.data[block.block_id].copy_(src)
+                self._crc[block.block_id] = _crc(self.data[block.block_id])
+                kept = self.pool.cache(block, key, tokens, tag.owner, tag)
+                stored = kept is block and block.block_hash is not None
+            finally:
+                self.pool.free([block])
+            self.stats["puts" if stored else "rejected"] += 1
+            return stored
+
+    def get(self, items: Sequence[tuple[bytes, tuple[int, ...]]]) -> Fetched:
+        out: list[torch.Tensor] = []
+        stopped = None
+        with self._lock:
+            self.stats["gets"] += 1
+            for key, tokens in items:
+                block = self.pool.get_cached(key, tokens)
+                if block is None:
+                    stopped = "miss"
+                    break
+                self.pool.hit([block])
+                try:
+                    page = self.data[block.block_id].clone()
+                finally:
+                    self.pool.free([block])
+                if _crc(page) != self._crc[block.block_id]:
+                    self.stats["corrupt"] += 1
+                    self.pool.drop_where(lambda b, blk=block: b is blk, reason="corrupt")
+                    stopped = "corrupt"
+                    break
+                out.append(page)
+            self.stats["blocks_out"] += len(out)
+        kv = torch.stack(out) if out else torch.empty((0, *self.layout.page_shape), dtype=self.layout.torch_dtype)
+        return Fetched(kv, stopped)
+
+    def delete(self, match: Callable[[Tag], bool]) -> int:
+        with self._lock:
+            return self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
+
+    def count(self, match: Callable[[Tag], bool]) -> int:
+        with self._lock:
+            return sum(1 for b in self.pool._index.values() if b.tag is not None and match(b.tag))
+
+    def gauges(self) -> dict[str, int]:
+        with self._lock:
+            return {"total": self.pool.num_blocks, "used": self.pool.num_cached,
+                    "bytes_per_block": self.layout.bytes_per_block, "evictions": self.pool.stats.evictions,
+                    **self.stats}
+
+    def resident(self) -> dict[str, int]:
+        """Blocks kept per owner (tenant)."""
+        with self._lock:
+            return {o: self.pool.usage(o) for o in self.pool.owners()}
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            self.pool.check_integrity()
+            assert self.pool.num_in_use == 0, "an L2 block is held outside a put or get"
+
+    # ------------------------------------------------------------------ test hook
+    def corrupt(self, key: bytes) -> bool:
+        """Test hook: flip bytes of the block stored under ``key`` (its checksum then fails)."""
+        with self._lock:
+            block = self.pool._index.get(key)
+            if block is None:
+                return False
+            self.data[block.block_id].view(-1)[0] += 1.0
+            return True
+
+    # ------------------------------------------------------------------ internals
+    def _announce(self, block: Block, reason: str) -> None:
+        if not self.listeners or block.tag is None:
+            return
+        page = self.data[block.block_id : block.block_id + 1]
+        for listener in self.listeners:
+            listener(block.block_hash, block.token_ids, block.tag, reason, lambda page=page: page)
+
+
+def _crc(page: torch.Tensor) -> int:
+    return zlib.crc32(page.contiguous().view(torch.uint8).numpy())

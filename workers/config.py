@@ -1,0 +1,71 @@
+"""The cache worker's configuration: the one place that reads its environment variables.
+
+``STRATA_L1_MB`` (device pages per worker, default 256), ``STRATA_L2_MB`` (host-memory pool per
+worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
+``selective``), ``STRATA_SELECTIVE_MIN_HITS`` (default 2), ``STRATA_LOAD_POLICY`` (``cost`` |
+``always_load`` | ``always_recompute``), ``STRATA_LOAD_DEADLINE_MS`` (default 500),
+``STRATA_TORCH_THREADS`` (default: every core). Read in the worker's process (the Ray actor inherits
+the environment of the process that started Ray).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from cachecore.config import EngineConfig
+
+
+class WorkerConfigError(ValueError):
+    """A worker environment variable holds a value that cannot be used."""
+
+
+def _int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise WorkerConfigError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise WorkerConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    l1_mb: int = 256
+    l2_mb: int = 1024
+    write_policy: str = "write_back"
+    selective_min_hits: int = 2
+    load_policy: str = "cost"
+    load_deadline_ms: int = 500
+    torch_threads: int = 0  # 0: every core
+
+    @classmethod
+    def from_env(cls) -> WorkerConfig:
+        cfg = cls(
+            l1_mb=_int("STRATA_L1_MB", 256, minimum=1),
+            l2_mb=_int("STRATA_L2_MB", 1024),
+            write_policy=os.environ.get("STRATA_WRITE_POLICY", "write_back").strip() or "write_back",
+            selective_min_hits=_int("STRATA_SELECTIVE_MIN_HITS", 2, minimum=1),
+            load_policy=os.environ.get("STRATA_LOAD_POLICY", "cost").strip() or "cost",
+            load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
+            torch_threads=_int("STRATA_TORCH_THREADS", 0),
+        )
+        cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
+        return cfg
+
+    def blocks(self, mb: int, bytes_per_block: int) -> int:
+        return mb * 2**20 // bytes_per_block
+
+    def engine(self, *, bytes_per_block: int) -> EngineConfig:
+        try:
+            return EngineConfig(
+                l2_blocks=self.blocks(self.l2_mb, bytes_per_block), write_policy=self.write_policy,
+                selective_min_hits=self.selective_min_hits, load_policy=self.load_policy,
+                load_deadline_s=self.load_deadline_ms / 1000,
+            )
+        except ValueError as exc:
+            raise WorkerConfigError(str(exc)) from None
