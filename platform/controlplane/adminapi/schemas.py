@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Literal
 
 from ninja import Schema
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
 from controlplane.tenants.models import SLUG_PATTERN
@@ -192,3 +192,70 @@ class AuditVerifyOut(Schema):
     length: int
     head: str
     first_bad: int | None
+
+
+# ---------------------------------------------------------------------- stats (GET stats)
+class _StatsOut(BaseModel):
+    """Stats shapes pass on fields beyond those listed (workers add figures; none are removed). Plain
+    pydantic models: ninja's ``Schema`` reads attributes and would drop the extra fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class LoadLatencyOut(_StatsOut):
+    p50: float | None = Field(description="seconds; the worst worker's p50 in cluster figures")
+    p99: float | None = Field(description="seconds; the worst worker's p99 in cluster figures")
+
+
+class TierStatsOut(_StatsOut):
+    hits: int
+    hit_tokens: int
+    bytes_in: int
+    bytes_out: int
+    failures: int
+    corrupt_loads: int
+    late_loads: int
+    fallbacks_to_recompute: int
+    promotions: int
+    demotions: int
+    capacity_blocks: int
+    used_blocks: int
+    capacity_bytes: int
+    used_bytes: int
+    evictions: int
+    load_seconds: float
+    load_latency: LoadLatencyOut
+
+
+class UsageStatsOut(_StatsOut):
+    """Token-weighted layers (each ``*_ratio`` is over ``query_tokens``); ``requests`` is secondary."""
+
+    query_tokens: int
+    lookup_hit_tokens: int
+    load_success_tokens: int
+    effective_hit_tokens: int
+    stored_tokens: int
+    lookup_hit_ratio: float
+    load_success_ratio: float
+    effective_hit_ratio: float
+    saved_prefill_seconds: float
+    prefill_seconds: float
+    requests: int
+
+
+class TenantStatsOut(UsageStatsOut):
+    tenant: str = Field(description="the tenant's slug")
+    hit_requests: int = Field(description="requests with some prefill skipped (secondary figure)")
+    resident_bytes: dict[str, int] = Field(description="bytes of KV this tenant holds per tier")
+
+
+class WorkerStatsOut(_StatsOut):
+    model: str
+    status: Literal["ok", "unreachable", "not started"]
+
+
+class StatsOut(_StatsOut):
+    totals: UsageStatsOut
+    tiers: dict[str, TierStatsOut] = Field(description="per tier (l1, l2, l3): counters summed over workers")
+    tenants: list[TenantStatsOut]
+    workers: list[WorkerStatsOut]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from ninja import Router
 
+from controlplane.adminapi.schemas import StatsOut
 from controlplane.runtime import stats
 
 router = Router(tags=["stats"])
 
 
-@router.get("stats", response=dict)
+@router.get("stats", response=StatsOut)
 def get_stats(request):
     return stats.cluster_stats()

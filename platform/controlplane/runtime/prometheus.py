@@ -3,8 +3,15 @@
 Gathered on each scrape from the workers (``stats.cluster_stats``), the jobs table and the audit
 chain's two heads (``strata_audit_head_seq``: the database's head row and the external head log),
 so the scraping Prometheus keeps a history of the head that nobody with database access can rewind
-(alert when it decreases). Tenant labels are slugs, bounded by the engine's label cap. Operator
-credentials are required (a viewer token is enough): tenant names and traffic volumes are not public.
+(alert when it decreases). Tenant labels are slugs, bounded by the engine's label cap (resident bytes
+by the same cap in ``stats.worker_resident_bytes``). Operator credentials are required (a viewer
+token is enough): tenant names and traffic volumes are not public.
+
+Per tier (``tier`` = l1, l2, l3) and model: ``strata_tier_*_total`` counters (hits, hit tokens,
+bytes in/out by ``direction``, failures, corrupt and late loads, fallbacks to recompute, promotions,
+demotions, evictions), ``strata_tier_capacity_blocks`` / ``strata_tier_used_blocks`` (and bytes)
+gauges, ``strata_tier_load_latency_seconds{quantile="0.5"|"0.99"}`` (the worker's own estimate,
+absent until a load was timed); per tenant, model and tier ``strata_resident_bytes``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,25 @@ USAGE_COUNTERS = {
     "requests": "Requests served",
 }
 
+TIER_COUNTERS = {  # snapshot field -> (metric name, help); names get ``_total`` on exposition
+    "hits": ("strata_tier_hits", "Loads served from the tier"),
+    "hit_tokens": ("strata_tier_hit_tokens", "Tokens whose KV was loaded from the tier"),
+    "failures": ("strata_tier_failures", "Loads from the tier that failed"),
+    "corrupt_loads": ("strata_tier_corrupt_loads", "Loads from the tier whose bytes failed their check"),
+    "late_loads": ("strata_tier_late_loads", "Loads from the tier that missed their deadline"),
+    "fallbacks_to_recompute": ("strata_tier_fallbacks", "Prefixes the tier held but that were recomputed"),
+    "promotions": ("strata_tier_promotions", "Blocks copied up from the tier into L1"),
+    "demotions": ("strata_tier_demotions", "Blocks written down into the tier"),
+    "evictions": ("strata_tier_evictions", "Blocks evicted from the tier"),
+}
+TIER_GAUGES = {
+    "capacity_blocks": ("strata_tier_capacity_blocks", "Blocks the tier can hold"),
+    "used_blocks": ("strata_tier_used_blocks", "Blocks the tier holds"),
+    "capacity_bytes": ("strata_tier_capacity_bytes", "Bytes of KV the tier can hold"),
+    "used_bytes": ("strata_tier_used_bytes", "Bytes of KV the tier holds"),
+}
+QUANTILES = {"p50": "0.5", "p99": "0.99"}
+
 
 class _Collector:
     def __init__(self, snapshot: dict, jobs: dict[str, int], audit_heads: dict[str, int | None]) -> None:
@@ -42,6 +68,16 @@ class _Collector:
                                     labels=["tenant", "model"])
         usage = {k: CounterMetricFamily(f"strata_{k}", help_, labels=["tenant", "model"])
                  for k, help_ in USAGE_COUNTERS.items()}
+        tier_counters = {k: CounterMetricFamily(name, help_, labels=["tier", "model"])
+                         for k, (name, help_) in TIER_COUNTERS.items()}
+        tier_gauges = {k: GaugeMetricFamily(name, help_, labels=["tier", "model"])
+                       for k, (name, help_) in TIER_GAUGES.items()}
+        tier_bytes = CounterMetricFamily("strata_tier_bytes", "Bytes moved into (in) and out of (out) the tier",
+                                         labels=["tier", "model", "direction"])
+        latency = GaugeMetricFamily("strata_tier_load_latency_seconds", "Load latency of the tier",
+                                    labels=["tier", "model", "quantile"])
+        resident = GaugeMetricFamily("strata_resident_bytes", "Bytes of KV a tenant holds in a tier",
+                                     labels=["tenant", "model", "tier"])
         for w in self.snapshot["workers"]:
             model = w["model"]
             up.add_metric([model], 1.0 if w["status"] == "ok" else 0.0)
@@ -55,6 +91,18 @@ class _Collector:
                 for key, fam in usage.items():
                     fam.add_metric([row["tenant"], model], row.get(key, 0))
                 saved.add_metric([row["tenant"], model], row.get("saved_prefill_seconds", 0.0))
+            for tier, row in w.get("tiers", {}).items():
+                for key, fam in (*tier_counters.items(), *tier_gauges.items()):
+                    fam.add_metric([tier, model], row.get(key, 0))
+                tier_bytes.add_metric([tier, model, "in"], row.get("bytes_in", 0))
+                tier_bytes.add_metric([tier, model, "out"], row.get("bytes_out", 0))
+                for q, label in QUANTILES.items():
+                    value = (row.get("load_latency") or {}).get(q)
+                    if value is not None:
+                        latency.add_metric([tier, model, label], value)
+            for tier, owners in w.get("resident_bytes", {}).items():
+                for tenant, nbytes in owners.items():
+                    resident.add_metric([tenant, model, tier], nbytes)
         jobs = GaugeMetricFamily("strata_jobs", "Flush and rollout jobs by status", labels=["status"])
         for status, n in self.jobs.items():
             jobs.add_metric([status], n)
@@ -63,7 +111,8 @@ class _Collector:
         for store, seq in self.audit_heads.items():
             if seq is not None:
                 heads.add_metric([store], seq)
-        yield from (up, pages, evictions, dupes, saved, jobs, heads, *usage.values())
+        yield from (up, pages, evictions, dupes, saved, jobs, heads, *usage.values(), *tier_counters.values(),
+                    tier_bytes, *tier_gauges.values(), latency, resident)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

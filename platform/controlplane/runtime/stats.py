@@ -2,21 +2,102 @@
 
 Workers know tenants only by id (their cache owner key); the slug is attached here. A worker that
 does not answer is listed as unreachable; it never fails the whole call.
+
+The figures keep DESIGN section 2's layers apart, all token-weighted against ``query_tokens``:
+lookup hit (the index said present), load success (the bytes arrived), effective hit (prefill
+actually skipped; the headline ``effective_hit_ratio``). Request counts are a secondary figure only.
+Per tier (``l1``, ``l2``, later ``l3``) the workers' counters are summed, and per tenant its resident
+bytes in each tier (blocks x the worker's bytes per block).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from cachecore.metrics import MAX_TENANT_LABELS
 from controlplane.common.errors import Unavailable
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.tenants.models import Tenant
 
+TOKEN_LAYERS = ("lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens")
+USAGE_SUMS = ("query_tokens", *TOKEN_LAYERS, "stored_tokens", "requests")
+USAGE_FLOAT_SUMS = ("saved_prefill_seconds", "prefill_seconds")
+TIER_SUMS = ("hits", "hit_tokens", "bytes_in", "bytes_out", "failures", "corrupt_loads", "late_loads",
+             "fallbacks_to_recompute", "promotions", "demotions", "capacity_blocks", "used_blocks",
+             "capacity_bytes", "used_bytes", "evictions")
+TIER_OPTIONAL_SUMS = ("rejected_puts",)  # summed where a tier reports them (L2 puts refused)
+TIER_ORDER = ("l1", "l2", "l3")
+OTHER = "other"  # the label that tenants beyond the label cap are folded into
+
+
+def tier_names(names) -> list[str]:
+    """Tier names in hierarchy order (l1, l2, l3), any unknown ones after them alphabetically."""
+    return sorted(names, key=lambda n: (TIER_ORDER.index(n) if n in TIER_ORDER else len(TIER_ORDER), n))
+
+
+def _ratio(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+def _add_ratios(row: dict) -> dict:
+    query = row.get("query_tokens", 0)
+    for layer in TOKEN_LAYERS:
+        row[layer.replace("_tokens", "_ratio")] = _ratio(row.get(layer, 0), query)
+    return row
+
+
+def _usage_row() -> dict[str, Any]:
+    return {**{k: 0 for k in USAGE_SUMS}, **{k: 0.0 for k in USAGE_FLOAT_SUMS}}
+
+
+def _tier_row() -> dict[str, Any]:
+    return {**{k: 0 for k in TIER_SUMS}, "load_seconds": 0.0, "load_latency": {"p50": None, "p99": None}}
+
+
+def _max(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else max(a, b)
+
+
+def worker_tiers(snap: dict) -> dict[str, dict]:
+    """One worker's tier rows with ``capacity_bytes`` / ``used_bytes`` added (blocks x bytes per block)."""
+    per_block = int(snap.get("bytes_per_block") or 0)
+    out = {}
+    tiers = snap.get("tiers") or {}
+    for name in tier_names(tiers):
+        row = tiers[name]
+        out[name] = {**row, "capacity_bytes": int(row.get("capacity_blocks", 0)) * per_block,
+                     "used_bytes": int(row.get("used_blocks", 0)) * per_block}
+    return out
+
+
+def worker_resident_bytes(snap: dict, slugs: dict[str, str]) -> dict[str, dict[str, int]]:
+    """``{tier: {slug: bytes}}`` of one worker. At most ``MAX_TENANT_LABELS`` tenants per tier (the
+    largest); the rest are folded into ``"other"``, so label sets stay bounded as the usage rows are."""
+    per_block = int(snap.get("bytes_per_block") or 0)
+    out: dict[str, dict[str, int]] = {}
+    for tier, owners in (snap.get("resident_blocks") or {}).items():
+        ranked = sorted(owners.items(), key=lambda kv: (-int(kv[1]), str(kv[0])))
+        row: dict[str, int] = {}
+        for i, (owner, blocks) in enumerate(ranked):
+            label = slugs.get(str(owner), str(owner)) if i < MAX_TENANT_LABELS else OTHER
+            row[label] = row.get(label, 0) + int(blocks) * per_block
+        out[tier] = row
+    return out
+
 
 def cluster_stats() -> dict:
     slugs = {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")}
-    workers, totals = [], {"query_tokens": 0, "effective_hit_tokens": 0, "lookup_hit_tokens": 0,
-                           "saved_prefill_seconds": 0.0}
+    workers: list[dict] = []
+    totals = _usage_row()
     tenants: dict[str, dict] = {}
+    tiers: dict[str, dict] = {}
+
+    def tenant(slug: str) -> dict:
+        return tenants.setdefault(slug, {"tenant": slug, **_usage_row(), "hit_requests": 0, "resident_bytes": {}})
+
     for deployment in ModelDeployment.objects.select_related("active_revision").filter(
             active_revision__isnull=False).order_by("name"):
         try:
@@ -27,20 +108,45 @@ def cluster_stats() -> dict:
         if snap is None:
             workers.append({"model": deployment.name, "status": "not started"})
             continue
-        for row in snap["usage"]:
+        for row in snap.get("usage", []):
             row["tenant"] = slugs.get(row["tenant"], row["tenant"])
-            agg = tenants.setdefault(row["tenant"], {"tenant": row["tenant"], "query_tokens": 0,
-                                                     "effective_hit_tokens": 0, "lookup_hit_tokens": 0,
-                                                     "requests": 0, "saved_prefill_seconds": 0.0})
-            for key in ("query_tokens", "effective_hit_tokens", "lookup_hit_tokens", "requests",
-                        "saved_prefill_seconds"):
-                agg[key] += row[key]
+            agg = tenant(row["tenant"])
+            for key in (*USAGE_SUMS, *USAGE_FLOAT_SUMS):
+                agg[key] += row.get(key, 0)
+            histogram = row.get("hit_histogram") or []
+            if histogram:  # bucket 0 = requests with no prefill skipped
+                agg["hit_requests"] += row.get("requests", 0) - histogram[0]
         for key in totals:
-            totals[key] += snap["totals"][key]
+            totals[key] += snap.get("totals", {}).get(key, 0)
+        snap["tiers"] = worker_tiers(snap)
+        for name, row in snap["tiers"].items():
+            agg = tiers.setdefault(name, _tier_row())
+            for key in (*TIER_SUMS, "load_seconds"):
+                agg[key] += row.get(key, 0)
+            for key in TIER_OPTIONAL_SUMS:
+                if key in row:
+                    agg[key] = agg.get(key, 0) + row[key]
+            # Quantiles do not add up across workers: the cluster figure is the worst worker's
+            # p50/p99 (an upper bound of the true cluster quantile), not a merged distribution.
+            latency = row.get("load_latency") or {}
+            for q in ("p50", "p99"):
+                agg["load_latency"][q] = _max(agg["load_latency"][q], latency.get(q))
+        snap["resident_bytes"] = worker_resident_bytes(snap, slugs)
+        for tier, owners in snap["resident_bytes"].items():
+            for slug, nbytes in owners.items():
+                resident = tenant(slug)["resident_bytes"]
+                resident[tier] = resident.get(tier, 0) + nbytes
         workers.append({"model": deployment.name, "status": "ok", **snap})
+
+    names = tier_names(tiers)
     for agg in tenants.values():
-        agg["effective_hit_ratio"] = round(agg["effective_hit_tokens"] / agg["query_tokens"], 4) \
-            if agg["query_tokens"] else 0.0
-    totals["effective_hit_ratio"] = round(totals["effective_hit_tokens"] / totals["query_tokens"], 4) \
-        if totals["query_tokens"] else 0.0
-    return {"totals": totals, "tenants": sorted(tenants.values(), key=lambda r: r["tenant"]), "workers": workers}
+        _add_ratios(agg)
+        agg["resident_bytes"] = {name: agg["resident_bytes"].get(name, 0)
+                                 for name in tier_names({*names, *agg["resident_bytes"]})}
+    _add_ratios(totals)
+    return {
+        "totals": totals,
+        "tiers": {name: tiers[name] for name in names},
+        "tenants": sorted(tenants.values(), key=lambda r: r["tenant"]),
+        "workers": workers,
+    }

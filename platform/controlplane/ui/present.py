@@ -18,6 +18,12 @@ from controlplane.tenants.models import Tenant
 from controlplane.tenants.selectors import api_key_list
 
 POOL_PARTS = ("protected", "evictable", "free")
+TIER_LABELS = {"l1": "device pages", "l2": "host memory", "l3": "remote store"}
+TOKEN_LAYERS = (  # (label, tokens key, ratio key): DESIGN section 2's layers, kept apart
+    ("Index held (lookup hit)", "lookup_hit_tokens", "lookup_hit_ratio"),
+    ("Bytes arrived (load success)", "load_success_tokens", "load_success_ratio"),
+    ("Prefill skipped (effective hit)", "effective_hit_tokens", "effective_hit_ratio"),
+)
 RESULT_SHOWN = ("worker", "status", "blocks_freed", "reason")
 
 
@@ -25,8 +31,53 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 1) if whole else 0.0
 
 
+def human_bytes(n: int | float | None) -> str:
+    """1536 -> '1.5 KiB' (binary units; a dash for None)."""
+    if n is None:
+        return "—"
+    value = float(n)
+    if abs(value) < 1024:
+        return f"{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if abs(value) < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"
+
+
+def latency(seconds: float | None) -> str:
+    """A load latency for display: '—' before any load was timed, else ms (µs below 1 ms)."""
+    if seconds is None:
+        return "—"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def tier_row(name: str, tier: dict) -> dict[str, Any]:
+    """One row of the per-tier table (cluster sums of ``cluster_stats()["tiers"][name]``)."""
+    capacity, used = int(tier.get("capacity_blocks", 0)), int(tier.get("used_blocks", 0))
+    lat = tier.get("load_latency") or {}
+    return {
+        "name": name,
+        "label": TIER_LABELS.get(name, name.upper()),
+        **{k: tier.get(k, 0) for k in ("hits", "hit_tokens", "failures", "corrupt_loads", "late_loads",
+                                       "fallbacks_to_recompute", "promotions", "demotions", "evictions")},
+        "capacity_blocks": capacity,
+        "used_blocks": used,
+        "used_pct": _pct(used, capacity),
+        "capacity_bytes": human_bytes(tier.get("capacity_bytes", 0)),
+        "used_bytes": human_bytes(tier.get("used_bytes", 0)),
+        "bytes_in": human_bytes(tier.get("bytes_in", 0)),
+        "bytes_out": human_bytes(tier.get("bytes_out", 0)),
+        "p50": latency(lat.get("p50")),
+        "p99": latency(lat.get("p99")),
+    }
+
+
 def dashboard(stats: dict) -> dict:
-    """``runtime.stats.cluster_stats()`` plus page-pool bars per worker."""
+    """``runtime.stats.cluster_stats()`` plus page-pool bars per worker, a per-tier table, the token
+    layers and each tenant's resident bytes per tier (display-ready)."""
     workers = []
     for worker in stats["workers"]:
         row = {"model": worker["model"], "status": worker["status"]}
@@ -42,7 +93,20 @@ def dashboard(stats: dict) -> dict:
                 block_size=pool.get("block_size"),
             )
         workers.append(row)
-    return {"totals": stats["totals"], "tenants": stats["tenants"], "workers": workers}
+    tiers = stats.get("tiers") or {}
+    names = list(tiers) or ["l1"]
+    totals = stats["totals"]
+    tenants = [{**t, "resident": [(name, human_bytes((t.get("resident_bytes") or {}).get(name, 0)))
+                                  for name in names]} for t in stats["tenants"]]
+    return {
+        "totals": totals,
+        "layers": [{"label": label, "tokens": totals.get(key, 0), "ratio": totals.get(ratio, 0.0)}
+                   for label, key, ratio in TOKEN_LAYERS],
+        "tiers": [tier_row(name, tier) for name, tier in tiers.items()],
+        "tier_names": [(name, name.upper()) for name in names],
+        "tenants": tenants,
+        "workers": workers,
+    }
 
 
 def tenant_row(tenant: Tenant) -> dict[str, Any]:
