@@ -92,6 +92,9 @@ class CacheEngine(Tier):
         self.default_inflight_blocks = max(1, num_blocks // 2)
         self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strata-l2-load") if self.l2 else None
         self._writer = Writer() if self.l2 and self.write_policy.on_commit else None
+        # Blocks L1 evicted during the allocation in progress, written to L2 in one copy right after it
+        # (before anything can overwrite them); None outside ``_allocate`` (then written one by one).
+        self._demoting: list[tuple[Block, bytes, tuple, Tag]] | None = None
         if self.l2 is not None:
             self.pool.listeners.append(self._on_l1_drop)
 
@@ -145,7 +148,7 @@ class CacheEngine(Tier):
                 raise InflightLimit("this tenant has too many tokens in flight; retry when a request finishes")
             self.pool.hit(usable)
             try:
-                fresh = self.pool.allocate(total - len(usable), owner)
+                fresh = self._allocate(total - len(usable), owner)
             except Exception:
                 self.pool.free(usable)
                 raise
@@ -337,6 +340,23 @@ class CacheEngine(Tier):
             self._flushes = [(g, m) for g, m in self._flushes if g > oldest]
 
     # ------------------------------------------------------------------ moving blocks down (L1 -> L2)
+    def _allocate(self, n: int, owner: str) -> list[Block]:
+        """``pool.allocate`` with the evicted blocks written down (by the policy) in one batch, while
+        their pages still hold their bytes (the new holder writes only after this returns)."""
+        if self.l2 is None:
+            return self.pool.allocate(n, owner)
+        self._demoting = []
+        try:
+            blocks = self.pool.allocate(n, owner)
+            batch = self._demoting
+        finally:
+            self._demoting = None
+        if batch:
+            kv = self.l1.read([b for b, _, _, _ in batch])
+            stored = self.l2.put_many([(key, tokens, tag) for _, key, tokens, tag in batch], kv)
+            self._count_demotion(stored)
+        return blocks
+
     def _on_l1_drop(self, block: Block, reason: str) -> None:
         """L1 listener (under the lock): write an evicted block's bytes to L2 by the write policy."""
         tag = block.tag
@@ -344,13 +364,15 @@ class CacheEngine(Tier):
             return
         if (tag.model, tag.revision) in self._retired:
             return
-        if self.l2.put(block.block_hash, block.token_ids, tag, self.l1.read([block])):
-            self._count_demotion()
+        if self._demoting is not None:
+            self._demoting.append((block, block.block_hash, block.token_ids, tag))
+        elif self.l2.put(block.block_hash, block.token_ids, tag, self.l1.read([block])):
+            self._count_demotion(1)
 
-    def _count_demotion(self) -> None:
+    def _count_demotion(self, n: int) -> None:
         tier = self.metrics.tier("l2")
-        tier.demotions += 1
-        tier.bytes_in += self.layout.bytes_per_block
+        tier.demotions += n
+        tier.bytes_in += n * self.layout.bytes_per_block
 
     def _write_through(self, blocks: list[Block], gen: int) -> None:
         """Hold ``blocks`` and copy them to L2 on the writer thread, then release them."""
@@ -365,7 +387,7 @@ class CacheEngine(Tier):
                     for (key, tokens, tag), page in zip(entries, kv, strict=True):
                         if not self._flushed_since(gen, tag) and (tag.model, tag.revision) not in self._retired \
                                 and self.l2.put(key, tokens, tag, page):
-                            self._count_demotion()
+                            self._count_demotion(1)
             finally:
                 with self._lock:
                     self.pool.free(blocks)

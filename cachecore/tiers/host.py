@@ -68,29 +68,68 @@ class HostStore(BlockStore):
             self.stats["puts" if stored else "rejected"] += 1
             return stored
 
+    def put_many(self, entries: Sequence[tuple[bytes, tuple[int, ...], Tag]], kv: torch.Tensor) -> int:
+        """``put`` of many blocks (``kv``: ``[n, *page_shape]``, row i for entry i) with one copy;
+        returns how many were newly stored."""
+        with self._lock:
+            taken: list[tuple[Block, int, bytes, tuple, Tag]] = []
+            try:
+                for row, (key, tokens, tag) in enumerate(entries):
+                    if self.pool.get_cached(key, tokens) is not None:
+                        self.stats["duplicates"] += 1
+                        continue
+                    try:
+                        (block,) = self.pool.allocate(1, tag.owner)
+                    except OutOfBlocks:
+                        self.stats["rejected"] += 1
+                        continue
+                    taken.append((block, row, key, tokens, tag))
+                if not taken:
+                    return 0
+                ids = torch.tensor([t[0].block_id for t in taken], dtype=torch.long)
+                rows = torch.tensor([t[1] for t in taken], dtype=torch.long)
+                self.data.index_copy_(0, ids, kv.index_select(0, rows.to(kv.device)).to(self.data.device))
+                stored = 0
+                for block, _, key, tokens, tag in taken:
+                    self._crc[block.block_id] = _crc(self.data[block.block_id])
+                    kept = self.pool.cache(block, key, tokens, tag.owner, tag)
+                    stored += int(kept is block and block.block_hash is not None)
+            finally:
+                if taken:
+                    self.pool.free([t[0] for t in taken])
+            self.stats["puts"] += stored
+            self.stats["rejected"] += len(taken) - stored
+            return stored
+
     def get(self, items: Sequence[tuple[bytes, tuple[int, ...]]]) -> Fetched:
-        out: list[torch.Tensor] = []
         stopped = None
         with self._lock:
             self.stats["gets"] += 1
+            blocks: list[Block] = []
             for key, tokens in items:
                 block = self.pool.get_cached(key, tokens)
                 if block is None:
                     stopped = "miss"
                     break
-                self.pool.hit([block])
-                try:
-                    page = self.data[block.block_id].clone()
-                finally:
-                    self.pool.free([block])
-                if _crc(page) != self._crc[block.block_id]:
-                    self.stats["corrupt"] += 1
-                    self.pool.drop_where(lambda b, blk=block: b is blk, reason="corrupt")
-                    stopped = "corrupt"
-                    break
-                out.append(page)
-            self.stats["blocks_out"] += len(out)
-        kv = torch.stack(out) if out else torch.empty((0, *self.layout.page_shape), dtype=self.layout.torch_dtype)
+                blocks.append(block)
+            self.pool.hit(blocks)
+            try:
+                ids = torch.tensor([b.block_id for b in blocks], dtype=torch.long)
+                kv = self.data.index_select(0, ids)
+                good = len(blocks)
+                for row, block in enumerate(blocks):
+                    if _crc(kv[row]) != self._crc[block.block_id]:
+                        good = row
+                        break
+            finally:
+                self.pool.free(blocks)
+            if good < len(blocks):
+                bad = blocks[good]
+                self.stats["corrupt"] += 1
+                self.pool.drop_where(lambda b: b is bad, reason="corrupt")
+                stopped = "corrupt"
+                kv = kv[:good]
+            self.stats["blocks_out"] += good
         return Fetched(kv, stopped)
 
     def delete(self, match: Callable[[Tag], bool]) -> int:

@@ -1,0 +1,185 @@
+"""The tier hierarchy: what L2 (host memory) under L1 buys, and whether load-vs-recompute decides well.
+
+    .venv/bin/python -m bench.tiers [--quick] [--trace FILE] [--scale 16] [--preset small] [--tokens 2048]
+
+Three questions, one run:
+
+1. **TTFT by tier** (``--preset``, default ``small``): a ``--tokens``-token prompt served from L1, from
+   L2 (after other traffic evicted it from L1), and recomputed (caching off). Goal: from L2 at most
+   0.2x of recompute.
+2. **Working-set replay** (``tiny`` model): a trace in the Mooncake FAST'25 format (``--trace FILE``;
+   by default one written by ``bench.traces.generate_trace``: shared system prompts, multi-turn
+   sessions, one-off requests) expanded to token ids at ``1/--scale`` of its lengths and replayed one
+   request at a time through the real model. L1 holds one eighth of the trace's working set (plus
+   room for the running request); L2 holds the whole working set. Token-weighted effective hit
+   ratio (prefill tokens actually skipped / prompt tokens) with L1 only and with L1+L2, against the
+   infinite-cache bound and Belady's offline optimum at the same total capacity, computed from the
+   same trace (``bench.traces.BlockTrace``). Goal: L1+L2 >= 90% of the infinite-cache bound.
+3. **Load vs recompute** on the same replay (L1+L2): mean TTFT with the cost policy against the two
+   fixed baselines ``always_load`` and ``always_recompute``. Goal: never worse than either.
+
+Each replay asserts that its engine saw every request (its query-token counter equals the trace's
+prompt tokens), so a figure never comes from a path the server no longer takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import statistics
+import time
+
+import torch
+
+from bench import traces
+from cachecore.config import EngineConfig
+from cachecore.engine import CacheEngine
+from cachecore.model.loader import RevisionSpec, load_model
+from cachecore.runner import Generator, SamplingParams, TokenOut
+
+BS = 16
+
+
+def _ttft(gen: Generator, ns, tokens: list[int], *, owner: str = "bench", use_cache: bool = True) -> tuple[float, int]:
+    start = time.perf_counter()
+    cached = 0
+    for ev in gen.stream(ns, tokens, owner=owner, params=SamplingParams(max_tokens=1), use_cache=use_cache):
+        if isinstance(ev, TokenOut):
+            return time.perf_counter() - start, cached
+        cached = getattr(ev, "cached_tokens", cached)
+    raise RuntimeError("no token produced")
+
+
+def ttft_by_tier(preset: str, n_tokens: int, reps: int) -> dict:
+    loaded = load_model("bench-tiers", preset, RevisionSpec(label="r1", seed=7))
+    blocks = n_tokens // BS + 2
+    # L1 fits one prompt (plus the filler's room); L2 holds several.
+    engine = CacheEngine(loaded.layout, num_blocks=blocks + 2, device=loaded.model.device,
+                         config=EngineConfig(l2_blocks=4 * blocks, load_policy="always_load"))
+    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="bench-tiers", revision="r1")
+    ns = loaded.namespace(secrets.token_bytes(32))
+    rng = random.Random(0)
+
+    def prompt() -> list[int]:
+        return [rng.randrange(256) for _ in range(n_tokens)]
+
+    _ttft(gen, ns, prompt(), use_cache=False)  # warm-up
+    rows: dict[str, list[float]] = {"recompute": [], "l1": [], "l2": []}
+    cached: dict[str, int] = {}
+    for _ in range(reps):
+        target = prompt()
+        t, c = _ttft(gen, ns, target, use_cache=False)
+        rows["recompute"].append(t)
+        cached["recompute"] = c
+        _ttft(gen, ns, target)  # computes and caches it in L1
+        t, c = _ttft(gen, ns, target)
+        rows["l1"].append(t)
+        cached["l1"] = c
+        _ttft(gen, ns, prompt())  # other traffic: evicts the target from L1 (written back to L2)
+        t, c = _ttft(gen, ns, target)
+        rows["l2"].append(t)
+        cached["l2"] = c
+    engine.check_integrity()
+    if engine.metrics.tier("l2").promotions == 0:
+        raise SystemExit("the L2 row never loaded from L2: nothing measured")
+    return {"rows": {k: statistics.median(v) for k, v in rows.items()}, "cached": cached,
+            "device": str(engine.pages.device), "preset": preset, "tokens": n_tokens, "reps": reps}
+
+
+def replay(prompts: list[list[int]], loaded, *, l1_blocks: int, l2_blocks: int, load_policy: str = "cost") -> dict:
+    engine = CacheEngine(loaded.layout, num_blocks=l1_blocks, device="cpu",
+                         config=EngineConfig(l2_blocks=l2_blocks, load_policy=load_policy))
+    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="replay", revision="r1")
+    ns = loaded.namespace(b"\x01" * 32)
+    ttfts = []
+    skipped = 0
+    for tokens in prompts:
+        t, c = _ttft(gen, ns, tokens)
+        ttfts.append(t)
+        skipped += c
+    engine.check_integrity()
+    total = sum(len(p) for p in prompts)
+    usage = engine.metrics.usage("bench", "replay")
+    if usage.query_tokens != total or usage.requests != len(prompts):
+        raise SystemExit("the replay's engine did not see every request: nothing measured")
+    l2 = engine.metrics.tier("l2")
+    return {"ratio": skipped / total, "mean_ttft": statistics.fmean(ttfts), "p50_ttft": statistics.median(ttfts),
+            "promotions": l2.promotions, "demotions": l2.demotions, "decisions": dict(engine.cost.decisions),
+            "skipped": skipped}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="what the tier hierarchy buys")
+    ap.add_argument("--quick", action="store_true", help="tiny model and a short trace (under a minute)")
+    ap.add_argument("--trace", default=None, help="Mooncake FAST'25 trace file (default: a generated one)")
+    ap.add_argument("--scale", type=int, default=16, help="scale lengths down by this factor (divides 512)")
+    ap.add_argument("--preset", default=None, help="model of the TTFT table (default small; tiny with --quick)")
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=None)
+    args = ap.parse_args(argv)
+    preset = args.preset or ("tiny" if args.quick else "small")
+    reps = args.reps or (2 if args.quick else 3)
+    torch.manual_seed(0)
+
+    t = ttft_by_tier(preset, min(args.tokens, 1000) if preset == "tiny" else args.tokens, reps)
+    rec = t["rows"]["recompute"]
+    print(f"TTFT of a {t['tokens']}-token prompt, preset {t['preset']}, device {t['device']}, "
+          f"median of {t['reps']}")
+    print(f"{'served from':<12} {'cached tok':>10} {'TTFT ms':>9} {'vs recompute':>13}")
+    for name in ("recompute", "l1", "l2"):
+        print(f"{name:<12} {t['cached'][name]:>10} {t['rows'][name] * 1e3:>9.1f} {t['rows'][name] / rec:>13.3f}")
+    l2_ratio = t["rows"]["l2"] / rec
+
+    if args.trace:
+        reqs = traces.read_trace(args.trace)
+        source = args.trace
+    else:
+        reqs = traces.generate_trace(sessions=12 if args.quick else 32, one_offs=6 if args.quick else 16, seed=0)
+        source = "generated (bench.traces.generate_trace)"
+    expanded = traces.expand_trace(reqs, scale=args.scale, max_input_tokens=1008, max_output_tokens=16)
+    prompts = [r.tokens for r in expanded]
+    bt = traces.BlockTrace.from_prompts(prompts, block_size=BS)
+    working = bt.unique_blocks
+    longest = max(-(-len(p) // BS) for p in prompts) + 1
+    l1_cache = max(1, working // 8)
+    l1_blocks = l1_cache + longest  # room for the running request on top of the cache's share
+    infinite = bt.infinite().ratio
+    belady_l1 = bt.belady(l1_cache).ratio
+    belady_l12 = bt.belady(l1_cache + working).ratio
+    loaded = load_model("replay", "tiny", RevisionSpec(label="r1", seed=3))
+    only_l1 = replay(prompts, loaded, l1_blocks=l1_blocks, l2_blocks=0)
+    both = {p: replay(prompts, loaded, l1_blocks=l1_blocks, l2_blocks=working, load_policy=p)
+            for p in ("cost", "always_load", "always_recompute")}
+    cost = both["cost"]
+    print()
+    print(f"replay of {len(prompts)} requests ({bt.query_tokens} prompt tokens, working set {working} blocks) "
+          f"from {source}, scale 1/{args.scale}, tiny model; L1 {l1_cache}+{longest} blocks, L2 {working}")
+    print(f"{'configuration':<28} {'eff. hit':>9} {'vs infinite':>12} {'vs Belady':>10} {'mean TTFT ms':>13} "
+          f"{'promoted':>9}")
+    print(f"{'infinite cache (bound)':<28} {infinite:>9.3f} {1.0:>12.3f} {'':>10} {'':>13} {'':>9}")
+    print(f"{'Belady @ L1':<28} {belady_l1:>9.3f} {belady_l1 / infinite:>12.3f} {'':>10} {'':>13} {'':>9}")
+    print(f"{'Belady @ L1+L2':<28} {belady_l12:>9.3f} {belady_l12 / infinite:>12.3f} {'':>10} {'':>13} {'':>9}")
+    print(f"{'L1 only':<28} {only_l1['ratio']:>9.3f} {only_l1['ratio'] / infinite:>12.3f} "
+          f"{only_l1['ratio'] / belady_l1:>10.3f} {only_l1['mean_ttft'] * 1e3:>13.2f} {0:>9}")
+    for name, r in both.items():
+        print(f"{'L1+L2, ' + name:<28} {r['ratio']:>9.3f} {r['ratio'] / infinite:>12.3f} "
+              f"{r['ratio'] / belady_l12:>10.3f} {r['mean_ttft'] * 1e3:>13.2f} {r['promotions']:>9}")
+    best_fixed = min(both["always_load"]["mean_ttft"], both["always_recompute"]["mean_ttft"])
+    cost_vs_best = cost["mean_ttft"] / best_fixed
+    print(f"cost policy decisions {cost['decisions']}; mean TTFT {cost_vs_best:.3f}x of the better fixed policy "
+          f"(goal <= 1.0); L2 TTFT {l2_ratio:.3f}x of recompute (goal <= 0.2); L1+L2 "
+          f"{cost['ratio'] / infinite:.3f} of the infinite bound (goal >= 0.9)")
+    print(f"RESULT ttft_recompute_ms={rec * 1e3:.1f} ttft_l1_ms={t['rows']['l1'] * 1e3:.1f} "
+          f"ttft_l2_ms={t['rows']['l2'] * 1e3:.1f} l2_vs_recompute={l2_ratio:.3f} "
+          f"hit_l1_only={only_l1['ratio']:.3f} hit_l1_l2={cost['ratio']:.3f} infinite={infinite:.3f} "
+          f"belady_l1={belady_l1:.3f} belady_l1_l2={belady_l12:.3f} l1_l2_vs_infinite={cost['ratio'] / infinite:.3f} "
+          f"mean_ttft_cost_ms={cost['mean_ttft'] * 1e3:.2f} "
+          f"mean_ttft_always_load_ms={both['always_load']['mean_ttft'] * 1e3:.2f} "
+          f"mean_ttft_always_recompute_ms={both['always_recompute']['mean_ttft'] * 1e3:.2f} "
+          f"cost_vs_best_fixed={cost_vs_best:.3f} goal_l2={int(l2_ratio <= 0.2)} "
+          f"goal_hit={int(cost['ratio'] / infinite >= 0.9)} goal_policy={int(cost_vs_best <= 1.0)}")
+
+
+if __name__ == "__main__":
+    main()
