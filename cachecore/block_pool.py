@@ -159,20 +159,34 @@ class BlockPool:
         """Take one reference on each block. A free block leaves the free queue and keeps its hash.
         Raises ``ValueError`` (changing nothing) for a plain free block: allocate those. (A cache hit
         also counts ``block.hits``: see ``hit``.)"""
-        for block in blocks:
-            if block.ref_cnt == 0 and block.block_hash is None:
-                raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
-        for block in blocks:
-            if block.ref_cnt == 0:
-                self._free.remove(block)
-                self._lru_remove(block)
-            block.ref_cnt += 1
+        self._take(blocks, 0)
 
     def hit(self, blocks: Sequence[Block]) -> None:
         """``touch`` for a request reusing these blocks from the index: also counts their reuse."""
-        self.touch(blocks)
+        self._take(blocks, 1)
+
+    def _take(self, blocks: Sequence[Block], hits: int) -> None:
         for block in blocks:
-            block.hits += 1
+            if block.ref_cnt == 0 and block.block_hash is None:
+                raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
+        owner_lru, queue = self._owner_lru, self._free
+        taken = 0
+        for block in blocks:
+            if block.ref_cnt == 0:
+                # FreeBlockQueue.remove, inlined (the hot path of every hit)
+                prev, nxt = block.prev_free, block.next_free
+                prev.next_free = nxt
+                nxt.prev_free = prev
+                block.prev_free = block.next_free = None
+                taken += 1
+                lru = owner_lru[block.owner]
+                del lru[block.block_id]
+                if not lru:
+                    del owner_lru[block.owner]
+            block.ref_cnt += 1
+            block.hits += hits
+        queue.num_free -= taken
+        self._num_cached_free -= taken
 
     def allocate(self, n: int, owner: str) -> list[Block]:
         """Take ``n`` blocks, each with ``ref_cnt == 1`` and ``owner``: plain free blocks first, then
@@ -253,27 +267,40 @@ class BlockPool:
         enter the free queue deepest first (evicted first), hashed ones at the tail keeping hash and
         data, plain ones at the head. Owners over their cap then evict their own oldest free blocks.
         Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
-        seen: dict[int, int] = {}
-        for block in blocks:
-            seen[block.block_id] = count = seen.get(block.block_id, 0) + 1
-            if block.ref_cnt < count:
-                raise ValueError(f"free of {block}: more frees than references")
+        if any(block.ref_cnt <= 0 for block in blocks) or len({b.block_id for b in blocks}) != len(blocks):
+            seen: dict[int, int] = {}
+            for block in blocks:
+                seen[block.block_id] = count = seen.get(block.block_id, 0) + 1
+                if block.ref_cnt < count:
+                    raise ValueError(f"free of {block}: more frees than references")
         over_cap: set[str] = set()
+        queue, caps, clock = self._free, self._caps, self._clock  # hot path: bound once
+        tail = queue._tail
+        lru, lru_owner = None, object()
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt:
                 continue
             if block.block_hash is None:
                 self._set_owner(block, None)
-                self._free.appendleft(block)
+                queue.appendleft(block)
                 continue
-            self._clock += 1
-            block.freed_at = self._clock
-            self._free.append(block)
-            self._lru(block.owner)[block.block_id] = block
+            clock += 1
+            block.freed_at = clock
+            # FreeBlockQueue.append, inlined (the hot path of every release)
+            last = tail.prev_free
+            block.prev_free, block.next_free = last, tail
+            last.next_free = block
+            tail.prev_free = block
+            queue.num_free += 1
+            if block.owner is not lru_owner:
+                lru_owner = block.owner
+                lru = self._lru(lru_owner)
+            lru[block.block_id] = block
             self._num_cached_free += 1
-            if block.owner in self._caps:
+            if caps and block.owner in caps:
                 over_cap.add(block.owner)
+        self._clock = clock
         for owner in over_cap:
             self._trim(owner, self._caps[owner])
 

@@ -40,10 +40,15 @@ class DeviceStore(BlockStore):
     def match(self, hashes: Sequence[bytes], tokens: Sequence[int]) -> list[Block]:
         """The indexed blocks of the contiguous prefix of ``hashes`` (no references taken)."""
         bs = self.layout.block_size
+        toks = tokens if type(tokens) is tuple else tuple(tokens)
+        index = self.pool._index  # hot path: the pool's own get_cached, inlined
         out = []
         for i, h in enumerate(hashes):
-            block = self.pool.get_cached(h, tuple(tokens[i * bs : (i + 1) * bs]))
+            block = index.get(h)
             if block is None:
+                break
+            if block.token_ids != toks[i * bs : (i + 1) * bs]:
+                self.pool.stats.collisions += 1
                 break
             out.append(block)
         return out
