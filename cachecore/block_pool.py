@@ -15,9 +15,12 @@ that hang off it. Cached capacity therefore grows and shrinks with load.
 with usage (and the one allocating) is *protected* up to ``num_blocks * weight // total_weight`` of the
 pool (equal shares unless ``set_weight``). When ``allocate`` must evict, it takes the least recently
 freed block among owners **over** their protected share; only when none is over does it evict the
-allocating owner's own blocks; when that is not possible either it raises ``OutOfBlocks`` rather than
-push another owner below its share. So a tenant that floods evicts its own blocks or the unprotected
-surplus of others, never another tenant's protected prefixes. Deepest-first order holds inside an owner.
+allocating owner's own blocks. Only when neither exists (the allocating owner holds its share and more
+in running requests) does it fall back to the least recently freed block of any owner
+(``stats.protected_evictions``): a running request is never refused for the sake of idle cache. The
+engine's per-tenant in-flight limit keeps that fallback out of an attacker's reach. So a tenant that
+floods evicts its own blocks or the unprotected surplus of others, never another tenant's protected
+prefixes. Deepest-first order holds inside an owner.
 
 Per-owner caps (``set_cap``) are hard limits on top: an owner over its cap evicts its own least
 recently freed blocks.
@@ -56,6 +59,7 @@ class PoolStats:
     collisions: int = 0
     cap_rejections: int = 0
     dropped: int = 0
+    protected_evictions: int = 0  # last-resort evictions below an owner's share (see the module docstring)
     evictions_by_owner: Counter[str | None] = field(default_factory=Counter)
 
 
@@ -192,8 +196,8 @@ class BlockPool:
         """Take ``n`` blocks, each with ``ref_cnt == 1`` and ``owner``: plain free blocks first, then
         cached ones chosen by the fair-share policy (module docstring), each evicted (its hash leaves
         the index) as it is taken. Raises ``OutOfBlocks`` without side effects when fewer than ``n``
-        can be taken without evicting a held block or another owner's protected share. The message
-        names no pool-wide figure (a tenant learns nothing about other tenants' use)."""
+        blocks are free (every other block is held by a running request). The message names no
+        pool-wide figure (a tenant learns nothing about other tenants' use)."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} blocks")
         victims = self._plan_evictions(n, owner)
@@ -240,8 +244,9 @@ class BlockPool:
                     best = block
             if best is None:
                 best = heads.get(owner)
-                if best is None:
-                    return None
+            if best is None:  # last resort: the least recently freed block of anyone
+                best = min(heads.values(), key=lambda b: b.freed_at)
+                self.stats.protected_evictions += 1
             victims.append(best)
             victim_owner = best.owner
             usage[victim_owner] -= 1

@@ -112,7 +112,8 @@ class DeviceStore(BlockStore):
                     "evictable": pool.num_cached_free, "free": pool.num_free - pool.num_cached_free,
                     "bytes_per_block": self.layout.bytes_per_block, "evictions": pool.stats.evictions,
                     "duplicate_stores": pool.stats.duplicate_stores, "collisions": pool.stats.collisions,
-                    "cap_rejections": pool.stats.cap_rejections}
+                    "cap_rejections": pool.stats.cap_rejections,
+                    "protected_evictions": pool.stats.protected_evictions}
 
     def resident(self) -> dict[str, int]:
         """Blocks held or kept cached per owner (tenant)."""
