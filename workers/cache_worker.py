@@ -100,7 +100,7 @@ class CacheWorker:
 
     def _generator(self, loaded: LoadedModel) -> Generator:
         return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
-                         revision=loaded.revision.label, turns=self.turns)
+                         revision=loaded.revision.label, turns=self.turns, prefill_chunk=self.config.prefill_chunk)
 
     # ------------------------------------------------------------------ introspection
     def info(self) -> dict:

@@ -4,7 +4,9 @@
 worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
 ``selective``), ``STRATA_SELECTIVE_MIN_HITS`` (default 2), ``STRATA_LOAD_POLICY`` (``cost`` |
 ``always_load`` | ``always_recompute``), ``STRATA_LOAD_DEADLINE_MS`` (default 500),
-``STRATA_TORCH_THREADS`` (default: every core). Read in the worker's process (the Ray actor inherits
+``STRATA_PREFILL_CHUNK`` (tokens per prefill turn, default 256: smaller bounds how long one tenant's
+prefill delays another's first token, larger computes long prompts faster), ``STRATA_TORCH_THREADS``
+(default: every core). Read in the worker's process (the Ray actor inherits
 the environment of the process that started Ray).
 """
 
@@ -42,6 +44,7 @@ class WorkerConfig:
     load_policy: str = "cost"
     load_deadline_ms: int = 500
     torch_threads: int = 0  # 0: every core
+    prefill_chunk: int = 256
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -53,6 +56,7 @@ class WorkerConfig:
             load_policy=os.environ.get("STRATA_LOAD_POLICY", "cost").strip() or "cost",
             load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
             torch_threads=_int("STRATA_TORCH_THREADS", 0),
+            prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
         return cfg
