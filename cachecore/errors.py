@@ -66,3 +66,25 @@ class InvalidKV(CacheError, ValueError):
     """KV bytes handed to ``store`` do not match the layout (shape, dtype or block count)."""
 
     code = "invalid_kv"
+
+
+class DecryptError(CacheError, ValueError):
+    """An L3 object (or a wrapped data key) failed to decrypt or verify: wrong key, wrong associated
+    data (moved to another key, tenant, model or revision), torn, truncated, bit-flipped or of an
+    unknown format version. The message never holds key material or plaintext."""
+
+    code = "corrupt_object"
+
+
+class KeyUnavailable(DecryptError):
+    """The data-key version an L3 object was sealed with is not held (shredded, or not yet
+    delivered to this worker): the object cannot be read, but it is not corrupt."""
+
+    code = "key_unavailable"
+
+
+class BackendUnavailable(CacheError, OSError):
+    """The L3 backend (filesystem directory, Redis) is down, unreachable, unreadable or too slow
+    (a socket timeout). The only error a backend raises for the state of the backend."""
+
+    code = "l3_unavailable"

@@ -1,0 +1,771 @@
+"""L3: the encrypted remote store (filesystem directory or Redis), shared by workers and restarts.
+
+An L3 object is a **chunk** of ``chunk_blocks`` consecutive blocks (default 16 = 256 tokens at
+block size 16) stored under the chain hash of its LAST block, which binds the whole prefix before
+it. Its name::
+
+    <tenant>/<model>/<revision>/v<key version>/<hex chain hash of the chunk's last block>
+
+(each of tenant, model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX``), so deletes by tenant,
+model, revision or key version are prefix operations on the backend.
+
+The bytes are a frame of :mod:`cachecore.crypto` (AES-256-GCM under the tenant's active data-key
+version). The associated data is computed by the READER from its own request: object key (= the
+object's name), ``tag.ns_digest``, the KV layout, ``tag.owner`` as tenant id, the frame's key
+version and format version; so an object moved to another name, tenant, model or revision fails to
+decrypt. The plaintext (KV first, so that a read decrypts it straight into the output tensor)::
+
+    KV bytes ([chunk_blocks, *page_shape], C order) | token ids (n_tokens x u32 LE) | ndim (u8)
+    | shape (ndim x u32) | len(dtype) (u8) | dtype (ascii) | created (f64, epoch s) | n_tokens (u32)
+
+Reads (:meth:`RemoteStore.get`) stop at the first chunk that is missing, expired, unreadable or
+fails verification; that chunk and every one after it is a miss, never wrong bytes:
+
+- missing, older than the request's retention, or sealed under a key version this worker does
+  not hold (shredded): a miss (``misses``; ``expired``, ``shredded``);
+- torn, truncated, bit-flipped, another format version, moved (associated data differs), wrong
+  shape/dtype or other token ids: ``corrupt``, and the object is quarantined (deleted, so it is not
+  retried forever and a later write can replace it);
+- the backend down, unreachable or slow (``BackendUnavailable``): a miss counted in ``failures``;
+  then L3 is skipped (``unavailable``) for ``retry_after_seconds`` so a dead backend does not cost
+  every request a timeout, and used again after.
+
+Writes (:meth:`RemoteStore.put_chunk`) are meant to run off the request path (the engine's writer
+thread). Capacity (``capacity_bytes``) is shared fairly: when room is needed, the oldest object of
+a tenant over its equal share goes first (a tenant that floods L3 evicts its own objects), and a
+tenant's ``max_bytes`` (:meth:`set_tenant_limit`) evicts its own oldest objects. Age order is write
+time, refreshed by reads in this process. The accounting is an in-memory index of the backend
+listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
+written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
+
+Thread-safe. ``probe``, ``get`` and ``put_chunk`` never raise for the state of the backend;
+``delete_scope``, ``count_scope``, ``sweep`` and ``refresh`` raise ``BackendUnavailable`` (a flush job
+must know that it did not happen).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
+from urllib.parse import unquote
+
+import numpy as np
+import torch
+
+from cachecore import crypto
+from cachecore.errors import BackendUnavailable, DecryptError, InvalidKV, KeyUnavailable
+from cachecore.hashing import token_buffer
+from cachecore.layout import KVLayout
+from cachecore.tiers.backends.base import Backend, ObjectInfo
+from cachecore.tiers.base import Fetched, Tag
+
+__all__ = ["DEFAULT_CHUNK_BLOCKS", "ObjectName", "RemoteStore", "object_name", "parse_name"]
+
+DEFAULT_CHUNK_BLOCKS = 16
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+_MAX_COMPONENT = 150
+_PT_END = struct.Struct("<dI")  # created, n_tokens
+
+
+# ---------------------------------------------------------------------- names
+def _enc(text: str) -> str:
+    """Escape one name component: ``[A-Za-z0-9_-]`` kept, every other UTF-8 byte as ``%XX`` (so no
+    ``/``, no leading ``.``); ``""`` is ``%``. Over-long components become ``%%`` + a digest."""
+    if text == "":
+        return "%"
+    out = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in text)
+    if len(out) > _MAX_COMPONENT:
+        out = "%%" + hashlib.blake2b(text.encode("utf-8"), digest_size=20).hexdigest()
+    return out
+
+
+def _dec(component: str) -> str:
+    if component == "%":
+        return ""
+    if component.startswith("%%"):
+        return component  # a digest of an over-long value: not reversible
+    return unquote(component, errors="strict")
+
+
+class ObjectName(NamedTuple):
+    """The parts of an L3 object's name (tenant, model, revision decoded)."""
+
+    tenant: str
+    model: str
+    revision: str
+    key_version: int
+    key: bytes
+
+
+def object_name(tenant: str, model: str, revision: str, key_version: int, key: bytes) -> str:
+    return f"{_enc(tenant)}/{_enc(model)}/{_enc(revision)}/v{key_version}/{key.hex()}"
+
+
+def parse_name(name: str) -> ObjectName | None:
+    """The parts of ``name``, or None if it is not an L3 object name."""
+    parts = name.split("/")
+    if len(parts) != 5 or not parts[3].startswith("v") or not parts[3][1:].isdigit():
+        return None
+    try:
+        key = bytes.fromhex(parts[4])
+        return ObjectName(_dec(parts[0]), _dec(parts[1]), _dec(parts[2]), int(parts[3][1:]), key)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _scope_prefix(tenant: str | None, model: str | None, revision: str | None, key_version: int | None) -> str:
+    """The longest literal name prefix of a scope (fields after the first unset one are filtered)."""
+    prefix = ""
+    for part in (
+        None if tenant is None else _enc(tenant),
+        None if model is None else _enc(model),
+        None if revision is None else _enc(revision),
+        None if key_version is None else f"v{key_version}",
+    ):
+        if part is None:
+            break
+        prefix += part + "/"
+    return prefix
+
+
+# ---------------------------------------------------------------------- the store
+class _Entry(NamedTuple):
+    size: int
+    mtime: float
+
+
+class RemoteStore:
+    """The L3 store over one :class:`~cachecore.tiers.backends.base.Backend` (see the module doc)."""
+
+    name = "l3"
+
+    def __init__(
+        self,
+        backend: Backend,
+        keyring: crypto.Keyring,
+        layout: KVLayout,
+        *,
+        chunk_blocks: int = DEFAULT_CHUNK_BLOCKS,
+        capacity_bytes: int | None = None,
+        clock: Callable[[], float] = time.time,
+        retry_after_seconds: float = 1.0,
+        temp_grace_seconds: float = 300.0,
+    ) -> None:
+        if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks <= 0:
+            raise ValueError(f"chunk_blocks must be a positive int, got {chunk_blocks!r}")
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"capacity_bytes must be >= 0 or None, got {capacity_bytes!r}")
+        self.backend = backend
+        self.keyring = keyring
+        self.layout = layout
+        self.chunk_blocks = chunk_blocks
+        self.chunk_tokens = chunk_blocks * layout.block_size
+        self.capacity_bytes = capacity_bytes
+        self.clock = clock
+        self.retry_after_seconds = retry_after_seconds
+        self.temp_grace_seconds = temp_grace_seconds
+        self._layout_canonical = layout.canonical()
+        self._chunk_shape = (chunk_blocks, *layout.page_shape)
+        self._chunk_numel = math.prod(self._chunk_shape)
+        self._chunk_kv_bytes = self._chunk_numel * layout.element_size
+        self._trailer = self._trailer_bytes(np.zeros(self.chunk_tokens, dtype="<u4"), 0.0)
+        self._frame_bytes = crypto.FRAME_OVERHEAD + self._chunk_kv_bytes + len(self._trailer)
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._down_until = 0.0  # time.monotonic() before which the backend is not tried
+        # Index: encoded tenant -> name -> entry, oldest first; loaded lazily.
+        self._index: dict[str, OrderedDict[str, _Entry]] | None = None
+        self._usage: dict[str, int] = {}
+        self._total = 0
+        self._limits: dict[str, int] = {}  # encoded tenant -> max bytes
+        self._names: dict[str, str] = {}  # encoded tenant -> tenant id (for over-long ones)
+        self.stats: dict[str, int] = dict.fromkeys(
+            (
+                "probes", "hits", "misses", "blocks_out", "corrupt", "quarantined", "failures", "unavailable",
+                "expired", "shredded", "bytes_in", "bytes_out", "objects_written", "duplicates",
+                "skipped", "rejected", "evicted", "evicted_bytes", "deleted", "deleted_bytes", "temp_removed",
+            ),
+            0,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ reads
+    def probe(self, hashes: Sequence[bytes], tag: Tag) -> int:
+        """Leading blocks of ``hashes`` held in L3 (a multiple of ``chunk_blocks``): asks the backend
+        whether the object of each consecutive chunk exists, stopping at the first missing one. A
+        metadata answer only: ``get`` says what really arrives. A backend error is 0 (counted)."""
+        cb = self.chunk_blocks
+        versions = self.keyring.versions(tag.owner)
+        self._count("probes")
+        if not versions or len(hashes) < cb:
+            return 0
+        if not self._available():
+            return 0
+        found = 0
+        try:
+            for c in range(len(hashes) // cb):
+                key = hashes[(c + 1) * cb - 1]
+                if not any(self.backend.exists(self._name(tag, v, key)) for v in versions):
+                    break
+                found += cb
+        except BackendUnavailable:
+            self._trip()
+            return 0
+        return found
+
+    def get(
+        self,
+        hashes: Sequence[bytes],
+        tokens: Sequence[int],
+        tag: Tag,
+        n_blocks: int,
+        *,
+        first_block: int = 0,
+        retention_seconds: float | None = None,
+    ) -> Fetched:
+        """Fetch, decrypt and verify blocks ``first_block .. n_blocks-1`` of the request
+        (``hashes``: its chain, ``tokens``: its token ids, at least ``n_blocks`` blocks of each),
+        reading the chunks that cover them in order and stopping at the first that fails (see the
+        module doc). ``kv`` row 0 is block ``first_block``; ``stopped`` is None, ``"miss"`` or
+        ``"corrupt"``. An object older than ``retention_seconds`` is not served."""
+        cb, bs = self.chunk_blocks, self.layout.block_size
+        n_blocks = min(n_blocks, len(hashes), len(tokens) // bs)
+        first_chunk, end_chunk = first_block // cb, -(-n_blocks // cb)
+        end_chunk = min(end_chunk, len(hashes) // cb, len(tokens) // self.chunk_tokens)
+        empty = torch.empty((0, *self.layout.page_shape), dtype=self.layout.torch_dtype)
+        if n_blocks <= first_block:
+            return Fetched(empty, None)
+        if end_chunk <= first_chunk:  # the request's blocks do not fill a chunk: never stored in L3
+            return Fetched(empty, "miss")
+        versions = self.keyring.versions(tag.owner)
+        if not versions:
+            self._count("misses")
+            return Fetched(empty, "miss")
+        if not self._available():
+            return Fetched(empty, "miss")
+        # One buffer for every chunk's plaintext, decrypted in place: chunk i's KV lands in its rows and
+        # its trailer (token ids, shape, ...) just after them, where chunk i+1's KV then overwrites it.
+        kvb = self._chunk_kv_bytes
+        buf = torch.empty((end_chunk - first_chunk) * kvb + len(self._trailer), dtype=torch.uint8)
+        view = memoryview(buf.numpy())
+        got, stopped = 0, None
+        for i, c in enumerate(range(first_chunk, end_chunk)):
+            dest = view[i * kvb : i * kvb + self._pt_len]
+            why = self._fetch_chunk(hashes, tokens, tag, c, versions, retention_seconds, dest)
+            if why is not None:
+                stopped = why
+                break
+            got += cb
+        out = buf[: (got // cb) * kvb].view(self.layout.torch_dtype).view(got, *self.layout.page_shape)
+        start = first_block - first_chunk * cb
+        stop = min(got, n_blocks - first_chunk * cb)
+        kv = out[start:stop] if stop > start else empty
+        if stopped is None and stop < n_blocks - first_chunk * cb:
+            stopped = "miss"
+        self._count("blocks_out", max(stop - start, 0))
+        return Fetched(kv, stopped)
+
+    def _fetch_chunk(
+        self,
+        hashes: Sequence[bytes],
+        tokens: Sequence[int],
+        tag: Tag,
+        c: int,
+        versions: list[int],
+        retention_seconds: float | None,
+        dest: memoryview,
+    ) -> str | None:
+        """Fetch chunk ``c`` and decrypt it into ``dest``; None when it arrived, else why not."""
+        cb = self.chunk_blocks
+        key = hashes[(c + 1) * cb - 1]
+        frame = name = None
+        try:
+            for v in versions:
+                name = self._name(tag, v, key)
+                frame = self.backend.get(name)
+                if frame is not None:
+                    break
+        except BackendUnavailable:
+            self._trip()
+            return "miss"
+        if frame is None or name is None:
+            self._count("misses")
+            return "miss"
+        self._count("bytes_out", len(frame))
+        try:
+            if len(frame) != self._frame_bytes:
+                raise DecryptError("object has the wrong length for this layout")
+            fmt, key_version = crypto.frame_header(frame)
+            if name != self._name(tag, key_version, key):
+                raise DecryptError("frame key version differs from the object's name")
+            aad = crypto.associated_data(
+                object_key=name.encode("utf-8"),
+                ns_digest=tag.ns_digest,
+                layout=self._layout_canonical,
+                tenant=tag.owner,
+                key_version=key_version,
+                format_version=fmt,
+            )
+            crypto.open_frame(self.keyring, frame, aad, tenant=tag.owner, out=dest)
+            want = token_buffer(tokens[c * self.chunk_tokens : (c + 1) * self.chunk_tokens])
+            created = self._check_trailer(dest, want)
+        except KeyUnavailable:
+            self._count("shredded")
+            self._count("misses")
+            return "miss"
+        except DecryptError:
+            self._quarantine(tag, name)
+            return "corrupt"
+        if retention_seconds is not None and self.clock() - created > retention_seconds:
+            self._count("expired")
+            self._count("misses")
+            return "miss"
+        self._count("hits")
+        self._seen(tag, name, len(frame), created)
+        return None
+
+    # ------------------------------------------------------------------ writes
+    def put_chunk(
+        self,
+        hashes: Sequence[bytes],
+        tokens: Sequence[int],
+        tag: Tag,
+        kv: torch.Tensor,
+        *,
+        created: float | None = None,
+    ) -> bool:
+        """Seal and store one chunk: ``hashes`` (``chunk_blocks`` chain hashes, stored under the
+        last), ``tokens`` (``chunk_blocks * block_size`` ids), ``kv`` ``[chunk_blocks, *page_shape]``.
+
+        Skipped (False) when ``tag.persist`` is False, the tenant has no active key, the chunk is
+        already stored (under any key version held), it does not fit the tenant's limit or the
+        capacity, or the backend is down. True if written. Raises ``ValueError``/``InvalidKV`` only
+        for arguments of the wrong size, shape or dtype."""
+        cb = self.chunk_blocks
+        if len(hashes) != cb:
+            raise ValueError(f"put_chunk needs {cb} hashes, got {len(hashes)}")
+        if len(tokens) != self.chunk_tokens:
+            raise ValueError(f"put_chunk needs {self.chunk_tokens} tokens, got {len(tokens)}")
+        if tuple(kv.shape) != self._chunk_shape or kv.dtype != self.layout.torch_dtype:
+            raise InvalidKV(
+                f"chunk KV must be {self._chunk_shape} {self.layout.dtype}, got {tuple(kv.shape)} {kv.dtype}"
+            )
+        tok = token_buffer(tokens)
+        if not tag.persist:
+            self._count("skipped")
+            return False
+        active = self.keyring.active(tag.owner)
+        if active is None:
+            self._count("skipped")
+            return False
+        version, data_key = active
+        key = hashes[-1]
+        if not self._available():
+            return False
+        try:
+            for v in self.keyring.versions(tag.owner):
+                if self.backend.exists(self._name(tag, v, key)):
+                    self._count("duplicates")
+                    return False
+            name = self._name(tag, version, key)
+            stamp = self.clock() if created is None else float(created)
+            scratch = self._scratch_buffers()
+            plaintext = self._plaintext(tok, stamp, kv, scratch[0])
+            aad = crypto.associated_data(
+                object_key=name.encode("utf-8"),
+                ns_digest=tag.ns_digest,
+                layout=self._layout_canonical,
+                tenant=tag.owner,
+                key_version=version,
+                format_version=crypto.FORMAT_VERSION,
+            )
+            frame = crypto.seal(data_key, version=version, aad=aad, plaintext=plaintext, out=scratch[1])
+            tenant = self._tenant_key(tag.owner)
+            self._ensure_index()
+            with self._lock:
+                victims = self._choose_victims(tenant, len(frame))
+                if victims is None:
+                    self.stats["rejected"] += 1
+                    return False
+                for t, n, _ in victims:
+                    self._forget(t, n)
+                self._remember(tenant, name, _Entry(len(frame), stamp))
+            try:
+                self._evict(victims)
+                self.backend.put(name, frame)
+            except BackendUnavailable:
+                with self._lock:
+                    self._forget(tenant, name)
+                raise
+        except BackendUnavailable:
+            self._trip()
+            return False
+        self._count("objects_written")
+        self._count("bytes_in", len(frame))
+        return True
+
+    def set_tenant_limit(self, tenant: str, max_bytes: int | None) -> None:
+        """Cap ``tenant``'s L3 bytes (``max_l3_bytes``); None removes the cap. Enforced by the next
+        ``put_chunk`` of the tenant (evicting its own oldest objects) and by ``sweep``."""
+        t = self._tenant_key(tenant)
+        with self._lock:
+            if max_bytes is None:
+                self._limits.pop(t, None)
+            else:
+                if max_bytes < 0:
+                    raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
+                self._limits[t] = int(max_bytes)
+
+    # ------------------------------------------------------------------ deletes and sweeps
+    def delete_chunk(self, tag: Tag, key: bytes) -> bool:
+        """Delete the chunk stored under chain hash ``key`` for ``tag`` (under every key version the
+        keyring holds), e.g. one written while a flush of its scope ran. True if one was deleted.
+        Never raises for the backend's state (a failure is counted; the flush's probe sees it)."""
+        deleted = False
+        t = self._tenant_key(tag.owner)
+        try:
+            for v in self.keyring.versions(tag.owner):
+                name = self._name(tag, v, key)
+                if self.backend.delete(name):
+                    deleted = True
+                    with self._lock:
+                        self._forget(t, name)
+                        self.stats["deleted"] += 1
+        except BackendUnavailable:
+            self._trip()
+        return deleted
+
+    def delete_scope(
+        self,
+        *,
+        tenant: str | None = None,
+        model: str | None = None,
+        revision: str | None = None,
+        key_version: int | None = None,
+    ) -> tuple[int, int]:
+        """Delete every object of the scope (unset fields match anything; nothing set = all);
+        returns ``(objects, bytes)``. A prefix delete on the backend when the set fields lead
+        (tenant, tenant+model, ...), else a listing filtered by name. Raises ``BackendUnavailable``."""
+        prefix = _scope_prefix(tenant, model, revision, key_version)
+        match = self._matcher(tenant, model, revision, key_version)
+        leading = prefix.count("/") == sum(f is not None for f in (tenant, model, revision, key_version))
+        if leading:
+            objects, n_bytes = self.backend.delete_prefix(prefix)
+        else:
+            objects = n_bytes = 0
+            for info in list(self.backend.list(prefix)):
+                parsed = parse_name(info.name)
+                if parsed is not None and match(info.name) and self.backend.delete(info.name):
+                    objects += 1
+                    n_bytes += info.size
+        with self._lock:
+            if self._index is not None:
+                for t, names in list(self._index.items()):
+                    for n in [n for n in names if match(n)]:
+                        self._forget(t, n)
+            self.stats["deleted"] += objects
+            self.stats["deleted_bytes"] += n_bytes
+        return objects, n_bytes
+
+    def count_scope(
+        self,
+        *,
+        tenant: str | None = None,
+        model: str | None = None,
+        revision: str | None = None,
+        key_version: int | None = None,
+    ) -> tuple[int, int]:
+        """``(objects, bytes)`` the backend holds in the scope (the probe after a flush). Raises
+        ``BackendUnavailable``."""
+        prefix = _scope_prefix(tenant, model, revision, key_version)
+        match = self._matcher(tenant, model, revision, key_version)
+        objects = n_bytes = 0
+        for info in self.backend.list(prefix):
+            if match(info.name):
+                objects += 1
+                n_bytes += info.size
+        return objects, n_bytes
+
+    def sweep(
+        self, retention_seconds_by_tenant: dict[str, float | None], default_seconds: float | None
+    ) -> tuple[int, int]:
+        """Delete every object older (by the backend's write time) than its tenant's retention
+        (``default_seconds`` for tenants not in the dict; None = keep), trim tenants over their
+        limit and the store over its capacity, remove interrupted writes' leftovers, and rebuild the
+        index from the listing. Returns ``(objects, bytes)`` deleted for retention and limits.
+        Raises ``BackendUnavailable``."""
+        now = self.clock()
+        retention = {self._tenant_key(t): s for t, s in retention_seconds_by_tenant.items()}
+        objects = n_bytes = 0
+        kept: list[tuple[str, ObjectInfo]] = []
+        for info in list(self.backend.list("")):
+            if parse_name(info.name) is None:
+                continue
+            tenant = info.name.split("/", 1)[0]
+            limit = retention.get(tenant, default_seconds)
+            if limit is not None and now - info.mtime > limit:
+                if self.backend.delete(info.name):
+                    objects += 1
+                    n_bytes += info.size
+                continue
+            kept.append((tenant, info))
+        with self._lock:
+            self._load_index(kept)
+            victims = self._choose_victims(None, 0) or []
+            for t, n, _ in victims:
+                self._forget(t, n)
+        evicted = self._evict(victims)
+        removed = self.backend.sweep_temp(self.temp_grace_seconds, now=now)
+        with self._lock:
+            self.stats["deleted"] += objects
+            self.stats["deleted_bytes"] += n_bytes
+            self.stats["temp_removed"] += removed
+        return objects + evicted[0], n_bytes + evicted[1]
+
+    def refresh(self) -> None:
+        """Rebuild the index from a listing of the backend (picks up other processes' writes and
+        deletes). Raises ``BackendUnavailable``."""
+        listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        with self._lock:
+            self._load_index(listing)
+
+    # ------------------------------------------------------------------ accounting
+    def usage_by_tenant(self, *, refresh: bool = False) -> dict[str, int]:
+        """Bytes held per tenant (index view; ``refresh=True`` re-lists the backend first, and then
+        raises ``BackendUnavailable`` if it is down). Tenants holding nothing are left out."""
+        if refresh:
+            self.refresh()
+        try:
+            self._ensure_index()
+        except BackendUnavailable:
+            self._trip()
+            return {}
+        with self._lock:
+            return {self._names.get(t, _dec(t)): b for t, b in self._usage.items() if b > 0}
+
+    def gauges(self) -> dict[str, int]:
+        """``objects``, ``used_bytes``, ``capacity_bytes`` (0: unbounded), ``chunk_blocks`` and the
+        counters. May list the backend once (the first call, if nothing else did)."""
+        try:
+            self._ensure_index()
+        except BackendUnavailable:
+            self._trip()
+        with self._lock:
+            objects = sum(len(v) for v in self._index.values()) if self._index is not None else 0
+            return {"objects": objects, "used_bytes": self._total, "capacity_bytes": self.capacity_bytes or 0,
+                    "chunk_blocks": self.chunk_blocks, **self.stats}
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            if self._index is None:
+                return
+            for t, names in self._index.items():
+                assert self._usage.get(t, 0) == sum(e.size for e in names.values()), f"usage of {t} is off"
+            assert self._total == sum(self._usage.values()), "total usage is off"
+
+    # ------------------------------------------------------------------ internals
+    def _name(self, tag: Tag, version: int, key: bytes) -> str:
+        return object_name(tag.owner, tag.model, tag.revision, version, key)
+
+    def _tenant_key(self, tenant: str) -> str:
+        enc = _enc(tenant)
+        if enc.startswith("%%"):
+            self._names[enc] = tenant
+        return enc
+
+    def _matcher(self, tenant, model, revision, key_version) -> Callable[[str], bool]:
+        want = (
+            None if tenant is None else _enc(tenant),
+            None if model is None else _enc(model),
+            None if revision is None else _enc(revision),
+            None if key_version is None else f"v{key_version}",
+        )
+
+        def match(name: str) -> bool:
+            parts = name.split("/")
+            return len(parts) == 5 and all(w is None or w == p for w, p in zip(want, parts, strict=False))
+
+        return match
+
+    @property
+    def _pt_len(self) -> int:
+        return self._chunk_kv_bytes + len(self._trailer)
+
+    def _trailer_bytes(self, tok: np.ndarray, created: float) -> bytes:
+        dtype = self.layout.dtype.encode("ascii")
+        shape = self._chunk_shape
+        return b"".join((
+            tok.tobytes(), struct.pack(f"<B{len(shape)}I", len(shape), *shape), struct.pack("<B", len(dtype)), dtype,
+            _PT_END.pack(created, len(tok)),
+        ))  # fmt: skip
+
+    def _plaintext(self, tok: np.ndarray, created: float, kv: torch.Tensor, out: memoryview) -> memoryview:
+        """The chunk's plaintext, written into ``out`` (``_pt_len`` bytes)."""
+        flat = kv.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+        kvb = self._chunk_kv_bytes
+        out[:kvb] = memoryview(flat)
+        out[kvb:] = self._trailer_bytes(tok, created)
+        return out
+
+    def _scratch_buffers(self) -> tuple[memoryview, memoryview]:
+        """This thread's reusable (plaintext, frame) buffers for ``put_chunk``: fresh multi-MB buffers
+        per write cost more in page faults than the encryption itself. A backend's ``put`` does not
+        keep ``data`` after it returns (the Backend contract), so the frame buffer can be reused."""
+        local = self._local
+        if getattr(local, "buffers", None) is None:
+            local.buffers = (memoryview(bytearray(self._pt_len)), memoryview(bytearray(self._frame_bytes)))
+        return local.buffers
+
+    def _check_trailer(self, pt: memoryview, want_tokens: np.ndarray) -> float:
+        """Verify the trailer of a decrypted chunk (right after its KV bytes) against this layout and
+        the request's token ids; returns the chunk's creation time. ``DecryptError`` if it is not one
+        of this layout's chunks (authentic but malformed, of another shape/dtype) or holds other
+        token ids."""
+        off = self._chunk_kv_bytes
+        n = self.chunk_tokens
+        stored = np.frombuffer(pt, dtype="<u4", count=n, offset=off)
+        if not np.array_equal(stored, want_tokens):
+            raise DecryptError("chunk holds other token ids than the request")
+        created, n_tok = _PT_END.unpack_from(pt, len(pt) - _PT_END.size)
+        # Everything between the token ids and the end is fixed by the layout.
+        fixed = self._trailer[4 * n : -_PT_END.size]
+        if n_tok != n or bytes(pt[off + 4 * n : len(pt) - _PT_END.size]) != fixed:
+            raise DecryptError("chunk of another layout")
+        return created
+
+    def _quarantine(self, tag: Tag, name: str) -> None:
+        self._count("corrupt")
+        try:
+            self.backend.delete(name)
+        except BackendUnavailable:
+            self._trip()
+            return
+        with self._lock:
+            self.stats["quarantined"] += 1
+            self._forget(self._tenant_key(tag.owner), name)
+
+    def _available(self) -> bool:
+        if time.monotonic() < self._down_until:
+            self._count("unavailable")
+            return False
+        return True
+
+    def _trip(self) -> None:
+        with self._lock:
+            self.stats["failures"] += 1
+            self._down_until = time.monotonic() + self.retry_after_seconds
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._lock:
+            self.stats[key] += n
+
+    def _ensure_index(self) -> None:
+        """List the backend once (outside the lock: it is I/O) to build the index."""
+        if self._index is not None:
+            return
+        listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        with self._lock:
+            if self._index is None:
+                self._load_index(listing)
+
+    def _load_index(self, listing: Iterable[tuple[str, ObjectInfo]]) -> None:
+        self._index, self._usage, self._total = {}, {}, 0
+        for tenant, info in sorted(listing, key=lambda x: x[1].mtime):
+            self._remember(tenant, info.name, _Entry(info.size, info.mtime))
+
+    def _remember(self, tenant: str, name: str, entry: _Entry) -> None:
+        if self._index is None:
+            return
+        self._forget(tenant, name)
+        self._index.setdefault(tenant, OrderedDict())[name] = entry
+        self._usage[tenant] = self._usage.get(tenant, 0) + entry.size
+        self._total += entry.size
+
+    def _forget(self, tenant: str, name: str) -> None:
+        if self._index is None:
+            return
+        names = self._index.get(tenant)
+        entry = names.pop(name, None) if names is not None else None
+        if entry is None:
+            return
+        self._usage[tenant] -= entry.size
+        self._total -= entry.size
+        if not names:
+            del self._index[tenant]
+            del self._usage[tenant]
+
+    def _seen(self, tag: Tag, name: str, size: int, created: float) -> None:
+        """A read delivered ``name``: it becomes the tenant's most recently used (and enters the
+        index if another process wrote it)."""
+        with self._lock:
+            if self._index is None:
+                return
+            tenant = self._tenant_key(tag.owner)
+            names = self._index.get(tenant)
+            if names is not None and name in names:
+                names.move_to_end(name)
+            else:
+                self._remember(tenant, name, _Entry(size, created))
+
+    def _choose_victims(self, writer: str | None, size: int) -> list[tuple[str, str, int]] | None:
+        """Objects to evict so that ``writer`` can add ``size`` bytes (``writer=None``: bring every
+        tenant within its limit and the store within capacity), or None if that cannot be done
+        without pushing another tenant below its fair share. Mutates nothing. Lock held."""
+        assert self._index is not None
+        usage = dict(self._usage)
+        cursors = {t: iter(names.items()) for t, names in self._index.items()}
+        heads: dict[str, tuple[str, _Entry] | None] = {}
+        victims: list[tuple[str, str, int]] = []
+
+        def head(t: str) -> tuple[str, _Entry] | None:
+            if t not in heads:
+                heads[t] = next(cursors[t], None) if t in cursors else None
+            return heads[t]
+
+        def take(t: str) -> None:
+            n, e = heads.pop(t)  # type: ignore[misc]
+            victims.append((t, n, e.size))
+            usage[t] -= e.size
+
+        # Per-tenant hard caps (max_l3_bytes).
+        for t, limit in self._limits.items():
+            extra = size if t == writer else 0
+            if extra > limit:
+                return None
+            while usage.get(t, 0) + extra > limit:
+                if head(t) is None:
+                    return None
+                take(t)
+        if self.capacity_bytes is None:
+            return victims
+        cap = self.capacity_bytes
+        if size > cap:
+            return None
+        if writer is not None:
+            usage[writer] = usage.get(writer, 0) + size
+        while sum(usage.values()) > cap:
+            holders = [t for t, b in usage.items() if b > 0]
+            share = cap / max(len(holders), 1)
+            over = [t for t in holders if usage[t] > share and head(t) is not None]
+            if not over:
+                return None
+            t = min(over, key=lambda t: head(t)[1].mtime)  # type: ignore[index]
+            take(t)
+        return victims
+
+    def _evict(self, victims: list[tuple[str, str, int]]) -> tuple[int, int]:
+        objects = n_bytes = 0
+        for _, name, size in victims:
+            if self.backend.delete(name):
+                objects += 1
+                n_bytes += size
+        with self._lock:
+            self.stats["evicted"] += objects
+            self.stats["evicted_bytes"] += n_bytes
+        return objects, n_bytes
