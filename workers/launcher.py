@@ -1,11 +1,14 @@
 """``make run``: the whole platform in the foreground on one machine (``python -m workers.launcher``).
 
-Steps: create ``$STRATA_HOME`` (default ``.strata``); ``manage.py migrate``; with ``STRATA_DEMO=1`` or
-``--demo`` run ``manage.py strata_demo``; start a local Ray head unless ``RAY_ADDRESS`` names a
-cluster; start a Celery worker and uvicorn (``controlplane.asgi:application``) on
-``127.0.0.1:$PORT`` (default 8000); print the URL and how to log in; wait. Ctrl-C, SIGTERM or the
-death of any child stops every process it started (SIGTERM to each child's process group, a grace
-period, then SIGKILL to the group and to any descendant that left it) and the launcher exits.
+Steps: create ``$STRATA_HOME`` (default ``.strata``); make sure the L3 master key exists
+(``$STRATA_HOME/master.key``, 32 random bytes, mode 0600, created on first run, unless
+``STRATA_MASTER_KEY``/``STRATA_MASTER_KEY_FILE`` name one) and point every child at it; ``manage.py
+migrate``; with ``STRATA_DEMO=1`` or ``--demo`` run ``manage.py strata_demo``; start a local Ray
+head unless ``RAY_ADDRESS`` names a cluster; start a Celery worker and uvicorn
+(``controlplane.asgi:application``) on ``127.0.0.1:$PORT`` (default 8000); print the URL and how to
+log in; wait. Ctrl-C, SIGTERM or the death of any child stops every process it started (SIGTERM to
+each child's process group, a grace period, then SIGKILL to the group and to any descendant that
+left it) and the launcher exits.
 
 The Ray head runs as ``ray start --head --block`` under the supervisor: on SIGTERM it tears down its
 own daemons (GCS, raylet, workers, detached actors). ``ray stop`` is deliberately not used: it kills
@@ -201,6 +204,22 @@ class Launcher:
             raise LaunchError(f"port {self.cfg.port} is already in use; set PORT to a free port")
         say(f"state in {self.cfg.home} (logs in {self.logs})")
 
+    def master_key(self) -> None:
+        """The L3 master key (``controlplane.common.masterkey``): created on first run as
+        ``$STRATA_HOME/master.key`` (0600) when neither ``STRATA_MASTER_KEY`` nor
+        ``STRATA_MASTER_KEY_FILE`` is set, checked now (a malformed key or a file others may read
+        stops the launch with the reason), and ``STRATA_MASTER_KEY_FILE`` passed to every child
+        (web, Celery, the Ray head and so the cache workers), so all of them use the same key."""
+        from controlplane import env as envmod
+        from controlplane.common.masterkey import MasterKeyError, ensure_master_key
+
+        try:
+            self.env.update(ensure_master_key(envmod.load(self.env)))
+        except (MasterKeyError, envmod.EnvError) as exc:
+            raise LaunchError(str(exc)) from None
+        where = self.env.get("STRATA_MASTER_KEY_FILE") or "STRATA_MASTER_KEY"
+        say(f"L3 master key: {where}")
+
     def migrate(self) -> None:
         say("applying database migrations")
         self._one_shot("migrate", self._manage("migrate", "--noinput"), "manage.py migrate", timeout=600)
@@ -325,6 +344,7 @@ class Launcher:
         """The whole sequence. Returns the process exit code; never leaves a child running."""
         try:
             self.prepare()
+            self.master_key()
             self.migrate()
             if self.cfg.demo:
                 self.demo()

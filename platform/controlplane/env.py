@@ -13,6 +13,7 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,8 +26,8 @@ class EnvError(ValueError):
     """An environment variable is set to a value that cannot be used."""
 
 
-def _bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
+def _bool(src: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = src.get(name)
     if raw is None:
         return default
     value = raw.strip().lower()
@@ -37,8 +38,8 @@ def _bool(name: str, default: bool) -> bool:
     raise EnvError(f"{name} must be a boolean (1/0, true/false), got {raw!r}")
 
 
-def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+def _int(src: Mapping[str, str], name: str, default: int) -> int:
+    raw = src.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
@@ -47,15 +48,15 @@ def _int(name: str, default: int) -> int:
         raise EnvError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _list(name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-    raw = os.environ.get(name)
+def _list(src: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+    raw = src.get(name)
     if raw is None:
         return default
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
 
-def _str(name: str) -> str | None:
-    raw = os.environ.get(name)
+def _str(src: Mapping[str, str], name: str) -> str | None:
+    raw = src.get(name)
     return raw if raw else None
 
 
@@ -66,6 +67,8 @@ class StrataEnv:
     home: Path  # STRATA_HOME: state directory (SQLite DB, secret key files, broker files, audit head log)
     secret_key: str | None  # STRATA_SECRET_KEY
     audit_key: str | None  # STRATA_AUDIT_KEY: HMAC key of the audit chain (else $STRATA_HOME/audit.key)
+    master_key: str | None  # STRATA_MASTER_KEY: base64 of the 32-byte key-encryption key of L3 data keys
+    master_key_path: Path | None  # STRATA_MASTER_KEY_FILE: file holding it (else $STRATA_HOME/master.key)
     debug: bool  # STRATA_DEBUG (local settings only)
     allowed_hosts: tuple[str, ...]  # STRATA_ALLOWED_HOSTS, comma separated
     csrf_trusted_origins: tuple[str, ...]  # STRATA_CSRF_TRUSTED_ORIGINS, comma separated
@@ -89,31 +92,48 @@ class StrataEnv:
     def audit_key_file(self) -> Path:
         return self.home / "audit.key"
 
+    @property
+    def master_key_file(self) -> Path:
+        """Where the master key lives: ``STRATA_MASTER_KEY_FILE`` or ``$STRATA_HOME/master.key``."""
+        return self.master_key_path or self.home / "master.key"
 
-def load() -> StrataEnv:
-    """Read the environment now. Raises :class:`EnvError` for malformed values."""
-    home = Path(os.environ.get("STRATA_HOME") or REPO_ROOT / ".strata").expanduser()
+
+def _repo_path(raw: str) -> Path:
+    """``raw`` as an absolute path; a relative one is relative to the repository (as ``STRATA_HOME``
+    is), so every process agrees whatever its working directory (Ray workers run elsewhere)."""
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
+    """Read the environment now (``environ``: another process's, e.g. a launcher's children's).
+    Raises :class:`EnvError` for malformed values."""
+    src = os.environ if environ is None else environ
+    home = Path(src.get("STRATA_HOME") or REPO_ROOT / ".strata").expanduser()
     if not home.is_absolute():
         home = REPO_ROOT / home
-    weights_root = _str("STRATA_WEIGHTS_ROOT")
+    weights_root = _str(src, "STRATA_WEIGHTS_ROOT")
+    master_key_path = _str(src, "STRATA_MASTER_KEY_FILE")
     return StrataEnv(
         home=home,
-        secret_key=_str("STRATA_SECRET_KEY"),
-        audit_key=_str("STRATA_AUDIT_KEY"),
-        debug=_bool("STRATA_DEBUG", False),
-        allowed_hosts=_list("STRATA_ALLOWED_HOSTS"),
-        csrf_trusted_origins=_list("STRATA_CSRF_TRUSTED_ORIGINS"),
-        secure_ssl_redirect=_bool("STRATA_SECURE_SSL_REDIRECT", True),
-        behind_tls_proxy=_bool("STRATA_BEHIND_TLS_PROXY", False),
-        hsts_seconds=_int("STRATA_HSTS_SECONDS", 31_536_000),
-        log_level=(os.environ.get("STRATA_LOG_LEVEL") or "INFO").upper(),
-        max_body_bytes=_int("STRATA_MAX_BODY_BYTES", 32 * 1024 * 1024),
-        admin_max_body_bytes=_int("STRATA_ADMIN_MAX_BODY_BYTES", 1024 * 1024),
+        secret_key=_str(src, "STRATA_SECRET_KEY"),
+        audit_key=_str(src, "STRATA_AUDIT_KEY"),
+        master_key=_str(src, "STRATA_MASTER_KEY"),
+        master_key_path=_repo_path(master_key_path) if master_key_path else None,
+        debug=_bool(src, "STRATA_DEBUG", False),
+        allowed_hosts=_list(src, "STRATA_ALLOWED_HOSTS"),
+        csrf_trusted_origins=_list(src, "STRATA_CSRF_TRUSTED_ORIGINS"),
+        secure_ssl_redirect=_bool(src, "STRATA_SECURE_SSL_REDIRECT", True),
+        behind_tls_proxy=_bool(src, "STRATA_BEHIND_TLS_PROXY", False),
+        hsts_seconds=_int(src, "STRATA_HSTS_SECONDS", 31_536_000),
+        log_level=(src.get("STRATA_LOG_LEVEL") or "INFO").upper(),
+        max_body_bytes=_int(src, "STRATA_MAX_BODY_BYTES", 32 * 1024 * 1024),
+        admin_max_body_bytes=_int(src, "STRATA_ADMIN_MAX_BODY_BYTES", 1024 * 1024),
         weights_root=Path(weights_root).resolve() if weights_root else None,
-        database_url=_str("DATABASE_URL"),
-        redis_url=_str("REDIS_URL"),
-        celery_broker_url=_str("CELERY_BROKER_URL"),
-        ray_address=_str("RAY_ADDRESS"),
+        database_url=_str(src, "DATABASE_URL"),
+        redis_url=_str(src, "REDIS_URL"),
+        celery_broker_url=_str(src, "CELERY_BROKER_URL"),
+        ray_address=_str(src, "RAY_ADDRESS"),
     )
 
 

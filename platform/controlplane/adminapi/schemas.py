@@ -14,7 +14,7 @@ from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
-from controlplane.tenants.models import SLUG_PATTERN
+from controlplane.tenants.models import RETENTION_MAX_SECONDS, SLUG_PATTERN
 
 Count = Field(default=None, ge=0)
 
@@ -43,6 +43,17 @@ class QuotasOut(Schema):
     max_concurrent_requests: int | None
 
 
+class CachePolicyIn(StrictIn):
+    persist: bool | None = Field(default=None, description="may this tenant's KV be written to L3 at all")
+    retention_seconds: int | None = Field(default=None, ge=0, le=RETENTION_MAX_SECONDS,
+                                          description="how long persisted KV may be served (default 86400)")
+
+
+class CachePolicyOut(Schema):
+    persist: bool
+    retention_seconds: int
+
+
 class TenantCreateIn(StrictIn):
     slug: str = Field(pattern=SLUG_PATTERN, max_length=63)
     name: str = Field(min_length=1, max_length=200)
@@ -53,6 +64,7 @@ class TenantPatchIn(StrictIn):
     name: str | None = Field(default=None, min_length=1, max_length=200)
     status: Literal["active", "suspended"] | None = None
     quotas: QuotasIn | None = None
+    cache_policy: CachePolicyIn | None = None
     reason: str = Field(default="", max_length=1000)
 
 
@@ -61,6 +73,7 @@ class TenantOut(Schema):
     name: str
     status: str
     quotas: QuotasOut
+    cache_policy: CachePolicyOut
     share_group: str | None
     scope_fingerprint: str
     created: datetime
@@ -76,6 +89,24 @@ class OffboardOut(Schema):
     tenant: TenantOut
     keys_revoked: int
     flush_job: JobRef | None
+
+
+class DataKeyRotateIn(StrictIn):
+    reason: str = Field(default="", max_length=1000)
+
+
+class DataKeyRotatedOut(Schema):
+    version: int
+
+
+class DataKeyOut(Schema):
+    """A data-key version and its state; never key material (not even wrapped)."""
+
+    version: int
+    state: Literal["active", "retired", "shredded"]
+    created: datetime
+    retired_at: datetime | None
+    shredded_at: datetime | None
 
 
 class KeyCreateIn(StrictIn):

@@ -1,15 +1,26 @@
-"""/api/admin/tenants: create, list, read, change, offboard."""
+"""/api/admin/tenants: create, list, read, change (name, status, quotas, cache policy), offboard.
+
+The data-key routes (``tenants/{slug}/data-keys``) live in ``datakeys.py`` and are mounted here."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ninja import Router, Status
 
+from controlplane.adminapi import datakeys
 from controlplane.adminapi.auth import actor_of
-from controlplane.adminapi.present import tenant_out
+from controlplane.adminapi.present import tenant_out as base_tenant_out
 from controlplane.adminapi.schemas import OffboardOut, TenantCreateIn, TenantOut, TenantPatchIn
 from controlplane.tenants import selectors, services
+from controlplane.tenants.models import Tenant
 
 router = Router(tags=["tenants"])
+router.add_router("", datakeys.router)
+
+
+def tenant_out(tenant: Tenant) -> dict[str, Any]:
+    return {**base_tenant_out(tenant), "cache_policy": tenant.cache_policy}
 
 
 @router.post("tenants", response={201: TenantOut})
@@ -31,12 +42,15 @@ def get_tenant(request, slug: str):
 
 @router.patch("tenants/{slug}", response=TenantOut)
 def update_tenant(request, slug: str, payload: TenantPatchIn):
+    """``cache_policy``: ``{"persist": bool, "retention_seconds": 0..31536000}``, each optional
+    (omitted = unchanged); audited ``tenant.cache_policy``."""
     tenant = services.tenant_update(
         actor=actor_of(request),
         tenant=selectors.tenant_get(slug=slug),
         name=payload.name,
         status=payload.status,
         quotas=payload.quotas.model_dump(exclude_unset=True) if payload.quotas else None,
+        cache_policy=payload.cache_policy.model_dump(exclude_unset=True) if payload.cache_policy else None,
         reason=payload.reason,
     )
     return tenant_out(selectors.tenant_get(slug=tenant.slug))
@@ -44,6 +58,8 @@ def update_tenant(request, slug: str, payload: TenantPatchIn):
 
 @router.delete("tenants/{slug}", response=OffboardOut)
 def offboard_tenant(request, slug: str, reason: str = ""):
+    """Offboard: keys revoked at once; one ``offboard`` job flushes the tenant's caches everywhere and
+    crypto-shreds every version of its data key (see ``flush_job`` for its progress)."""
     result = services.tenant_offboard(actor=actor_of(request), tenant=selectors.tenant_get(slug=slug), reason=reason)
     job = result.flush_job
     return {

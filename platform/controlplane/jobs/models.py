@@ -1,4 +1,7 @@
-"""FlushJob: one operator request (flush, rollout or offboard) and everything that happened to it.
+"""FlushJob: one operator request (flush, rollout, offboard or shred) and everything that happened to it.
+
+A ``shred`` job crypto-shreds one data-key version of its tenant (``key_version``); an ``offboard``
+job flushes its tenant and shreds every one of its versions (steps inside that one job).
 
 Per-worker results live in ``results`` keyed by worker name, so a retried or resumed task skips the
 workers already done (idempotent), and ``steps`` is the job's own history, shown in the UI and API.
@@ -14,6 +17,7 @@ class FlushJob(models.Model):
         FLUSH = "flush"
         ROLLOUT = "rollout"
         OFFBOARD = "offboard"
+        SHRED = "shred"
 
     class Scope(models.TextChoices):
         TENANT = "tenant"
@@ -38,6 +42,7 @@ class FlushJob(models.Model):
                                  related_name="+")  # flush: the revision flushed; rollout: the new one
     from_revision = models.ForeignKey("registry.ModelRevision", null=True, blank=True, on_delete=models.PROTECT,
                                       related_name="+")  # rollout: the revision replaced
+    key_version = models.PositiveIntegerField(null=True, blank=True)  # shred: the data-key version
     reason = models.TextField()
     requested_by = models.CharField(max_length=150)
     auth_method = models.CharField(max_length=16, blank=True)

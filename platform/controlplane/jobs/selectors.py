@@ -34,6 +34,7 @@ def flush_job_view(job: FlushJob) -> dict:
         "model": job.deployment.name if job.deployment_id else None,
         "revision": job.revision.label if job.revision_id else None,
         "from_revision": job.from_revision.label if job.from_revision_id else None,
+        "version": job.key_version,  # shred: the data-key version
         "reason": job.reason,
         "requested_by": job.requested_by,
         "status": job.status,

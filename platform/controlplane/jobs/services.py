@@ -1,8 +1,20 @@
-"""Write side of jobs: request a flush / rollout / offboard, and execute one (called by the task).
+"""Write side of jobs: request a flush / rollout / offboard / shred, and execute one (called by the task).
 
 Execution is idempotent: each worker's result is recorded as soon as it is known, and a retried or
 resumed execution skips the workers already done, so a crash mid-job followed by a retry completes
 the job with no double effects. Every request and final state is audited.
+
+Crypto-shredding (``shred`` jobs, one data-key version; ``offboard`` jobs, after their flush, every
+version of the tenant):
+
+1. the wrapped keys are deleted in the database (``tenants.datakeys.data_key_destroy``: state
+   ``shredded``, ``wrapped`` NULL, audited), with the job's step, in one transaction: from then on
+   no process can unwrap them;
+2. after ``STRATA_DATA_KEY_CACHE_SECONDS`` (no web process still hands the key out in a worker
+   request), every worker's ``drop_data_key({"tenant", "version"})`` drops it from its keyring and
+   deletes that version's L3 objects (``{"objects", "bytes"}``), one recorded result per worker and
+   version;
+3. ``probe({"scope": "key_version", "tenant", "version"})`` on every worker must report nothing left.
 """
 
 from __future__ import annotations
@@ -11,6 +23,7 @@ import time
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 from django.utils import timezone
 
 from controlplane.audit.services import audit_record
@@ -20,10 +33,13 @@ from controlplane.jobs.models import FlushJob
 from controlplane.registry.models import ModelDeployment, ModelRevision
 from controlplane.registry.services import model_activate_revision
 from controlplane.runtime import gateway
-from controlplane.tenants.models import Tenant
+from controlplane.tenants.datakeys import data_key_destroy
+from controlplane.tenants.models import DataKey, Tenant
 from workers.actor import actor_name
+from workers.cache_worker import CacheWorker
 
 DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
+DONE = ("ok", "absent", "skipped")  # per-worker result states that need no retry
 
 
 class RetryLater(Exception):
@@ -105,6 +121,23 @@ def rollout_request(*, actor: Actor, model: str, revision: str, reason: str = ""
     return job
 
 
+def shred_job_request(*, actor: Actor, tenant: Tenant, version: int, reason: str) -> FlushJob:
+    """Create a ``shred`` job for data-key ``version`` of ``tenant`` and enqueue it on commit (called
+    by ``tenants.datakeys.data_key_shred``, which validates the version and rotates first if needed)."""
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required", code="reason_required")
+    with transaction.atomic():
+        job = FlushJob.objects.create(kind=FlushJob.Kind.SHRED, scope=FlushJob.Scope.TENANT, tenant=tenant,
+                                      key_version=version, reason=reason.strip(), requested_by=actor.name,
+                                      auth_method=actor.auth_method)
+        _step(job, "requested", by=actor.name, version=version)
+        job.save(update_fields=["steps"])
+        audit_record(actor=actor, action="shred.request", target=f"job:{job.pk}", tenant=tenant.slug,
+                     new=_describe(job), reason=job.reason)
+        _enqueue(job)
+    return job
+
+
 def _missing(what: str, name: str):
     raise NotFound(f"{what} '{name}' not found", code=f"{what}_not_found")
 
@@ -115,6 +148,7 @@ def _describe(job: FlushJob) -> dict:
         "tenant": job.tenant.slug if job.tenant_id else None,
         "model": job.deployment.name if job.deployment_id else None,
         "revision": job.revision.label if job.revision_id else None,
+        **({"version": job.key_version} if job.key_version else {}),
     }
 
 
@@ -161,6 +195,8 @@ def job_execute(*, job_id: int, final_attempt: bool = False) -> FlushJob:
         return FlushJob.objects.get(pk=job_id)
     if job.kind == FlushJob.Kind.ROLLOUT:
         return _execute_rollout(job, final_attempt)
+    if job.kind == FlushJob.Kind.SHRED:
+        return _execute_shred(job, final_attempt)
     return _execute_flush(job, final_attempt)
 
 
@@ -186,14 +222,34 @@ def _pause() -> None:
         time.sleep(delay)
 
 
+def _shred_versions(job: FlushJob) -> list[int]:
+    """The data-key versions a job shreds: its own (shred), every version of its tenant (offboard)."""
+    if job.kind == FlushJob.Kind.SHRED:
+        return [job.key_version]
+    if job.kind == FlushJob.Kind.OFFBOARD and job.tenant_id:
+        return list(DataKey.objects.filter(tenant_id=job.tenant_id).order_by("version")
+                    .values_list("version", flat=True))
+    return []
+
+
+def _phases(job: FlushJob) -> int:
+    """Calls per worker: rollout stage + switch; flush one; shred one per version; offboard both."""
+    if job.kind == FlushJob.Kind.ROLLOUT:
+        return 2
+    versions = len(_shred_versions(job))
+    if job.kind == FlushJob.Kind.SHRED:
+        return versions
+    return 1 + versions if job.kind == FlushJob.Kind.OFFBOARD else 1
+
+
 def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kwargs) -> list[str]:
     """Call ``method`` on every target worker not done yet; record results; return failed names."""
     targets = _targets(job)
-    job.progress_total = len(targets) * (2 if job.kind == FlushJob.Kind.ROLLOUT else 1)
+    job.progress_total = len(targets) * _phases(job)
     failed = []
     for deployment in targets:
         name = actor_name(deployment.name) + key
-        if job.results.get(name, {}).get("status") in ("ok", "absent"):
+        if job.results.get(name, {}).get("status") in DONE:
             continue
         _pause()
         try:
@@ -204,9 +260,21 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kw
             res = {"status": "failed", "reason": exc.message}
             failed.append(name)
         job.results = {**job.results, name: res}
-        job.progress_done = sum(1 for r in job.results.values() if r.get("status") in ("ok", "absent"))
+        job.progress_done = sum(1 for r in job.results.values() if r.get("status") in DONE)
         _save(job, "results", "progress_done", "progress_total")
     return failed
+
+
+def _skip_on_workers(job: FlushJob, key: str, reason: str) -> None:
+    """Record ``skipped`` for every target worker (a step these workers have nothing to do for)."""
+    targets = _targets(job)
+    job.progress_total = len(targets) * _phases(job)
+    for deployment in targets:
+        name = actor_name(deployment.name) + key
+        if job.results.get(name, {}).get("status") not in DONE:
+            job.results = {**job.results, name: {"status": "skipped", "reason": reason}}
+    job.progress_done = sum(1 for r in job.results.values() if r.get("status") in DONE)
+    _save(job, "results", "progress_done", "progress_total")
 
 
 def _verify(job: FlushJob, scope: dict) -> bool:
@@ -222,7 +290,7 @@ def _verify(job: FlushJob, scope: dict) -> bool:
 
 
 def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
-    done = [n for n, r in job.results.items() if r.get("status") in ("ok", "absent")]
+    done = [n for n, r in job.results.items() if r.get("status") in DONE]
     if not failed and verified:
         job.status = FlushJob.Status.SUCCEEDED
     elif done:
@@ -236,6 +304,11 @@ def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
     _save(job, "status", "verified", "error", "finished_at", "steps")
     totals = {"blocks_freed": sum(int(r.get("blocks_freed", 0)) for r in job.results.values()),
               "workers": len(job.results), "failed": failed}
+    if job.kind in (FlushJob.Kind.SHRED, FlushJob.Kind.OFFBOARD):
+        totals["versions"] = _shred_versions(job)
+        drops = [r for n, r in job.results.items() if ":drop:" in n]
+        totals["objects_deleted"] = sum(int(r.get("objects", 0)) for r in drops)
+        totals["bytes_deleted"] = sum(int(r.get("bytes", 0)) for r in drops)
     audit_record(actor=Actor.system("jobs"), action=f"{job.kind}.complete", target=f"job:{job.pk}",
                  tenant=job.tenant.slug if job.tenant_id else "", new={"status": job.status, **totals},
                  reason=job.reason, result="ok" if job.status == FlushJob.Status.SUCCEEDED else "error")
@@ -243,12 +316,77 @@ def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
 
 
 def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
+    """Flush the scope on every worker and verify. Offboarding also crypto-shreds every data-key
+    version of the tenant: its wrapped keys are deleted first (no worker needed for that), then the
+    flush, then every worker drops the keys and their L3 objects, verified per version."""
+    if job.kind == FlushJob.Kind.OFFBOARD:
+        _destroy_keys(job, _shred_versions(job))
     scope = _worker_scope(job)
     failed = _run_on_workers(job, "flush", lambda d: (scope,))
     if failed and not final_attempt:
         raise RetryLater(f"{len(failed)} worker(s) unreachable")
     verified = _verify(job, scope)
     _step(job, "verified" if verified else "verify_failed")
+    if job.kind == FlushJob.Kind.OFFBOARD:
+        shred_failed, shred_verified = _shred(job, final_attempt)
+        failed, verified = failed + shred_failed, verified and shred_verified
+    return _finish(job, failed, verified)
+
+
+def workers_hold_data_keys() -> bool:
+    """Whether this version of the cache worker keeps data keys (has ``drop_data_key``). Workers that
+    predate L3 encryption hold no key and no L3 object of any version: steps 2 and 3 of a shred have
+    nothing to do there and are recorded ``skipped``."""
+    return hasattr(CacheWorker, "drop_data_key")
+
+
+def _destroy_keys(job: FlushJob, versions: list[int]) -> None:
+    """Step 1: the wrapped keys go, with their audit events and the job's step, in one transaction."""
+    with transaction.atomic():
+        destroyed = data_key_destroy(actor=Actor.system("jobs"), tenant=job.tenant, versions=versions,
+                                     reason=job.reason, job=job.pk)
+        if destroyed or not any(s.get("step") == "keys_deleted" for s in job.steps):
+            _step(job, "keys_deleted", versions=destroyed)
+            _save(job, "steps")
+
+
+def _wait_for_caches(job: FlushJob) -> None:
+    """Let every web process's cached data-key set expire, so none still hands the key out."""
+    ttl = float(getattr(settings, "STRATA_DATA_KEY_CACHE_SECONDS", 2.0))
+    shredded = DataKey.objects.filter(tenant_id=job.tenant_id, version__in=_shred_versions(job)).aggregate(
+        latest=Max("shredded_at"))["latest"]
+    if shredded is not None and ttl > 0:
+        remaining = ttl - (timezone.now() - shredded).total_seconds()
+        if remaining > 0:
+            time.sleep(min(remaining, ttl))
+
+
+def _shred(job: FlushJob, final_attempt: bool) -> tuple[list[str], bool]:
+    """Steps 1-3 of crypto-shredding the job's versions. Returns (failed worker results, verified)."""
+    versions = _shred_versions(job)
+    _destroy_keys(job, versions)
+    if not versions:
+        return [], True
+    if not workers_hold_data_keys():
+        for version in versions:
+            _skip_on_workers(job, f":drop:v{version}", "this cache worker keeps no data keys")
+        _step(job, "drop_skipped", versions=versions, reason="cache workers keep no data keys")
+        return [], True
+    _wait_for_caches(job)
+    tenant, failed = str(job.tenant_id), []
+    for version in versions:
+        scope = {"tenant": tenant, "version": version}
+        failed += _run_on_workers(job, "drop_data_key", lambda d, scope=scope: (scope,), key=f":drop:v{version}")
+    if failed and not final_attempt:
+        raise RetryLater(f"{len(failed)} worker(s) did not drop the key")
+    _step(job, "keys_dropped", versions=versions)
+    verified = all(_verify(job, {"scope": "key_version", "tenant": tenant, "version": v}) for v in versions)
+    _step(job, "keys_verified" if verified else "keys_verify_failed", versions=versions)
+    return failed, verified
+
+
+def _execute_shred(job: FlushJob, final_attempt: bool) -> FlushJob:
+    failed, verified = _shred(job, final_attempt)
     return _finish(job, failed, verified)
 
 

@@ -3,6 +3,12 @@
 Everything that decides *whose* cache a request may touch happens here, on the server: the scope
 salt comes from the authenticated tenant (or the share group it was put in), the namespace's model
 revision from the registry. A client's ``cache_salt`` is passed on only as a narrowing salt.
+
+L3 fields of every worker request (completions and KV API): ``persist`` (bool: may this request's KV
+be written to L3), ``retention_seconds`` (int: how long it may be served from there) and
+``data_key`` (``tenants.datakeys.data_key_for_worker``: the tenant's active data-key version and
+wrapped key, every readable version's wrapped key, and the shredded versions; the worker unwraps them
+with the master key, bound to ``req["tenant"]``).
 """
 
 from __future__ import annotations
@@ -112,6 +118,23 @@ def tokenize(body: BaseModel) -> list[int]:
         raise BadRequest(str(exc), code=exc.code) from None
 
 
+RETENTION_24H = 86_400
+
+
+def retention_for(tenant, prompt_cache_retention: str | None) -> int:
+    """Seconds this request's persisted KV may be served: the tenant's retention, at most 24 h when
+    the request says ``"24h"``."""
+    if prompt_cache_retention == "24h":
+        return min(tenant.retention_seconds, RETENTION_24H)
+    return tenant.retention_seconds
+
+
+def persist_allowed(tenant, prompt_cache_retention: str | None) -> bool:
+    """May this request's KV go beyond host memory (L3)? Only if the tenant allows persistence with a
+    retention above 0 and the request did not ask for ``"in_memory"``."""
+    return bool(tenant.persist_kv and tenant.retention_seconds > 0 and prompt_cache_retention != "in_memory")
+
+
 def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     tenant = authenticate(request)
     body = parse_body(request, schema)
@@ -144,7 +167,11 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "seed": body.seed,
         "logprobs": logprobs,
         "max_cached_tokens": tenant.max_cached_tokens,
-        "persist": body.prompt_cache_retention != "in_memory",
+        # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's
+        # prompt_cache_retention ("in_memory": never beyond host memory; "24h": at most a day).
+        "persist": persist_allowed(tenant, body.prompt_cache_retention),
+        "retention_seconds": retention_for(tenant, body.prompt_cache_retention),
+        "data_key": tenant_selectors.data_key_for_worker(tenant),
         "max_inflight_tokens": tenant.max_inflight_tokens,
         "max_concurrent_requests": tenant.max_concurrent_requests,
         "expected_revision": spec.revision["label"],
@@ -188,6 +215,9 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel], *, store: bool = 
         "cache_salt": body.cache_salt,
         "tokens": tokens,
         "max_cached_tokens": tenant.max_cached_tokens,
+        "persist": persist_allowed(tenant, None),
+        "retention_seconds": retention_for(tenant, None),
+        "data_key": tenant_selectors.data_key_for_worker(tenant),
     }
 
 

@@ -39,7 +39,9 @@ SQLITE_OPTIONS = {
     # queue for up to `timeout` seconds instead of failing on lock upgrade; the audit chain relies on it.
     "transaction_mode": "IMMEDIATE",
     "timeout": 20,
-    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    # secure_delete: deleted or overwritten content is zeroed in the file, so a shredded data key's
+    # wrapped bytes do not linger in free space (the shred also checkpoints the WAL away).
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA secure_delete=ON;",
 }
 
 
@@ -176,6 +178,13 @@ STRATA_AUDIT_KEY_FILE = ENV.audit_key_file
 # Append-only record of the chain head outside the database (one line per append); "{db}" in the
 # path is replaced by a tag of the database's name (tests: one file per test database).
 STRATA_AUDIT_HEAD_LOG = str(STRATA_HOME / "audit-head.log")
+# L3 data keys are stored wrapped by the master key (controlplane.common.masterkey reads it from the
+# environment in every process, workers included; this is where the file is, for display).
+STRATA_MASTER_KEY_FILE = ENV.master_key_file
+# How long a web process reuses a tenant's data-key set (wrapped keys) before reading it again; a
+# rotation or shred in the same process drops it at once, and a shred job waits this long before
+# telling the workers to drop the key, so no process still hands it out.
+STRATA_DATA_KEY_CACHE_SECONDS = 2.0
 
 CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{STRATA_HOME / 'broker.sqlite3'}"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

@@ -1,5 +1,6 @@
 """Tenant state. Scope salts are secret (32 random bytes) and never leave the server: APIs, pages and
-audit show only ``selectors.tenant_scope_fingerprint``."""
+audit show only ``selectors.tenant_scope_fingerprint``. Data keys (L3 encryption) are stored only
+wrapped by the master key and never leave the server except to the cache workers."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import secrets
 
 from django.core.validators import RegexValidator
 from django.db import models
+from django.db.models import Q
 
 SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 slug_validator = RegexValidator(SLUG_PATTERN, "use 1-63 characters a-z, 0-9 and '-' (not at either end)")
@@ -14,6 +16,10 @@ QUOTA_FIELDS = (
     "requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes",
     "max_inflight_tokens", "max_concurrent_requests",
 )
+
+
+RETENTION_DEFAULT_SECONDS = 86_400  # 24 h
+RETENTION_MAX_SECONDS = 31_536_000  # 365 days
 
 
 def new_scope_salt() -> bytes:
@@ -55,11 +61,18 @@ class Tenant(models.Model):
     # request slots), never unlimited.
     max_inflight_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
+    # Cache policy: may this tenant's KV be persisted beyond host memory (L3), and for how long.
+    persist_kv = models.BooleanField(default=True)
+    retention_seconds = models.PositiveIntegerField(default=RETENTION_DEFAULT_SECONDS)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(condition=Q(retention_seconds__lte=RETENTION_MAX_SECONDS),
+                                   name="tenant_retention_at_most_a_year"),
+        ]
 
     def __str__(self) -> str:
         return self.slug
@@ -71,6 +84,11 @@ class Tenant(models.Model):
     @property
     def is_active(self) -> bool:
         return self.status == self.Status.ACTIVE
+
+    @property
+    def cache_policy(self) -> dict[str, bool | int]:
+        """The admin API's shape: ``{"persist", "retention_seconds"}``."""
+        return {"persist": self.persist_kv, "retention_seconds": self.retention_seconds}
 
 
 class ApiKey(models.Model):
@@ -108,3 +126,45 @@ class Grant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id} -> {self.deployment_id}"
+
+
+class DataKey(models.Model):
+    """One version of a tenant's L3 data key: 32 random bytes, stored only wrapped by the master key
+    (AES-256-GCM, ``cachecore.crypto.wrap_key`` bound to the tenant id and version).
+
+    ``active``: new L3 objects are encrypted with it (at most one per tenant, enforced by the
+    database; the services keep exactly one for every tenant that has keys and is not offboarded).
+    ``retired``: replaced by a rotation, still readable. ``shredded``: the wrapped key is gone
+    (``wrapped`` NULL), so no process can unwrap it any more, whoever holds the master key and the
+    database. Versions are never reused."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        RETIRED = "retired"
+        SHREDDED = "shredded"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="data_keys")
+    version = models.PositiveIntegerField()
+    wrapped = models.BinaryField(null=True, editable=False)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    created = models.DateTimeField(auto_now_add=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+    shredded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "version"], name="datakey_unique_tenant_version"),
+            models.UniqueConstraint(fields=["tenant"], condition=Q(state="active"),
+                                    name="datakey_one_active_per_tenant"),
+            models.CheckConstraint(condition=Q(version__gte=1), name="datakey_version_from_one"),
+            # shredded <=> no wrapped key
+            models.CheckConstraint(
+                condition=(Q(state="shredded") & Q(wrapped__isnull=True))
+                | (~Q(state="shredded") & Q(wrapped__isnull=False)),
+                name="datakey_shredded_has_no_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} v{self.version} ({self.state})"

@@ -1,4 +1,5 @@
-"""Tenant writes: tenants, quotas, API keys. Grants and share groups live in ``access.py``.
+"""Tenant writes: tenants, quotas, cache policy, API keys. Grants and share groups live in
+``access.py``, data keys (L3 encryption) in ``datakeys.py``.
 
 Every service is keyword-only, validates, writes inside ``transaction.atomic`` and appends its audit
 event in the same transaction (no change without its event). Audit values never hold keys, key
@@ -21,7 +22,14 @@ from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
 from controlplane.common.hooks import optional_attr
 from controlplane.common.tokens import new_secret
-from controlplane.tenants.models import QUOTA_FIELDS, ApiKey, Tenant, slug_validator
+from controlplane.tenants.models import (
+    QUOTA_FIELDS,
+    RETENTION_MAX_SECONDS,
+    ApiKey,
+    DataKey,
+    Tenant,
+    slug_validator,
+)
 
 KEY_KIND = "sk-st-"
 # Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
@@ -48,6 +56,28 @@ def clean_quotas(quotas: Mapping[str, Any]) -> dict[str, int | None]:
                                   or not 0 <= value <= QUOTA_MAX[name]):
             raise InvalidInput(f"quota {name} must be null (unlimited) or an integer in [0, {QUOTA_MAX[name]}]")
         cleaned[name] = value
+    return cleaned
+
+
+CACHE_POLICY_FIELDS = {"persist": "persist_kv", "retention_seconds": "retention_seconds"}
+
+
+def clean_cache_policy(policy: Mapping[str, Any]) -> dict[str, bool | int]:
+    """Validate a (partial) cache policy ``{"persist": bool, "retention_seconds": int}`` and return it
+    by column name (``persist_kv``, ``retention_seconds``)."""
+    unknown = sorted(set(policy) - set(CACHE_POLICY_FIELDS))
+    if unknown:
+        raise InvalidInput(f"unknown cache_policy field(s): {', '.join(unknown)}; known: persist, retention_seconds")
+    cleaned: dict[str, bool | int] = {}
+    if "persist" in policy:
+        if not isinstance(policy["persist"], bool):
+            raise InvalidInput("cache_policy.persist must be true or false")
+        cleaned["persist_kv"] = policy["persist"]
+    if "retention_seconds" in policy:
+        value = policy["retention_seconds"]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= RETENTION_MAX_SECONDS:
+            raise InvalidInput(f"cache_policy.retention_seconds must be an integer in [0, {RETENTION_MAX_SECONDS}]")
+        cleaned["retention_seconds"] = value
     return cleaned
 
 
@@ -93,17 +123,20 @@ def tenant_update(
     name: str | None = None,
     status: str | None = None,
     quotas: Mapping[str, Any] | None = None,
+    cache_policy: Mapping[str, Any] | None = None,
     reason: str = "",
 ) -> Tenant:
-    """Change name, status (``active`` <-> ``suspended``) and/or some quotas (a ``None`` quota value
-    means unlimited; omitted quotas are unchanged). One audit event per kind of change
-    (``tenant.update``, ``tenant.suspend``/``tenant.activate``, ``tenant.quotas``); nothing changed,
-    nothing recorded. Offboarded tenants cannot change (Conflict)."""
+    """Change name, status (``active`` <-> ``suspended``), some quotas (a ``None`` quota value means
+    unlimited; omitted quotas are unchanged) and/or the cache policy (``{"persist",
+    "retention_seconds"}``, each optional). One audit event per kind of change (``tenant.update``,
+    ``tenant.suspend``/``tenant.activate``, ``tenant.quotas``, ``tenant.cache_policy``); nothing
+    changed, nothing recorded. Offboarded tenants cannot change (Conflict)."""
     if name is not None and (not name or len(name) > 200):
         raise InvalidInput("name must be 1-200 characters")
     if status is not None and status not in (Tenant.Status.ACTIVE, Tenant.Status.SUSPENDED):
         raise InvalidInput("status must be 'active' or 'suspended' (offboard with DELETE)")
     cleaned = clean_quotas(quotas or {})
+    policy = clean_cache_policy(cache_policy or {})
     with transaction.atomic():
         locked = _locked(tenant)
         _not_offboarded(locked)
@@ -123,15 +156,25 @@ def tenant_update(
             for key, value in quota_changes.items():
                 setattr(locked, key, value)
             changes += 1
+        policy_changes = {k: v for k, v in policy.items() if getattr(locked, k) != v}
+        if policy_changes:
+            old_policy = locked.cache_policy
+            for key, value in policy_changes.items():
+                setattr(locked, key, value)
+            audit_record(action="tenant.cache_policy", old=old_policy, new=locked.cache_policy, **record)
+            changes += 1
         if changes:
             locked.save()
     return locked
 
 
 def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> OffboardResult:
-    """Offboard: revoke every key at once, mark the tenant offboarded and request a tenant-scope
-    flush (caches everywhere, L3 shredded) from the jobs app when it is installed. Safe to repeat:
-    a repeat revokes nothing new and requests the flush again."""
+    """Offboard: revoke every key at once, mark the tenant offboarded and request one ``offboard`` job
+    from the jobs app when it is installed. That one job crypto-shreds every version of the tenant's
+    data key and flushes its caches everywhere, as steps: the wrapped keys are deleted first, then
+    the flush, then every worker drops the keys and their L3 objects, verified per version. An
+    offboarded tenant never gets a data key again. Safe to repeat: a repeat revokes nothing new and
+    requests the job again."""
     with transaction.atomic():
         locked = _locked(tenant)
         old_status = locked.status
@@ -146,7 +189,9 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
         audit_record(
             actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
             old={"status": old_status},
-            new={"status": locked.status, "keys_revoked": keys_revoked, "flush_job": getattr(job, "pk", None)},
+            new={"status": locked.status, "keys_revoked": keys_revoked, "flush_job": getattr(job, "pk", None),
+                 "data_key_versions": list(DataKey.objects.filter(tenant=locked).order_by("version")
+                                           .values_list("version", flat=True))},
         )
     return OffboardResult(tenant=locked, keys_revoked=keys_revoked, flush_job=job)
 
