@@ -1,9 +1,12 @@
-"""CacheEngine: the orchestrator over the block stores (L1 device pages, L2 host memory).
+"""CacheEngine: the orchestrator over the block stores (L1 device pages, L2 host memory, L3 remote).
 
 It is not a store. Per request it computes the hash chain once, asks L1 and then L2 for the longest
 contiguous exact-prefix hit, decides whether loading the L2 part beats recomputing it
-(:mod:`cachecore.loadcost`), holds the L1 hit, allocates the rest, and starts the L2 load at once
-(prefetch: it overlaps with the request's wait for its model turn). A request's life:
+(:mod:`cachecore.loadcost`), holds the L1 hit, allocates the rest, and starts the lower-tier load at
+once (prefetch: it overlaps with the request's wait for its model turn). The L3 part is found by the
+loader thread, never under the lock: it probes the encrypted remote store for the chunks after the
+L2 prefix, decides load or recompute with L3's own measured bandwidth, and fetches them. A request's
+life:
 
 ``admit`` -> ``finish_loads`` (the promoted prefix is copied into the request's fresh L1 pages, or
 falls back to recompute when it failed, was corrupt or missed its deadline) -> the model writes KV for
@@ -13,7 +16,10 @@ Hit blocks are shared and read-only: a hit is always block-aligned, so new KV la
 this request allocated.
 
 Blocks go down by the write policy (:mod:`cachecore.writeback`): L1 announces what it drops to its
-listeners, and the default write-back copies an evicted block to L2 at that moment. Flushes are per
+listeners, and the default write-back copies an evicted block to L2 at that moment. L3 objects are
+chunks of consecutive blocks; a chunk is written to L3 in the background as soon as a request has
+committed all of it (write-through: what a restart keeps), unless the request or tenant forbids
+persistence. Flushes are per
 scope: a request admitted before a flush registers nothing the flush matches, while other tenants'
 requests keep caching.
 
@@ -28,30 +34,31 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 
 from cachecore.block_pool import Block
 from cachecore.config import EngineConfig
-from cachecore.errors import InflightLimit, InvalidKV, InvalidPrompt
+from cachecore.engine_kv import KVApiMixin
+from cachecore.engine_loads import LoadsMixin
+from cachecore.engine_writes import WritesMixin
+from cachecore.errors import InflightLimit, InvalidPrompt
 from cachecore.hashing import chain_hashes
 from cachecore.layout import KVLayout
 from cachecore.loadcost import LoadCost
 from cachecore.metrics import CacheMetrics
 from cachecore.namespace import Namespace
 from cachecore.sequence import CachedSequence
-from cachecore.tiers.base import Retrieved, Tag, Tier
+from cachecore.tiers.base import Tag, Tier
 from cachecore.tiers.device import DeviceStore
 from cachecore.tiers.host import HostStore
+from cachecore.tiers.remote import RemoteStore
 from cachecore.writeback import WritePolicy, Writer
 
 __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
 
-_HASH_BATCH = 16  # blocks hashed per lock round trip in the KV API's lookup and retrieve
 
-
-class CacheEngine(Tier):
+class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
     """Orchestrator over L1 (``num_blocks`` device pages, allocated once) and, when
     ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's."""
 
@@ -65,8 +72,10 @@ class CacheEngine(Tier):
         *,
         metrics: CacheMetrics | None = None,
         config: EngineConfig | None = None,
+        l3: RemoteStore | None = None,
     ) -> None:
         self.config = config or EngineConfig()
+        self.l3 = l3
         self.layout = layout
         self.block_size = layout.block_size
         self._lock = threading.RLock()
@@ -90,8 +99,10 @@ class CacheEngine(Tier):
         self._inflight: dict[str, int] = {}
         self._inflight_limits: dict[str, int] = {}
         self.default_inflight_blocks = max(1, num_blocks // 2)
-        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strata-l2-load") if self.l2 else None
+        lower = self.l2 is not None or self.l3 is not None
+        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strata-load") if lower else None
         self._writer = Writer() if self.l2 and self.write_policy.on_commit else None
+        self._l3_writer = Writer("strata-l3-writer") if self.l3 is not None else None
         # Blocks L1 evicted during the allocation in progress, written to L2 in one copy right after it
         # (before anything can overwrite them); None outside ``_allocate`` (then written one by one).
         self._demoting: list[tuple[Block, bytes, tuple, Tag]] | None = None
@@ -112,6 +123,7 @@ class CacheEngine(Tier):
         use_cache: bool = True,
         recompute_last: bool = True,
         persist: bool = True,
+        retention_seconds: float | None = None,
     ) -> CachedSequence:
         """Find the longest usable exact-prefix hit (L1, then L2), hold the L1 part, allocate blocks for
         the rest of the prompt plus ``max_new_tokens`` and start loading the L2 part into the first of
@@ -138,6 +150,7 @@ class CacheEngine(Tier):
             l2_items = self._l2_prefix(hashes, tokens, len(index_hits)) if len(usable) == len(index_hits) else []
             lookup_blocks = len(index_hits) + len(l2_items)
             l2_items = l2_items[: max(0, limit - len(usable))]
+            l2_found = len(l2_items)  # the L2 prefix as found (before the cost decision)
             if l2_items and not self.cost.should_load("l2", nbytes=len(l2_items) * self.layout.bytes_per_block,
                                                       tokens=len(l2_items) * bs):
                 self.metrics.tier("l2").fallbacks_to_recompute += 1
@@ -159,15 +172,21 @@ class CacheEngine(Tier):
                 lookup_hit_tokens=lookup_blocks * bs, num_computed=hit_tokens, num_registered=len(usable),
                 flush_gen=self._gen, use_cache=use_cache, l1_hit_tokens=hit_tokens,
             )
+            seq.retention_seconds = retention_seconds
             self._gens_in_use[seq.flush_gen] += 1
             self._running[seq.seq_id] = seq
             self._inflight[owner] = held + len(seq.blocks)
             if hit_tokens:
                 self.metrics.observe_load("l1", tokens=hit_tokens, nbytes=0, seconds=time.perf_counter() - t0)
-            if l2_items:
-                seq.load_blocks = fresh[: len(l2_items)]
+            # L3 may hold chunks after the L1+L2 prefix (unless L2 already stops short of it).
+            covered = len(usable) + len(l2_items)
+            try_l3 = (self.l3 is not None and use_cache and covered < limit
+                      and (covered // self.l3.chunk_blocks + 1) * self.l3.chunk_blocks <= len(hashes)
+                      and len(l2_items) == l2_found)
+            if l2_items or try_l3:
+                seq.load_blocks = fresh[: (limit - len(usable)) if try_l3 else len(l2_items)]
                 seq.load_started = time.perf_counter()
-                seq.pending = self._loader.submit(self.l2.get, l2_items)
+                seq.pending = self._loader.submit(self._load, seq, l2_items, len(usable), limit, try_l3)
             else:
                 self._record_query(seq)
             return seq
@@ -184,53 +203,6 @@ class CacheEngine(Tier):
             items.append(item)
         return items
 
-    def finish_loads(self, seq: CachedSequence) -> int:
-        """Wait (up to the load deadline) for the L2 prefix started by ``admit`` and copy it into the
-        request's pages; a block that did not arrive in time, failed or was corrupt is a miss for it
-        and every block after it (recomputed). Returns the final ``num_cached_tokens``. Idempotent."""
-        future, seq.pending = seq.pending, None
-        if future is None:
-            return seq.num_cached_tokens
-        bs, wanted = self.block_size, len(seq.load_blocks)
-        waited = self.config.load_deadline_s - (time.perf_counter() - seq.load_started)
-        outcome = None
-        try:
-            fetched = future.result(timeout=max(0.0, waited))
-            kv, outcome = fetched.kv, fetched.stopped
-        except FutureTimeout:
-            kv, outcome = None, "late"
-            future.add_done_callback(lambda f, seq=seq: self._late_arrival(seq, f))
-        except Exception:
-            kv, outcome = None, "failed"
-        n = 0 if kv is None else int(kv.shape[0])
-        if n:
-            self.l1.write(seq.load_blocks[:n], kv)
-        seconds = time.perf_counter() - seq.load_started
-        with self._lock:
-            tier = self.metrics.tier("l2")
-            if n:
-                nbytes = n * self.layout.bytes_per_block
-                self.metrics.observe_load("l2", tokens=n * bs, nbytes=nbytes, seconds=seconds)
-                self.cost.observe_load("l2", nbytes=nbytes, seconds=seconds, blocks=n)
-                tier.promotions += n
-                self.metrics.promotions += n
-            if n < wanted:
-                tier.fallbacks_to_recompute += 1
-                if outcome == "corrupt":
-                    tier.corrupt_loads += 1
-                else:
-                    tier.failures += 1
-            seq.num_cached_tokens += n * bs
-            seq.num_computed = seq.num_cached_tokens
-            if n and not self._stale(seq):
-                for i in range(seq.num_registered, seq.num_registered + n):
-                    self.pool.cache(seq.blocks[i], seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]),
-                                    seq.tag.owner, seq.tag)
-                seq.num_registered += n
-            seq.load_blocks = []
-            self._record_query(seq)
-        return seq.num_cached_tokens
-
     def _record_query(self, seq: CachedSequence) -> None:
         # Load success counts bytes that arrived in time; bytes that arrive after the deadline are
         # added by ``_late_arrival`` (they arrived, but the prefill was not skipped).
@@ -239,15 +211,6 @@ class CacheEngine(Tier):
             lookup_hit_tokens=seq.lookup_hit_tokens, load_success_tokens=seq.num_cached_tokens,
             effective_hit_tokens=seq.num_cached_tokens,
         )
-
-    def _late_arrival(self, seq: CachedSequence, future) -> None:
-        try:
-            n = int(future.result().kv.shape[0])
-        except Exception:
-            return
-        with self._lock:
-            self.metrics.usage(seq.tag.owner, seq.tag.model).load_success_tokens += n * self.block_size
-            self.metrics.tier("l2").late_loads += 1
 
     def record_prefill(self, seq: CachedSequence, *, seconds: float, computed: int) -> None:
         """The model computed ``computed`` prompt tokens of ``seq`` in ``seconds`` (metrics, cost model)."""
@@ -293,6 +256,8 @@ class CacheEngine(Tier):
             self.metrics.usage(seq.tag.owner, seq.tag.model).stored_tokens += len(new) * bs
             if new and self._writer is not None:
                 self._write_through(new, seq.flush_gen)
+            if self._l3_writer is not None and seq.tag.persist:
+                self._write_chunks(seq)
             return len(new)
 
     def _stale(self, seq: CachedSequence) -> bool:
@@ -339,163 +304,15 @@ class CacheEngine(Tier):
         if self._flushes and self._flushes[0][0] <= oldest:
             self._flushes = [(g, m) for g, m in self._flushes if g > oldest]
 
-    # ------------------------------------------------------------------ moving blocks down (L1 -> L2)
-    def _allocate(self, n: int, owner: str) -> list[Block]:
-        """``pool.allocate`` with the evicted blocks written down (by the policy) in one batch, while
-        their pages still hold their bytes (the new holder writes only after this returns)."""
-        if self.l2 is None:
-            return self.pool.allocate(n, owner)
-        self._demoting = []
-        try:
-            blocks = self.pool.allocate(n, owner)
-            batch = self._demoting
-        finally:
-            self._demoting = None
-        if batch:
-            kv = self.l1.read([b for b, _, _, _ in batch])
-            stored = self.l2.put_many([(key, tokens, tag) for _, key, tokens, tag in batch], kv)
-            self._count_demotion(stored)
-        return blocks
-
-    def _on_l1_drop(self, block: Block, reason: str) -> None:
-        """L1 listener (under the lock): write an evicted block's bytes to L2 by the write policy."""
-        tag = block.tag
-        if tag is None or not self.write_policy.on_evict(reason=reason, hits=block.hits):
-            return
-        if (tag.model, tag.revision) in self._retired:
-            return
-        if self._demoting is not None:
-            self._demoting.append((block, block.block_hash, block.token_ids, tag))
-        elif self.l2.put(block.block_hash, block.token_ids, tag, self.l1.read([block])):
-            self._count_demotion(1)
-
-    def _count_demotion(self, n: int) -> None:
-        tier = self.metrics.tier("l2")
-        tier.demotions += n
-        tier.bytes_in += n * self.layout.bytes_per_block
-
-    def _write_through(self, blocks: list[Block], gen: int) -> None:
-        """Hold ``blocks`` and copy them to L2 on the writer thread, then release them."""
-        self.pool.touch(blocks)
-        self._gens_in_use[gen] += 1
-        entries = [(b.block_hash, b.token_ids, b.tag) for b in blocks]
-
-        def job() -> None:
-            try:
-                kv = self.l1.read(blocks)
-                with self._lock:
-                    for (key, tokens, tag), page in zip(entries, kv, strict=True):
-                        if not self._flushed_since(gen, tag) and (tag.model, tag.revision) not in self._retired \
-                                and self.l2.put(key, tokens, tag, page):
-                            self._count_demotion(1)
-            finally:
-                with self._lock:
-                    self.pool.free(blocks)
-                    self._release_gen(gen)
-
-        self._writer.submit(job)
-
-    def drain_writes(self) -> None:
-        """Wait until every write-through copy submitted so far has landed (tests, benchmarks)."""
-        if self._writer is not None:
-            self._writer.drain()
-
-    # ------------------------------------------------------------------ tier contract (KV API)
-    def _walk(self, ns: Namespace, tokens: Sequence[int], request_salt: bytes, *, hold: bool
-              ) -> tuple[list[Block], list[tuple[bytes, tuple]]]:
-        """The contiguous hit of ``tokens``: L1 blocks, then the L2 items after them. Hashes are
-        computed outside the lock a batch at a time and hashing stops at the first miss, so a long
-        token list neither stalls other requests nor costs more than its hit. ``hold``: take a
-        reference on each L1 block (the caller frees them)."""
-        bs = self.block_size
-        hits: list[Block] = []
-        lower: list[tuple[bytes, tuple]] = []
-        parent = None
-        try:
-            for start in range(0, len(tokens) - bs + 1, bs * _HASH_BATCH):
-                part = tokens[start : start + bs * _HASH_BATCH]
-                hashes = chain_hashes(ns, part, bs, request_salt=request_salt, parent=parent)
-                with self._lock:
-                    for i, h in enumerate(hashes):
-                        block_tokens = tuple(part[i * bs : (i + 1) * bs])
-                        block = None if lower else self.pool.get_cached(h, block_tokens)
-                        if block is not None:
-                            if hold:
-                                self.pool.touch([block])
-                            hits.append(block)
-                        elif self.l2 is not None and self.l2.contains(h, block_tokens):
-                            lower.append((h, block_tokens))
-                        else:
-                            return hits, lower
-                parent = hashes[-1]
-        except BaseException:
-            if hold and hits:
-                with self._lock:
-                    self.pool.free(hits)
-            raise
-        return hits, lower
-
-    def lookup(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> int:
-        hits, lower = self._walk(ns, list(tokens), request_salt, hold=False)
-        return (len(hits) + len(lower)) * self.block_size
-
-    def store(
-        self,
-        ns: Namespace,
-        tokens: Sequence[int],
-        kv: torch.Tensor,
-        *,
-        owner: str,
-        request_salt: bytes = b"",
-        model: str = "",
-        revision: str = "",
-    ) -> int:
-        tokens = list(tokens)
-        n_blocks = len(tokens) // self.block_size
-        if kv.dim() != 1 + len(self.layout.page_shape) or kv.shape[0] < n_blocks:
-            raise InvalidKV(f"expected kv of shape [{n_blocks}, *{tuple(self.layout.page_shape)}]")
-        if n_blocks == 0:
-            return 0
-        seq = self.admit(
-            ns, tokens[: n_blocks * self.block_size], owner=owner, model=model, revision=revision,
-            request_salt=request_salt, recompute_last=False,
-        )
-        try:
-            have = self.finish_loads(seq) // self.block_size
-            todo = seq.blocks[have:n_blocks]
-            if todo:
-                self.l1.write(todo, kv[have:n_blocks])
-            self.mark_computed(seq, n_blocks * self.block_size)
-            return self.commit(seq)
-        finally:
-            self.release(seq)
-
-    def retrieve(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> Retrieved:
-        tokens = list(tokens)
-        t0 = time.perf_counter()
-        hits, lower = self._walk(ns, tokens, request_salt, hold=True)
-        try:
-            parts = [self.l1.read(hits)] if hits else []
-        finally:
-            with self._lock:
-                self.pool.free(hits)
-        if lower:
-            fetched = self.l2.get(lower)
-            if fetched.kv.shape[0]:
-                parts.append(fetched.kv.to(self.pages.device))
-        kv = torch.cat(parts) if parts else torch.empty((0, *self.layout.page_shape), dtype=self.layout.torch_dtype)
-        mask = torch.zeros(len(tokens), dtype=torch.bool)
-        mask[: kv.shape[0] * self.block_size] = True
-        with self._lock:
-            self.metrics.observe_load("l1", tokens=len(hits) * self.block_size,
-                                      nbytes=len(hits) * self.layout.bytes_per_block, seconds=time.perf_counter() - t0)
-        return Retrieved(kv, mask)
-
     # ------------------------------------------------------------------ operations
-    def flush(self, match: Callable[[Tag], bool]) -> dict:
-        """Drop every cached block whose tag matches, in every tier. Held blocks stay usable by their
-        running request but can never be hit again; requests admitted before the flush and matching it
-        register nothing. Returns ``{"blocks_freed", "tokens_dropped", "tiers": {"l1", "l2"}}``."""
+    def flush(self, match: Callable[[Tag], bool], *, l3_scope: dict | None = None) -> dict:
+        """Drop every cached block whose tag matches, in every tier (L3: the objects of ``l3_scope``,
+        ``{"tenant"?, "model"?, "revision"?, "key_version"?}``, the same scope by name; None leaves
+        L3 alone). Held blocks stay usable by their running request but can never be hit again;
+        requests admitted before the flush and matching it register nothing, and an L3 write of such
+        a request that lands later is deleted. Returns ``{"blocks_freed", "tokens_dropped", "tiers":
+        {"l1", "l2", "l3"}, "l3_bytes"}``. Raises ``BackendUnavailable`` when L3 could not be reached
+        (L1 and L2 are flushed by then; retry the flush)."""
         with self._lock:
             self._gen += 1
             if self._running or self._gens_in_use:
@@ -503,19 +320,31 @@ class CacheEngine(Tier):
             n1 = self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
             n2 = self.l2.delete(match) if self.l2 is not None else 0
             self.metrics.flushed_blocks += n1 + n2
-            return {"blocks_freed": n1 + n2, "tokens_dropped": (n1 + n2) * self.block_size,
-                    "tiers": {"l1": n1, "l2": n2}}
+        n3 = b3 = 0
+        if self.l3 is not None and l3_scope is not None:
+            # Writes submitted before this flush finish first (the matching ones skip themselves),
+            # so none of them can land after the delete below.
+            self._l3_writer.drain()
+            n3, b3 = self.l3.delete_scope(**l3_scope)
+        return {"blocks_freed": n1 + n2 + n3 * (self.l3.chunk_blocks if self.l3 else 0),
+                "tokens_dropped": (n1 + n2) * self.block_size, "tiers": {"l1": n1, "l2": n2, "l3": n3},
+                "l3_bytes": b3}
 
-    def count_cached(self, match: Callable[[Tag], bool]) -> int:
-        """Cached blocks (every tier) whose tag matches: 0 after a flush of ``match`` (the probe)."""
+    def count_cached(self, match: Callable[[Tag], bool], *, l3_scope: dict | None = None) -> int:
+        """Cached blocks (every tier; L3 objects of ``l3_scope`` count a chunk each) whose tag
+        matches: 0 after a flush of the same scope (the probe)."""
         with self._lock:
-            return self.l1.count(match) + (self.l2.count(match) if self.l2 is not None else 0)
+            n = self.l1.count(match) + (self.l2.count(match) if self.l2 is not None else 0)
+        if self.l3 is not None and l3_scope is not None:
+            n += self.l3.count_scope(**l3_scope)[0]
+        return n
 
     def retire(self, model: str, revision: str) -> dict:
         """Stop admitting hits for (model, revision) and drop its blocks everywhere (rollout)."""
         with self._lock:
             self._retired.add((model, revision))
-            return self.flush(lambda t: t.model == model and t.revision == revision)
+        return self.flush(lambda t: t.model == model and t.revision == revision,
+                          l3_scope={"model": model, "revision": revision})
 
     def unretire(self, model: str, revision: str) -> None:
         """Allow (model, revision) to hit and store again (it became active once more)."""
@@ -576,8 +405,18 @@ class CacheEngine(Tier):
                     capacity_blocks=l2["total"], used_blocks=l2["used"], evictions=l2["evictions"],
                     rejected_puts=l2["rejected"])
                 resident["l2"] = self.l2.resident()
-            snap["resident_blocks"] = resident
+            l3_row = self.metrics.tier_row("l3") if self.l3 is not None else None
             snap["bytes_per_block"] = self.layout.bytes_per_block
             snap["load_policy"] = self.cost.snapshot()
             snap["write_policy"] = self.write_policy.name
-            return snap
+        if self.l3 is not None:  # outside the lock: the store may list its backend
+            l3 = self.l3.gauges()
+            chunk_bytes = self.l3.chunk_blocks * self.layout.bytes_per_block
+            l3_row.update(capacity_blocks=(l3["capacity_bytes"] // chunk_bytes) * self.l3.chunk_blocks,
+                          used_blocks=l3["objects"] * self.l3.chunk_blocks, objects=l3["objects"],
+                          stored_bytes=l3["used_bytes"], corrupt_objects=l3["corrupt"],
+                          quarantined=l3["quarantined"], unavailable=l3["unavailable"])
+            snap["tiers"]["l3"] = l3_row
+            resident["l3"] = {t: b // self.layout.bytes_per_block for t, b in self.l3.usage_by_tenant().items()}
+        snap["resident_blocks"] = resident
+        return snap

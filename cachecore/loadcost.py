@@ -1,18 +1,20 @@
 """Load versus recompute: a decision from measured costs, not an assumption.
 
-Per tier, the load time of ``n`` bytes is estimated as ``latency + n / bandwidth`` from moving
-averages of the loads that tier actually served; the recompute time of ``t`` tokens as ``t`` times the
+Per tier, the load time of ``n`` bytes is estimated as ``n / bandwidth``, the bandwidth being a
+moving average of what the loads that tier actually served achieved end to end (its latency
+included), plus a small fixed prior latency; the recompute time of ``t`` tokens as ``t`` times the
 model's measured prefill cost per token on this device (from prefills long enough to measure it).
 ``should_load`` compares the two for the prefix a lower tier holds. Both costs grow linearly with
 the prefix, so the answer is the whole prefix or none of it. Until the model's prefill rate is known,
 the estimate cannot favour recompute and the prefix is loaded.
 
-Fixed policies for comparison: ``always_load`` and ``always_recompute``. Not thread-safe: the engine
-calls it under its lock.
+Fixed policies for comparison: ``always_load`` and ``always_recompute``. Thread-safe (the engine's
+loader threads decide for L3 once they know what it holds).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 MIN_PREFILL_SAMPLE_TOKENS = 128
@@ -32,26 +34,25 @@ class LoadCost:
     def __init__(self, policy: str = "cost") -> None:
         self.policy = policy
         self._bandwidth: dict[str, _Ema] = {}
-        self._latency: dict[str, _Ema] = {}
         self._sec_per_token = _Ema()
         self.decisions = {"load": 0, "recompute": 0}
+        self._lock = threading.Lock()
 
     def observe_load(self, tier: str, *, nbytes: int, seconds: float, blocks: int) -> None:
         if blocks <= 0 or seconds <= 0:
             return
-        per_block = seconds / blocks
-        self._latency.setdefault(tier, _Ema()).add(min(per_block, seconds))
-        self._bandwidth.setdefault(tier, _Ema()).add(nbytes / seconds)
+        with self._lock:
+            self._bandwidth.setdefault(tier, _Ema()).add(nbytes / seconds)
 
     def observe_prefill(self, *, tokens: int, seconds: float) -> None:
         if tokens >= MIN_PREFILL_SAMPLE_TOKENS and seconds > 0:
-            self._sec_per_token.add(seconds / tokens)
+            with self._lock:
+                self._sec_per_token.add(seconds / tokens)
 
     def estimate_load(self, tier: str, nbytes: int) -> float:
         bw_prior, lat_prior = PRIORS.get(tier, PRIORS["l3"])
         bw = self._bandwidth.get(tier, _Ema(bw_prior)).value or bw_prior
-        lat = self._latency.get(tier, _Ema(lat_prior)).value or lat_prior
-        return lat + nbytes / bw
+        return lat_prior + nbytes / bw
 
     def estimate_recompute(self, tokens: int) -> float | None:
         rate = self._sec_per_token.value
@@ -63,9 +64,11 @@ class LoadCost:
         elif self.policy == "always_recompute":
             load = False
         else:
-            recompute = self.estimate_recompute(tokens)
-            load = recompute is None or self.estimate_load(tier, nbytes) < recompute
-        self.decisions["load" if load else "recompute"] += 1
+            with self._lock:
+                recompute = self.estimate_recompute(tokens)
+                load = recompute is None or self.estimate_load(tier, nbytes) < recompute
+        with self._lock:
+            self.decisions["load" if load else "recompute"] += 1
         return load
 
     def snapshot(self) -> dict:

@@ -50,6 +50,7 @@ class TierCounters:
     fallbacks_to_recompute: int = 0
     promotions: int = 0  # blocks copied up from this tier into L1
     demotions: int = 0  # blocks written down into this tier
+    skipped_writes: int = 0  # writes dropped because the tier's writer was too far behind
     load_seconds: float = 0.0
     _latencies: list[float] = field(default_factory=list, repr=False)
     _seen: int = 0

@@ -168,12 +168,14 @@ class Generator:
         request_salt: bytes = b"",
         use_cache: bool = True,
         persist: bool = True,
+        retention_seconds: float | None = None,
         should_abort: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
         tokens = self.validate(tokens, params.max_tokens)
         seq = self.engine.admit(
             ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
             request_salt=request_salt, max_new_tokens=params.max_tokens, use_cache=use_cache, persist=persist,
+            retention_seconds=retention_seconds,
         )
         try:
             t0 = time.perf_counter()

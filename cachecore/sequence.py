@@ -34,6 +34,8 @@ class CachedSequence:
     pending: Future | None = field(default=None, repr=False)  # the L2 load in flight (prefetch)
     load_blocks: list[Block] = field(default_factory=list, repr=False)  # fresh L1 blocks it fills
     load_started: float = 0.0
+    l3_chunks: int = 0  # leading L3 chunks of this request already written (or submitted)
+    retention_seconds: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property

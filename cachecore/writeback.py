@@ -50,6 +50,10 @@ class Writer:
     def submit(self, job: Callable[[], None]) -> None:
         self._queue.put(job)
 
+    def backlog(self) -> int:
+        """Jobs submitted and not started yet (approximate)."""
+        return self._queue.qsize()
+
     def drain(self, timeout: float = 30.0) -> None:
         done = threading.Event()
         self._queue.put(done.set)

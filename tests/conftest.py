@@ -1,6 +1,10 @@
 """Shared fixtures for the whole suite (keep small; area-specific ones live in sub-conftests)."""
 
+import base64
 import os
+import secrets
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -9,6 +13,10 @@ from hypothesis import settings as hypothesis_settings
 # Cache-worker actors created by this test process expose their test hooks (poisoning free pages);
 # production actors never do.
 os.environ.setdefault("STRATA_TEST_HOOKS", "1")
+# One master key and one L3 directory for this test session, shared by the test process, the Ray
+# workers it starts and the Celery worker subprocesses (they inherit this environment).
+os.environ.setdefault("STRATA_MASTER_KEY", base64.b64encode(secrets.token_bytes(32)).decode())
+os.environ.setdefault("STRATA_L3_URL", Path(tempfile.mkdtemp(prefix="strata-test-l3-")).as_uri())
 
 # CI runs the property-based tests on a fixed, derandomized set of examples so a landing never depends
 # on a lucky draw; local runs keep exploring new examples (and remember failures in .hypothesis/).

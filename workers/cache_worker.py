@@ -30,6 +30,7 @@ from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
 from cachecore.turns import FairTurns
 from workers.config import WorkerConfig
+from workers.remote_tier import RemoteTier
 
 MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); forwards are taken in fair turns
 DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
@@ -85,8 +86,10 @@ class CacheWorker:
         loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size)
         layout = loaded.layout
         num_blocks = max(64, cfg.blocks(cfg.l1_mb, layout.bytes_per_block))
+        self.l3 = RemoteTier.build(cfg, layout)
         self.engine = CacheEngine(layout, num_blocks, loaded.model.device,
-                                  config=cfg.engine(bytes_per_block=layout.bytes_per_block))
+                                  config=cfg.engine(bytes_per_block=layout.bytes_per_block),
+                                  l3=self.l3.store if self.l3 is not None else None)
         self.turns = FairTurns()
         self.test_hooks = test_hooks
         self._active = _Active(loaded, self._generator(loaded))
@@ -171,6 +174,19 @@ class CacheWorker:
                     self._cancelled.pop(rid, None)
                     self._running_ids.discard(rid)
 
+    def _learn(self, tenant: str, req: dict) -> None:
+        """The tenant's wrapped data keys and retention, as the control plane sent them (for L3)."""
+        if self.l3 is not None:
+            self.l3.learn(tenant, req.get("data_key"), req.get("retention_seconds"))
+            self.l3.store.set_tenant_limit(tenant, req.get("max_l3_bytes"))
+
+    def drop_data_key(self, req: dict) -> dict:
+        """Crypto-shred ``{"tenant", "version"}`` on this worker: the key leaves memory at once, then
+        that version's L3 objects are deleted. ``{"objects", "bytes"}``. Idempotent."""
+        if self.l3 is None:
+            return {"objects": 0, "bytes": 0}
+        return self.l3.drop(str(req["tenant"]), int(req["version"]))
+
     @staticmethod
     def _error(exc: CacheError) -> dict:
         return {"type": "error", "code": exc.code, "message": str(exc), "retryable": exc.code in RETRYABLE}
@@ -182,6 +198,7 @@ class CacheWorker:
             if req.get("expected_revision") not in (None, revision):
                 raise RevisionChanged(f"revision {req['expected_revision']} is no longer active; retry")
             tokens = req.get("prompt")
+            self._learn(tenant, req)
             self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
             self.engine.set_inflight_limit(tenant, req.get("max_inflight_tokens"))
             ns = active.loaded.namespace(req["scope_salt"])
@@ -194,6 +211,7 @@ class CacheWorker:
             events = active.generator.stream(
                 ns, tokens, owner=tenant, params=params, request_salt=request_salt(req.get("cache_salt")),
                 use_cache=req.get("use_cache", True), persist=bool(req.get("persist", True)),
+                retention_seconds=self.l3.retention(tenant) if self.l3 is not None else None,
                 should_abort=lambda: revision in self._aborting or (rid is not None and rid in self._cancelled),
             )
             for ev in events:
@@ -319,7 +337,7 @@ class CacheWorker:
     @staticmethod
     def _matcher(scope: dict):
         kind = scope.get("scope")
-        if kind == "tenant":
+        if kind in ("tenant", "key_version"):
             tenant = str(scope["tenant"])
             return lambda t: t.owner == tenant
         if kind == "revision":
@@ -328,18 +346,39 @@ class CacheWorker:
             return lambda t: True
         raise ValueError(f"unknown flush scope {kind!r}")
 
+    def _l3_scope(self, scope: dict) -> dict:
+        kind = scope.get("scope")
+        if kind == "tenant":
+            return {"tenant": str(scope["tenant"])}
+        if kind == "key_version":
+            return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
+        if kind == "revision":
+            return {"model": self.deployment, "revision": scope["revision"]}
+        return {"model": self.deployment}
+
     def flush(self, scope: dict) -> dict:
-        """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all).
-        Idempotent: a second call frees nothing more."""
+        """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all)
+        in every tier, L3 objects included. Idempotent: a second call frees nothing more."""
         t0 = time.perf_counter()
-        result = self.engine.flush(self._matcher(scope))
+        if scope.get("scope") == "key_version":  # a shred flushes only L3 objects of that version
+            result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
+            if self.l3 is not None:
+                n, b = self.l3.store.delete_scope(**self._l3_scope(scope))
+                result["tiers"]["l3"], result["l3_bytes"] = n, b
+        else:
+            result = self.engine.flush(self._matcher(scope), l3_scope=self._l3_scope(scope))
         result["seconds"] = round(time.perf_counter() - t0, 6)
-        result["bytes"] = result["blocks_freed"] * self.engine.layout.bytes_per_block
+        result["bytes"] = (result["tiers"]["l1"] + result["tiers"]["l2"]) * self.engine.layout.bytes_per_block \
+            + result.get("l3_bytes", 0)
         return result
 
     def probe(self, scope: dict) -> dict:
-        """Verification after a flush: how many cached blocks in ``scope`` remain (0 means it misses)."""
-        remaining = self.engine.count_cached(self._matcher(scope))
+        """Verification after a flush or shred: cached blocks (L3: objects) left in ``scope`` in any
+        tier (0 means it misses everywhere)."""
+        if scope.get("scope") == "key_version":
+            remaining = self.l3.store.count_scope(**self._l3_scope(scope))[0] if self.l3 is not None else 0
+        else:
+            remaining = self.engine.count_cached(self._matcher(scope), l3_scope=self._l3_scope(scope))
         return {"remaining_blocks": remaining, "ok": remaining == 0}
 
     def stage_revision(self, revision: dict) -> dict:

@@ -4,6 +4,11 @@
 worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
 ``selective``), ``STRATA_SELECTIVE_MIN_HITS`` (default 2), ``STRATA_LOAD_POLICY`` (``cost`` |
 ``always_load`` | ``always_recompute``), ``STRATA_LOAD_DEADLINE_MS`` (default 500),
+``STRATA_L3_URL`` (the encrypted remote tier: ``file:///path``, default ``$STRATA_HOME/l3``;
+``redis://host:port/db``; ``none``), ``STRATA_L3_MB`` (its capacity, default 4096),
+``STRATA_L3_SWEEP_SECONDS`` (retention sweep period, default 300), the master key
+(``STRATA_MASTER_KEY``, base64 of 32 bytes, or the file ``STRATA_MASTER_KEY_FILE``, default
+``$STRATA_HOME/master.key``: the control plane creates it; the worker only reads it),
 ``STRATA_PREFILL_CHUNK`` (tokens per prefill turn, default 256: smaller bounds how long one tenant's
 prefill delays another's first token, larger computes long prompts faster), ``STRATA_TORCH_THREADS``
 (default: every core). Read in the worker's process (the Ray actor inherits
@@ -12,8 +17,11 @@ the environment of the process that started Ray).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from cachecore.config import EngineConfig
 
@@ -45,6 +53,10 @@ class WorkerConfig:
     load_deadline_ms: int = 500
     torch_threads: int = 0  # 0: every core
     prefill_chunk: int = 256
+    l3_url: str = "none"
+    l3_mb: int = 4096
+    l3_sweep_seconds: int = 300
+    master_key_file: str = ""
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -57,6 +69,10 @@ class WorkerConfig:
             load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
             torch_threads=_int("STRATA_TORCH_THREADS", 0),
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
+            l3_url=_l3_url(),
+            l3_mb=_int("STRATA_L3_MB", 4096),
+            l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
+            master_key_file=os.environ.get("STRATA_MASTER_KEY_FILE", "").strip() or str(_home() / "master.key"),
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
         return cfg
@@ -73,3 +89,46 @@ class WorkerConfig:
             )
         except ValueError as exc:
             raise WorkerConfigError(str(exc)) from None
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _home() -> Path:
+    """``STRATA_HOME`` as the control plane reads it: a relative path is relative to the repository
+    (a Ray actor's working directory is Ray's, not ours)."""
+    home = Path(os.environ.get("STRATA_HOME", "").strip() or ".strata").expanduser()
+    return home if home.is_absolute() else REPO_ROOT / home
+
+
+def _l3_url() -> str:
+    raw = os.environ.get("STRATA_L3_URL", "").strip()
+    if raw:
+        return raw
+    return (_home() / "l3").as_uri()
+
+
+def master_key(cfg: WorkerConfig) -> bytes | None:
+    """The key-encryption key, or None when none is configured yet (L3 then stores nothing: without
+    data keys nothing can be sealed). Never logged."""
+    raw = os.environ.get("STRATA_MASTER_KEY", "").strip()
+    if raw:
+        try:
+            key = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise WorkerConfigError("STRATA_MASTER_KEY must be base64 of 32 bytes") from None
+    else:
+        path = Path(cfg.master_key_file)
+        if not path.is_file():
+            return None
+        if path.stat().st_mode & 0o077:
+            raise WorkerConfigError(f"master key file {path} may be read by group/others; chmod 600 it")
+        key = path.read_bytes()
+        if len(key) != 32:  # the file may hold base64 text of the key
+            try:
+                key = base64.b64decode(key.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                raise WorkerConfigError(f"master key file {path} holds neither 32 bytes nor base64 of them") from None
+    if len(key) != 32:
+        raise WorkerConfigError("the master key must be 32 bytes")
+    return key

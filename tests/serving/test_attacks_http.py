@@ -46,6 +46,25 @@ def small(platform, actor):
     ray.kill(handle)
 
 
+@pytest.fixture
+def slow(platform, actor):
+    """A deployment of the ``small`` model: decoding takes seconds, so a cancel always has time to land."""
+    import ray
+
+    from controlplane.registry.services import model_create
+    from controlplane.runtime import gateway
+    from controlplane.tenants.access import grant_create
+    from workers import actor as worker_actor
+
+    deployment = model_create(actor=actor, name="small-cancel", preset="small", revision=dict(REVISION))
+    grant_create(actor=actor, tenant=platform.tenants["acme"], deployment=deployment)
+    handle = worker_actor.launch("small-cancel", "small", dict(REVISION), l1_mb=64, l2_mb=0)
+    ray.get(handle.ping.remote())
+    yield gateway.spec_for(deployment)
+    gateway.forget("small-cancel")
+    ray.kill(handle)
+
+
 def _tokens(n: int, seed: int) -> list[int]:
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
@@ -92,11 +111,11 @@ def test_a_tenant_flooding_completions_and_uploads_cannot_evict_another_tenants_
                 if i % 2:
                     r = _store(platform, "acme", _tokens(1008, 100 + i), torch.randn(63, *page[1:]))
                     ok = r.status_code == 200
-                    assert ok or r.status_code == 429, r.text
+                    assert ok or r.status_code in (429, 503), r.text  # throttled or refused, never served
                 else:
                     _complete(platform, "acme", _tokens(600, 200 + i))
                     ok = True
-            except openai.RateLimitError:
+            except (openai.RateLimitError, openai.InternalServerError):
                 ok = False
             with lock:
                 (served if ok else throttled)[0] += 1
@@ -173,11 +192,12 @@ def _wait_idle(spec, before: int) -> dict:
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_a_client_that_disconnects_cancels_its_request_and_frees_its_blocks(platform, small, stream):
+def test_a_client_that_disconnects_cancels_its_request_and_frees_its_blocks(platform, slow, stream):
     from controlplane.runtime import gateway
 
+    small = slow
     before = gateway.call(small, "info")["cancelled"]
-    body = {"model": FLOOD_MODEL, "prompt": _tokens(64, 5), "max_tokens": 900, "temperature": 0, "stream": stream}
+    body = {"model": "small-cancel", "prompt": _tokens(64, 5), "max_tokens": 2000, "temperature": 0, "stream": stream}
     headers = {"Authorization": f"Bearer {platform.keys['acme']}"}
     if stream:
         with httpx.stream("POST", f"{platform.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
@@ -185,7 +205,7 @@ def test_a_client_that_disconnects_cancels_its_request_and_frees_its_blocks(plat
             next(r.iter_lines())  # the first token arrived; now the client goes away
     else:
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{platform.url}/v1/completions", json=body, headers=headers, timeout=0.3)
+            httpx.post(f"{platform.url}/v1/completions", json=body, headers=headers, timeout=1.0)
     info = _wait_idle(small, before)
     assert info["running"] == 0
     assert gateway.call(small, "check_integrity") is True

@@ -99,6 +99,14 @@ def _cancel_remote(spec: WorkerSpec, handle: Any, request_id: str | None, ref: A
             logger.debug("ray.cancel of %s on %s failed: %r", request_id, spec.deployment, exc)
 
 
+def cancel_request(spec: WorkerSpec, request_id: str) -> None:
+    """Fire-and-forget cancel of ``request_id`` on its worker, from any thread (a response closer).
+    A request that already ended is not affected. Never raises, never waits."""
+    handle = _handles.get(spec.deployment)
+    if handle is not None:
+        _cancel_remote(spec, handle, request_id)
+
+
 def worker_error(spec: WorkerSpec, exc: BaseException) -> ApplicationError | None:
     """The API error for an exception the actor method raised itself (``RayTaskError``: the actor is
     alive and refused this request), or None when ``exc`` means the worker could not be reached."""

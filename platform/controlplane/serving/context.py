@@ -167,6 +167,7 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "seed": body.seed,
         "logprobs": logprobs,
         "max_cached_tokens": tenant.max_cached_tokens,
+        "max_l3_bytes": tenant.max_l3_bytes,
         # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's
         # prompt_cache_retention ("in_memory": never beyond host memory; "24h": at most a day).
         "persist": persist_allowed(tenant, body.prompt_cache_retention),
@@ -215,6 +216,7 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel], *, store: bool = 
         "cache_salt": body.cache_salt,
         "tokens": tokens,
         "max_cached_tokens": tenant.max_cached_tokens,
+        "max_l3_bytes": tenant.max_l3_bytes,
         "persist": persist_allowed(tenant, None),
         "retention_seconds": retention_for(tenant, None),
         "data_key": tenant_selectors.data_key_for_worker(tenant),

@@ -81,12 +81,16 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
         raise responses.WorkerError(first)
     cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
 
+    ended = []
+
     async def body() -> AsyncIterator[bytes]:
-        # When the client goes away Django stops iterating; this generator (and the gateway stream it
-        # holds) is then finalized at once by reference counting, which cancels the request on its
-        # worker (gateway.astream). Keep it free of reference cycles, or cancellation waits for the GC.
+        # When the client goes away Django stops iterating and closes the response: the closer below
+        # cancels the request on its worker unless the stream had ended (finalizing this generator
+        # would too, via gateway.astream, but only once nothing references it any more).
         sent_first = False
         async for ev in _chain(first, events):
+            if ev["type"] in ("finished", "error"):
+                ended.append(True)
             if ev["type"] == "token":
                 yield _sse(responses.chunk(kind, cid, prep.model, created, token=ev, first=not sent_first,
                                            with_logprobs=with_logprobs))
@@ -105,6 +109,13 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
         yield _sse("[DONE]")
 
     resp = StreamingHttpResponse(body(), content_type="text/event-stream")
+    rid = prep.worker_req.get("request_id")
+
+    def cancel_unless_ended() -> None:
+        if not ended and rid:
+            gateway.cancel_request(prep.spec, rid)
+
+    resp._resource_closers.append(cancel_unless_ended)  # Django calls these from response.close()
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     return resp
