@@ -376,7 +376,9 @@ def main(argv: list[str] | None = None) -> None:
         from django.db import connection
         from django.test import RequestFactory
 
-        from controlplane.asgi import _serving as application  # the handler behind /v1/
+        from controlplane.asgi import _serving
+
+        application = _serving.app  # the handler behind /v1/ (inside the body-limit wrapper)
         from controlplane.serving import context
         from controlplane.serving.schemas import CompletionRequest
 

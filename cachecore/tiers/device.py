@@ -13,7 +13,7 @@ Not separately locked: every call happens under the orchestrator's lock (passed 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -21,10 +21,11 @@ from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
 from cachecore.layout import KVLayout
 from cachecore.pages import KVPages
-from cachecore.tiers.base import BlockStore, Fetched, Listener, Tag
+from cachecore.tiers.base import Fetched, Listener, Tag
+from cachecore.tiers.pooled import PooledStore
 
 
-class DeviceStore(BlockStore):
+class DeviceStore(PooledStore):
     name = "l1"
 
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str,
@@ -60,11 +61,6 @@ class DeviceStore(BlockStore):
         self.pages.write_blocks(_ids([b.block_id for b in blocks]), kv.to(self.pages.device))
 
     # ------------------------------------------------------------------ contract
-    def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:
-        with self._lock:
-            block = self.pool._index.get(key)
-            return block is not None and block.token_ids == tokens
-
     def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
         with self._lock:
             if self.pool.get_cached(key, tokens) is not None:
@@ -97,14 +93,6 @@ class DeviceStore(BlockStore):
                 self.pool.free(blocks)
         return Fetched(kv, None if len(blocks) == len(items) else "miss")
 
-    def delete(self, match: Callable[[Tag], bool]) -> int:
-        with self._lock:
-            return self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
-
-    def count(self, match: Callable[[Tag], bool]) -> int:
-        with self._lock:
-            return sum(1 for b in self.pool._index.values() if b.tag is not None and match(b.tag))
-
     def gauges(self) -> dict[str, int]:
         with self._lock:
             pool = self.pool
@@ -114,11 +102,6 @@ class DeviceStore(BlockStore):
                     "duplicate_stores": pool.stats.duplicate_stores, "collisions": pool.stats.collisions,
                     "cap_rejections": pool.stats.cap_rejections,
                     "protected_evictions": pool.stats.protected_evictions}
-
-    def resident(self) -> dict[str, int]:
-        """Blocks held or kept cached per owner (tenant)."""
-        with self._lock:
-            return {o: self.pool.usage(o) for o in self.pool.owners()}
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
 from cachecore.layout import KVLayout
-from cachecore.tiers.base import BlockStore, Fetched, Listener, Tag
+from cachecore.tiers.base import Fetched, Listener, Tag
+from cachecore.tiers.pooled import PooledStore
 
 
-class HostStore(BlockStore):
+class HostStore(PooledStore):
     name = "l2"
 
     def __init__(self, layout: KVLayout, num_blocks: int, *, pin_memory: bool | None = None) -> None:
@@ -42,11 +43,6 @@ class HostStore(BlockStore):
         self.stats = {"puts": 0, "duplicates": 0, "rejected": 0, "corrupt": 0, "gets": 0, "blocks_out": 0}
 
     # ------------------------------------------------------------------ contract
-    def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:
-        with self._lock:
-            block = self.pool._index.get(key)
-            return block is not None and block.token_ids == tokens
-
     def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
         src = kv.reshape(self.layout.page_shape)
         with self._lock:
@@ -132,24 +128,11 @@ class HostStore(BlockStore):
             self.stats["blocks_out"] += good
         return Fetched(kv, stopped)
 
-    def delete(self, match: Callable[[Tag], bool]) -> int:
-        with self._lock:
-            return self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
-
-    def count(self, match: Callable[[Tag], bool]) -> int:
-        with self._lock:
-            return sum(1 for b in self.pool._index.values() if b.tag is not None and match(b.tag))
-
     def gauges(self) -> dict[str, int]:
         with self._lock:
             return {"total": self.pool.num_blocks, "used": self.pool.num_cached,
                     "bytes_per_block": self.layout.bytes_per_block, "evictions": self.pool.stats.evictions,
                     **self.stats}
-
-    def resident(self) -> dict[str, int]:
-        """Blocks kept per owner (tenant)."""
-        with self._lock:
-            return {o: self.pool.usage(o) for o in self.pool.owners()}
 
     def check_integrity(self) -> None:
         with self._lock:
