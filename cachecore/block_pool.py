@@ -272,7 +272,12 @@ class BlockPool:
         enter the free queue deepest first (evicted first), hashed ones at the tail keeping hash and
         data, plain ones at the head. Owners over their cap then evict their own oldest free blocks.
         Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
-        if any(block.ref_cnt <= 0 for block in blocks) or len({b.block_id for b in blocks}) != len(blocks):
+        bad = False
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                bad = True
+                break
+        if bad or len({b.block_id for b in blocks}) != len(blocks):
             seen: dict[int, int] = {}
             for block in blocks:
                 seen[block.block_id] = count = seen.get(block.block_id, 0) + 1
