@@ -6,6 +6,9 @@ from __future__ import annotations
 from django import forms
 
 from controlplane.jobs.models import FlushJob
+from controlplane.operators.models import OperatorToken
+from controlplane.registry.models import label_validator, name_validator
+from controlplane.registry.services import MAX_SEED
 from controlplane.tenants.models import Tenant
 
 REASON_MAX = 2000
@@ -17,8 +20,53 @@ class TenantStatusForm(forms.Form):
 
 
 class RevisionForm(forms.Form):
-    label = forms.CharField(max_length=64, widget=forms.TextInput(attrs={"placeholder": "r2", "size": 10}))
-    seed = forms.IntegerField(min_value=0, widget=forms.NumberInput(attrs={"placeholder": "42", "class": "seed"}))
+    """A weight revision: a label and exactly one source, a seed or a weights file (``weights_path``)."""
+
+    label = forms.CharField(max_length=64, validators=[label_validator],
+                            widget=forms.TextInput(attrs={"placeholder": "r2", "size": 10}))
+    seed = forms.IntegerField(required=False, min_value=0, max_value=MAX_SEED,
+                              widget=forms.NumberInput(attrs={"placeholder": "42", "class": "seed"}))
+    weights_path = forms.CharField(required=False, max_length=1024, label="Weights path",
+                                   widget=forms.TextInput(attrs={"placeholder": "/srv/weights/model.safetensors",
+                                                                 "size": 28}))
+
+    def clean(self):
+        data = super().clean()
+        seed, path = data.get("seed"), data.get("weights_path")
+        if "seed" in self.errors or "weights_path" in self.errors:
+            return data
+        if seed is None and not path:
+            self.add_error("seed", "give a seed or a weights path")
+        elif seed is not None and path:
+            self.add_error("weights_path", "give a seed or a weights path, not both")
+        return data
+
+    def revision_kwargs(self) -> dict:
+        """``label`` plus the one source, as ``revision_create`` / ``model_create`` take them."""
+        data = self.cleaned_data
+        source = {"seed": data["seed"]} if data.get("seed") is not None else {"weights_path": data["weights_path"]}
+        return {"label": data["label"], **source}
+
+
+class ModelCreateForm(RevisionForm):
+    """A new deployment and its first revision (which becomes active)."""
+
+    field_order = ["name", "preset", "label", "seed", "weights_path"]
+
+    name = forms.CharField(max_length=100, validators=[name_validator],
+                           widget=forms.TextInput(attrs={"placeholder": "tiny-llama", "size": 18}))
+    preset = forms.ChoiceField()
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from cachecore.model.config import PRESETS  # no torch: config is a plain dataclass module
+
+        self.fields["preset"].choices = [(name, name) for name in sorted(PRESETS)]
+        self.fields["label"].label = "First revision"
+        self.fields["label"].initial = "r1"
+        self.fields["name"].help_text = "what tenants name in requests"
+        self.fields["seed"].help_text = "demo weights derived from the seed"
+        self.fields["weights_path"].help_text = "or a safetensors file on the workers' disk"
 
 
 class RolloutForm(forms.Form):
@@ -28,6 +76,16 @@ class RolloutForm(forms.Form):
 
 
 class FlushForm(forms.Form):
+    """A flush of any scope. Each scope's target fields are required here, with the error next to
+    the field (the service checks the same and resolves the names)."""
+
+    NEEDS = {  # scope -> the fields it needs
+        FlushJob.Scope.TENANT: ("tenant",),
+        FlushJob.Scope.MODEL: ("model",),
+        FlushJob.Scope.REVISION: ("model", "revision"),
+        FlushJob.Scope.ALL: (),
+    }
+
     scope = forms.ChoiceField(choices=FlushJob.Scope.choices)
     tenant = forms.CharField(required=False, max_length=63, widget=forms.Select)
     model = forms.CharField(required=False, max_length=100, widget=forms.Select)
@@ -39,16 +97,48 @@ class FlushForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["tenant"].widget.choices = [("", "—"), *((s, s) for s in tenants)]
         self.fields["model"].widget.choices = [("", "—"), *((m, m) for m in models)]
-        self.fields["scope"].help_text = "what to flush"
+        self.fields["scope"].help_text = "tenant, model, one revision, or all"
         self.fields["reason"].help_text = "recorded in the audit log"
         self.fields["tenant"].help_text = "for scope tenant"
         self.fields["model"].help_text = "for scope model or revision"
         self.fields["revision"].help_text = "for scope revision"
 
+    def clean(self):
+        data = super().clean()
+        scope = data.get("scope")
+        for name in self.NEEDS.get(scope, ()):
+            if not data.get(name) and name not in self.errors:
+                self.add_error(name, f"scope '{scope}' needs '{name}'")
+        return data
+
     def service_kwargs(self) -> dict:
+        """``flush_job_request``'s arguments: the scope, the reason and only the fields it needs."""
         data = self.cleaned_data
-        return {"scope": data["scope"], "reason": data["reason"], "tenant": data["tenant"] or None,
-                "model": data["model"] or None, "revision": data["revision"] or None}
+        needs = self.NEEDS[data["scope"]]
+        return {"scope": data["scope"], "reason": data["reason"],
+                **{name: (data[name] or None) if name in needs else None for name in ("tenant", "model", "revision")}}
+
+
+class OperatorTokenForm(forms.Form):
+    """A new operator token; ``nonce`` makes the form single-use (a reload cannot mint a second one)."""
+
+    username = forms.CharField(max_length=150, widget=forms.TextInput(attrs={"placeholder": "ci-bot", "size": 18}))
+    role = forms.ChoiceField(choices=OperatorToken.Role.choices, initial=OperatorToken.Role.VIEWER)
+    nonce = forms.CharField(max_length=64, widget=forms.HiddenInput)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["username"].help_text = "who or what will use it (audited as this name)"
+        self.fields["role"].help_text = "viewer: read only; admin: may change everything"
+
+
+class ConfirmForm(forms.Form):
+    """The second step of a destructive action: the confirmation page posts ``confirm=yes``."""
+
+    NOT_CONFIRMED = "confirm on the confirmation page first"
+
+    confirm = forms.ChoiceField(choices=[("yes", "yes")],
+                                error_messages={"required": NOT_CONFIRMED, "invalid_choice": NOT_CONFIRMED})
 
 
 def form_error_text(form: forms.Form) -> str:

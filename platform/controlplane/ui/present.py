@@ -159,3 +159,107 @@ def job(job: FlushJob) -> dict[str, Any]:
 
 def audit_event(event: AuditEvent) -> dict[str, Any]:
     return audit_event_out(event)
+
+
+# ---------------------------------------------------------------------- models, jobs and tokens pages
+REVISION_STATES = {  # state -> what it means, for the badge's title
+    "active": "serving: new requests run on these weights",
+    "rolling out": "a rollout to this revision is in progress",
+    "staged": "added, never served yet: roll it out to serve it",
+    "retired": "served before; a rollout replaced it and freed its cache",
+}
+TIER_RESULT_KEYS = ("worker", "status", "blocks_freed", "reason", "tiers", "l3_bytes", "bytes", "objects")
+
+
+def revision_states(deployment: ModelDeployment, rollouts: list[FlushJob]) -> dict[str, str]:
+    """Each revision's state as the registry and its rollout jobs know it: ``active`` (the
+    deployment's active revision), ``rolling out`` (target of a rollout not final yet), ``retired``
+    (replaced by a rollout that switched the active revision), else ``staged``."""
+    switched = {j.from_revision_id for j in rollouts
+                if j.from_revision_id and any(s.get("step") == "switched" for s in j.steps)}
+    pending = {j.revision_id for j in rollouts if not j.is_final}
+    states = {}
+    for revision in deployment.revisions.all():
+        if revision.pk == deployment.active_revision_id:
+            states[revision.label] = "active"
+        elif revision.pk in pending:
+            states[revision.label] = "rolling out"
+        elif revision.pk in switched:
+            states[revision.label] = "retired"
+        else:
+            states[revision.label] = "staged"
+    return states
+
+
+def model_page_row(deployment: ModelDeployment, rollouts: list[FlushJob]) -> dict[str, Any]:
+    """``model_row`` plus each revision's state and the deployment's latest rollout job (newest first
+    in ``rollouts``, which may hold other deployments' jobs)."""
+    mine = [j for j in rollouts if j.deployment_id == deployment.pk]
+    states = revision_states(deployment, mine)
+    row = model_row(deployment)
+    for revision in row["revisions"]:
+        revision["state"] = states.get(revision["label"], "staged")
+        revision["state_title"] = REVISION_STATES[revision["state"]]
+    row["last_rollout"] = job(mine[0]) if mine else None
+    return row
+
+
+def _phase(name: str) -> tuple[str, str]:
+    """``cache-worker:m:0:drop:v3`` -> ``("cache-worker:m:0", "drop key v3")`` (a job's result key)."""
+    if ":drop:v" in name:
+        worker, version = name.split(":drop:v", 1)
+        return worker, f"drop key v{version}"
+    for suffix in ("stage", "switch"):
+        if name.endswith(f":{suffix}"):
+            return name[: -len(suffix) - 1], suffix
+    return name, "flush"
+
+
+def tier_result(result: dict) -> dict[str, Any]:
+    """One per-worker result for the job page: its phase, blocks freed in L1 / L2, L3 objects
+    deleted and bytes freed (flush results carry ``tiers`` and ``l3_bytes``, key drops
+    ``objects`` and ``bytes``), and whatever else it said as details."""
+    worker, phase = _phase(result["worker"])
+    tiers = result.get("tiers") or {}
+    l3 = tiers.get("l3", result.get("objects"))
+    size = result.get("bytes", result.get("l3_bytes"))
+    return {
+        "worker": worker, "phase": phase, "status": result.get("status"), "reason": result.get("reason"),
+        "blocks_freed": result.get("blocks_freed"), "l1": tiers.get("l1"), "l2": tiers.get("l2"), "l3": l3,
+        "l3_bytes": result.get("l3_bytes", result.get("bytes") if "objects" in result else None),
+        "bytes": size, "bytes_text": human_bytes(size) if size is not None else "—",
+        "details": {k: v for k, v in result.items() if k not in TIER_RESULT_KEYS},
+    }
+
+
+def _total(rows: list[dict], key: str) -> int | None:
+    values = [r[key] for r in rows if isinstance(r.get(key), int)]
+    return sum(values) if values else None
+
+
+VERIFY_STEPS = ("verified", "verify_failed", "keys_verified", "keys_verify_failed", "drop_skipped")
+
+
+def job_page(flush_job: FlushJob) -> dict[str, Any]:
+    """``job`` plus per-worker, per-tier results with a totals row, the verification steps and a
+    target line that names a shred's key version."""
+    view = job(flush_job)
+    if view["kind"] == FlushJob.Kind.SHRED and view.get("version"):
+        view["target"] = f"{view['target']}, data key v{view['version']}"
+    elif view["kind"] == FlushJob.Kind.OFFBOARD:
+        view["target"] = f"{view['target']} (offboarding: flush, then shred every data key)"
+    rows = [tier_result(r) for r in flush_job_view(flush_job)["results"]]
+    view["tier_results"] = rows
+    totals = {key: _total(rows, key) for key in ("blocks_freed", "l1", "l2", "l3", "l3_bytes", "bytes")}
+    totals["bytes_text"] = human_bytes(totals["bytes"]) if totals["bytes"] is not None else "—"
+    view["tier_totals"] = totals
+    view["has_tiers"] = any(r[k] is not None for r in rows for k in ("l1", "l2", "l3"))
+    view["verification"] = [s for s in view["steps"] if s["step"] in VERIFY_STEPS]
+    return view
+
+
+def operator_token_row(token) -> dict[str, Any]:
+    """An operator token for the tokens page: never its hash, only the visible prefix."""
+    return {"id": token.pk, "username": token.username, "role": token.role, "prefix": token.prefix,
+            "created": token.created, "last_used": token.last_used, "revoked_at": token.revoked_at,
+            "revoked": token.revoked_at is not None}
