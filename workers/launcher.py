@@ -5,7 +5,8 @@ Steps: create ``$STRATA_HOME`` (default ``.strata``); make sure the L3 master ke
 ``STRATA_MASTER_KEY``/``STRATA_MASTER_KEY_FILE`` name one) and point every child at it; ``manage.py
 migrate``; with ``STRATA_DEMO=1`` or ``--demo`` run ``manage.py strata_demo``; start a local Ray
 head unless ``RAY_ADDRESS`` names a cluster; start a Celery worker and uvicorn
-(``controlplane.asgi:application``) on ``127.0.0.1:$PORT`` (default 8000); print the URL and how to
+(``controlplane.asgi:application``, which also samples the cache counters every 30 s for the
+dashboard's charts: ``STRATA_SAMPLER=1``) on ``127.0.0.1:$PORT`` (default 8000); print the URL and how to
 log in; wait. Ctrl-C, SIGTERM or the death of any child stops every process it started (SIGTERM to
 each child's process group, a grace period, then SIGKILL to the group and to any descendant that
 left it) and the launcher exits.
@@ -297,7 +298,9 @@ class Launcher:
         say(f"starting the web server on http://{HOST}:{self.cfg.port}")
         argv = [self._bin("uvicorn"), "controlplane.asgi:application", "--host", HOST,
                 "--port", str(self.cfg.port), "--lifespan", "off", "--timeout-graceful-shutdown", "5"]
-        child = self.sup.start("web", argv, env=self.env, cwd=REPO_ROOT, log_path=self._log("web"))
+        # The web process also runs the stats sampler (controlplane.timeseries; STRATA_SAMPLER=0 turns it off).
+        env = {"STRATA_SAMPLER": "1", **self.env}
+        child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"))
         url = f"http://{HOST}:{self.cfg.port}/healthz"
         deadline = time.monotonic() + 120
         while True:

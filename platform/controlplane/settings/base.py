@@ -24,7 +24,8 @@ STRATA_HOME: Path = ENV.home
 
 # Subpackages owned by other parts of the platform; installed when they exist so that this
 # settings module never has to change when they land.
-OPTIONAL_APPS = ["controlplane.jobs", "controlplane.serving", "controlplane.runtime", "controlplane.ui"]
+OPTIONAL_APPS = ["controlplane.jobs", "controlplane.serving", "controlplane.runtime", "controlplane.ui",
+                 "controlplane.timeseries"]
 
 
 def _exists(module: str) -> bool:
