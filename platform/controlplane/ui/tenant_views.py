@@ -48,6 +48,7 @@ from controlplane.tenants.selectors import (
 )
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
+from controlplane.ui.charts import tenant_charts
 from controlplane.ui.forms import form_error_text
 from controlplane.ui.tenant_forms import (
     GrantForm,
@@ -181,6 +182,7 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         data_keys=data_keys, group=group, has_groups=bool(groups),
         active_keys=sum(1 for k in keys if k["revoked_at"] is None),
         jobs=_tenant_jobs(tenant),
+        charts=tenant_charts(tenant.slug),
         events=[present.audit_event(e) for e in audit_list(tenant=tenant.slug, limit=AUDIT_SHOWN)],
         **forms,
     )

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controlplane.ui import views
+from controlplane.ui import model_views, tenant_views, token_views, views
 
 app_name = "ui"
 
@@ -11,14 +11,29 @@ urlpatterns = [
     path("ui/live/", views.dashboard_live, name="dashboard-live"),
     path("ui/login/", views.LoginView.as_view(), name="login"),
     path("ui/logout/", views.LogoutView.as_view(), name="logout"),
-    path("ui/tenants/", views.tenants, name="tenants"),
+    path("ui/tenants/", tenant_views.tenants, name="tenants"),
+    path("ui/tenants/<slug:slug>/", tenant_views.tenant_detail, name="tenant"),
     path("ui/tenants/<slug:slug>/status/", views.tenant_status, name="tenant-status"),
-    path("ui/models/", views.models, name="models"),
-    path("ui/models/<str:name>/revisions/", views.revision_add, name="revision-add"),
-    path("ui/models/<str:name>/rollout/", views.rollout, name="rollout"),
-    path("ui/jobs/", views.jobs, name="jobs"),
-    path("ui/jobs/live/", views.jobs_live, name="jobs-live"),
-    path("ui/jobs/<int:job_id>/", views.job_detail, name="job"),
-    path("ui/jobs/<int:job_id>/live/", views.job_live, name="job-live"),
+    path("ui/tenants/<slug:slug>/settings/", tenant_views.tenant_settings, name="tenant-settings"),
+    path("ui/tenants/<slug:slug>/keys/", tenant_views.key_create, name="tenant-key-create"),
+    path("ui/tenants/<slug:slug>/keys/<int:key_id>/revoke/", tenant_views.key_revoke, name="tenant-key-revoke"),
+    path("ui/tenants/<slug:slug>/grants/", tenant_views.grant_add, name="tenant-grant-add"),
+    path("ui/tenants/<slug:slug>/grants/<str:model>/remove/", tenant_views.grant_remove, name="tenant-grant-remove"),
+    path("ui/tenants/<slug:slug>/share-group/join/", tenant_views.share_group_join, name="tenant-group-join"),
+    path("ui/tenants/<slug:slug>/share-group/new/", tenant_views.share_group_new, name="tenant-group-new"),
+    path("ui/tenants/<slug:slug>/share-group/leave/", tenant_views.share_group_leave, name="tenant-group-leave"),
+    path("ui/tenants/<slug:slug>/data-keys/rotate/", tenant_views.data_key_rotate, name="tenant-data-key-rotate"),
+    path("ui/tenants/<slug:slug>/data-keys/<int:version>/shred/", tenant_views.data_key_shred,
+         name="tenant-data-key-shred"),
+    path("ui/tenants/<slug:slug>/offboard/", tenant_views.tenant_offboard, name="tenant-offboard"),
+    path("ui/models/", model_views.models, name="models"),
+    path("ui/models/<str:name>/revisions/", model_views.revision_add, name="revision-add"),
+    path("ui/models/<str:name>/rollout/", model_views.rollout, name="rollout"),
+    path("ui/jobs/", model_views.jobs, name="jobs"),
+    path("ui/jobs/live/", model_views.jobs_live, name="jobs-live"),
+    path("ui/jobs/<int:job_id>/", model_views.job_detail, name="job"),
+    path("ui/jobs/<int:job_id>/live/", model_views.job_live, name="job-live"),
+    path("ui/tokens/", token_views.tokens, name="tokens"),
+    path("ui/tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token-revoke"),
     path("ui/audit/", views.audit, name="audit"),
 ]

@@ -13,29 +13,24 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
-from django.forms import Form, Select
+from django.forms import Form
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.audit.selectors import audit_list, audit_verify
 from controlplane.common.errors import ApplicationError
-from controlplane.jobs.selectors import flush_job_get, flush_job_list
-from controlplane.jobs.services import flush_job_request, rollout_request
 from controlplane.operators.forms import OperatorLoginForm
 from controlplane.operators.views import lockout_response
-from controlplane.registry.selectors import model_get, model_list
-from controlplane.registry.services import revision_create
 from controlplane.runtime.stats import cluster_stats
 from controlplane.tenants.selectors import tenant_get, tenant_list
 from controlplane.tenants.services import tenant_update
-from controlplane.ui import present
+from controlplane.ui import charts, present
 from controlplane.ui.access import operator_view
-from controlplane.ui.forms import FlushForm, RevisionForm, RolloutForm, TenantStatusForm, form_error_text
+from controlplane.ui.forms import TenantStatusForm, form_error_text
 
 POLL_STOP_HEADER = "X-Strata-Poll"
-JOBS_SHOWN = 50
 AUDIT_SHOWN = 100
 AUDIT_FILTERS = ("action", "actor", "tenant")
 
@@ -91,16 +86,21 @@ def _actor(request: HttpRequest):
 
 
 # ---------------------------------------------------------------------- dashboard
+def _dashboard() -> dict[str, Any]:
+    stats = cluster_stats()
+    return {"stats": present.dashboard(stats), **charts.dashboard_context(stats)}
+
+
 @operator_view
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return _page(request, "ui/dashboard.html", "dashboard", stats=present.dashboard(cluster_stats()))
+    return _page(request, "ui/dashboard.html", "dashboard", **_dashboard())
 
 
 @operator_view
 @require_GET
 def dashboard_live(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "ui/_dashboard_stats.html", {"stats": present.dashboard(cluster_stats())})
+    return _partial(request, "ui/_dashboard_stats.html", _dashboard())
 
 
 # ---------------------------------------------------------------------- tenants
@@ -128,98 +128,7 @@ def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
     return redirect("ui:tenants")
 
 
-# ---------------------------------------------------------------------- models
-def _form_id(kind: str, name: str) -> str:
-    return f"id_{kind}_{name}_%s"
-
-
-def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = None) -> HttpResponse:
-    bound = bound or {}
-    rows = []
-    for deployment in model_list():
-        row = present.model_row(deployment)
-        if request.operator.is_admin:
-            name = deployment.name
-            row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
-            rollout = bound.get(("rollout", name)) or RolloutForm(auto_id=_form_id("roll", name))
-            rollout.fields["revision"].widget = Select(choices=[(r["label"], r["label"]) for r in row["others"]])
-            row["rollout_form"] = rollout
-        rows.append(row)
-    return _page(request, "ui/models.html", "models", status, models=rows)
-
-
-@operator_view
-@require_GET
-def models(request: HttpRequest) -> HttpResponse:
-    return _models_page(request)
-
-
-@operator_view
-@require_POST
-def revision_add(request: HttpRequest, name: str) -> HttpResponse:
-    deployment = model_get(name=name)
-    form = RevisionForm(request.POST, auto_id=_form_id("rev", name))
-    revision, status = _submit(request, form, lambda d: revision_create(
-        actor=_actor(request), deployment=deployment, label=d["label"], seed=d["seed"]))
-    if revision is None:
-        return _models_page(request, status, bound={("revision", name): form})
-    messages.success(request, f"Added revision {revision.label} to {name}. Roll it out when it should serve.")
-    return redirect("ui:models")
-
-
-@operator_view
-@require_POST
-def rollout(request: HttpRequest, name: str) -> HttpResponse:
-    form = RolloutForm(request.POST, auto_id=_form_id("roll", name))
-    job, status = _submit(request, form, lambda d: rollout_request(
-        actor=_actor(request), model=name, revision=d["revision"], reason=d["reason"]))
-    if job is None:
-        return _models_page(request, status, bound={("rollout", name): form})
-    messages.success(request, f"Rollout of {name} to {job.revision.label} requested.")
-    return redirect("ui:job", job_id=job.pk)
-
-
-# ---------------------------------------------------------------------- jobs
-def _recent_jobs() -> list[dict]:
-    return [present.job(j) for j in flush_job_list(limit=JOBS_SHOWN)]
-
-
-def _flush_form(data=None) -> FlushForm:
-    return FlushForm(data, tenants=[t.slug for t in tenant_list()], models=[m.name for m in model_list()])
-
-
-@operator_view
-@require_http_methods(["GET", "POST"])
-def jobs(request: HttpRequest) -> HttpResponse:
-    form, status = None, 200
-    if request.method == "POST":
-        form = _flush_form(request.POST)
-        job, status = _submit(request, form, lambda d: flush_job_request(actor=_actor(request),
-                                                                          **form.service_kwargs()))
-        if job is not None:
-            messages.success(request, f"Flush job {job.pk} requested.")
-            return redirect("ui:job", job_id=job.pk)
-    flush_form = (form or _flush_form()) if request.operator.is_admin else None
-    return _page(request, "ui/jobs.html", "jobs", status, jobs=_recent_jobs(), form=flush_form)
-
-
-@operator_view
-@require_GET
-def jobs_live(request: HttpRequest) -> HttpResponse:
-    return _partial(request, "ui/_jobs_table.html", {"jobs": _recent_jobs()})
-
-
-@operator_view
-@require_GET
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    return _page(request, "ui/job.html", "jobs", job=present.job(flush_job_get(job_id=job_id)))
-
-
-@operator_view
-@require_GET
-def job_live(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = present.job(flush_job_get(job_id=job_id))
-    return _partial(request, "ui/_job_live.html", {"job": job}, final=job["is_final"])
+# models and jobs: ``model_views``; operator tokens: ``token_views``.
 
 
 # ---------------------------------------------------------------------- audit
