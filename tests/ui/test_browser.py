@@ -143,3 +143,134 @@ def test_operator_logs_in_requests_a_flush_and_watches_it_finish(chromium, platf
 
     assert _cached_tokens(platform, "acme") == 0  # really flushed...
     assert _cached_tokens(platform, "globex") > 0  # ...and only for that tenant
+
+
+SHOTS = Path(os.environ.get("STRATA_SCREENSHOTS") or "/tmp/strata-screenshots")
+
+
+def _shot(page, name: str) -> None:
+    """A screenshot of each page as an artifact of the run (never committed)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _in_thread(fn):
+    """Run ORM work (the sampler) outside Playwright's event loop thread."""
+    import threading
+
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as exc:  # re-raised in the test's thread
+            box["e"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    if "e" in box:
+        raise box["e"]
+    return box.get("v")
+
+
+def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, live_server, admin_user, actor,
+                                                          celery_worker_factory, open_browser):
+    """Create a tenant, issue a key (it works with the openai client), grant a model, set a quota low
+    enough for 429s, watch the hit ratio appear on the tenant's chart, roll out a new revision and
+    watch the job finish, offboard the tenant (its key then gets 401)."""
+    assert require_chromium() == chromium
+    import openai
+    from playwright.sync_api import expect
+
+    from controlplane.registry.selectors import model_get
+    from controlplane.registry.services import revision_create
+    from controlplane.timeseries.services import sample_take
+
+    revision_create(actor=actor, deployment=model_get(name=platform.model), label="r2", seed=6)
+    celery_worker_factory()
+    page = open_browser()
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.goto(f"{live_server.url}/ui/login/")
+    page.get_by_label("Username").fill("alice")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+
+    # 1. create the tenant
+    page.goto(f"{live_server.url}/ui/tenants/")
+    _shot(page, "tenants")
+    form = page.locator("form.tenant-form")
+    if not form.is_visible():
+        page.get_by_text("Create tenant").first.click()
+    form.locator("input[name=slug]").fill("umbrella")
+    form.locator("input[name=name]").fill("Umbrella Corp")
+    form.get_by_role("button", name="Create tenant").click()
+    expect(page).to_have_url(re.compile(r"/ui/tenants/umbrella/$"))
+    _shot(page, "tenant-page")
+
+    # 2. issue a key: shown once; it works with the official client
+    page.get_by_role("button", name="Create API key").click()
+    raw = page.locator("#raw-key").input_value()
+    assert raw.startswith("sk-st-")
+    _shot(page, "tenant-key-created")
+    client = openai.OpenAI(base_url=f"{platform.url}/v1", api_key=raw, max_retries=0, timeout=120)
+    with pytest.raises(openai.NotFoundError):  # no grant yet: the model does not exist for it
+        client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
+
+    # 3. grant the model; repeated prompts hit
+    page.goto(f"{live_server.url}/ui/tenants/umbrella/")
+    page.locator("form[action$='/grants/']").get_by_label("Model").select_option(platform.model)
+    page.get_by_role("button", name="Grant model").click()
+    cached = [client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1, temperature=0)
+              .usage.prompt_tokens_details.cached_tokens for _ in range(3)]
+    assert cached[0] == 0 and cached[-1] > 0
+
+    # 4. the hit ratio appears on the tenant's chart (two samples make one interval)
+    _in_thread(sample_take)
+    client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1, temperature=0)
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    _in_thread(lambda: sample_take(now=timezone.now() + timedelta(seconds=31)))
+    page.goto(f"{live_server.url}/ui/tenants/umbrella/")
+    charts = page.locator("section[aria-labelledby=h-charts]")
+    expect(charts.locator("svg").first).to_be_visible()
+    expect(charts).not_to_contain_text("no samples yet")
+    expect(charts).to_contain_text(re.compile(r"Latest: prefill skipped [1-9][0-9.]*%"))  # the ratio rose
+    _shot(page, "tenant-charts")
+
+    # 5. a low quota: the next requests get 429
+    settings_form = page.locator("form[action$='/settings/']")
+    settings_form.locator("input[name=requests_per_minute]").fill("1")
+    settings_form.get_by_role("button", name="Save").click()
+    expect(page.locator(".msg, [role=status]").first).to_be_visible()
+    with pytest.raises(openai.RateLimitError):
+        for _ in range(3):
+            client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
+
+    # 6. roll out a new revision and watch the job finish
+    page.goto(f"{live_server.url}/ui/models/")
+    _shot(page, "models")
+    rollout = page.locator(f"form[aria-label='Roll out a revision of {platform.model}']")
+    field = rollout.locator("[name=revision]")
+    if field.evaluate("e => e.tagName") == "SELECT":
+        field.select_option("r2")
+    else:
+        field.fill("r2")
+    rollout.get_by_role("button", name=re.compile("reset the cache", re.I)).click()
+    expect(page).to_have_url(re.compile(r"/ui/jobs/\d+/$"))
+    expect(page.locator("#job-live [data-status]")).to_have_attribute("data-status", "succeeded", timeout=180_000)
+    _shot(page, "rollout-job")
+
+    # 7. offboard with a typed confirmation: the key stops working at once
+    page.goto(f"{live_server.url}/ui/tenants/umbrella/")
+    page.get_by_role("link", name=re.compile("Offboard umbrella")).click()
+    page.locator("input[name=confirm]").fill("umbrella")
+    page.get_by_role("button", name=re.compile("Offboard", re.I)).click()
+    expect(page).to_have_url(re.compile(r"/ui/jobs/\d+/$"))
+    _shot(page, "offboard-job")
+    with pytest.raises(openai.AuthenticationError):
+        client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
+    page.goto(f"{live_server.url}/ui/")
+    _shot(page, "dashboard")
