@@ -181,13 +181,18 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     watch the job finish, offboard the tenant (its key then gets 401)."""
     assert require_chromium() == chromium
     import openai
+    import ray
     from playwright.sync_api import expect
 
-    from controlplane.registry.selectors import model_get
-    from controlplane.registry.services import revision_create
+    from controlplane.registry.services import model_create, revision_create
+    from controlplane.runtime import gateway
     from controlplane.timeseries.services import sample_take
 
-    revision_create(actor=actor, deployment=model_get(name=platform.model), label="r2", seed=6)
+    # Rolled out in step 6: a deployment of its own (its worker is detached and outlives this test's
+    # database; the shared serving model must stay on r1 for the tests after this one).
+    rolled = model_create(actor=actor, name="tiny-console", preset="tiny", revision={"label": "r1", "seed": 12})
+    revision_create(actor=actor, deployment=rolled, label="r2", seed=13)
+    gateway.get_worker(gateway.spec_for(rolled))
     celery_worker_factory()
     page = open_browser()
     page.set_viewport_size({"width": 1400, "height": 1000})
@@ -252,7 +257,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     # 6. roll out a new revision and watch the job finish
     page.goto(f"{live_server.url}/ui/models/")
     _shot(page, "models")
-    rollout = page.locator(f"form[aria-label='Roll out a revision of {platform.model}']")
+    rollout = page.locator("form[aria-label='Roll out a revision of tiny-console']")
     field = rollout.locator("[name=revision]")
     if field.evaluate("e => e.tagName") == "SELECT":
         field.select_option("r2")
@@ -274,3 +279,9 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
         client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
     page.goto(f"{live_server.url}/ui/")
     _shot(page, "dashboard")
+    gateway.forget("tiny-console")
+    from workers import actor as worker_actor
+
+    handle = worker_actor.find("tiny-console")
+    if handle is not None:
+        ray.kill(handle)
