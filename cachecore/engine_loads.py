@@ -79,6 +79,15 @@ class LoadsMixin:
         if n:
             kv = torch.cat(result["parts"]) if len(result["parts"]) > 1 else result["parts"][0]
             self.l1.write(seq.load_blocks[:n], kv[:n])
+            if n3 and self.l2 is not None:  # chunks loaded from L3 land in L2 too (promotion)
+                first = seq.num_registered + n2
+                rows = range(first, first + min(n3, n - n2))
+                bs = self.block_size
+                stored = self.l2.put_many(
+                    [(seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]), seq.tag) for i in rows],
+                    kv[n2 : n2 + len(rows)])
+                with self._lock:
+                    self.metrics.tier("l2").bytes_in += stored * self.layout.bytes_per_block
         with self._lock:
             for name, got, secs, stop in (("l2", n2, result["l2_s"] if result else 0.0, result and result["l2_stop"]),
                                           ("l3", n3, result["l3_s"] if result else 0.0, result and result["l3_stop"])):

@@ -142,3 +142,15 @@ def test_expired_objects_are_never_served(loaded, tmp_path, keys):
                                retention_seconds=86400)  # paired: within retention
     assert later.engine.finish_loads(seq) == 128
     later.engine.abort(seq)
+
+
+def test_chunks_loaded_from_l3_are_promoted_into_l2_as_well(loaded, tmp_path, keys):
+    ns = loaded.namespace(secrets.token_bytes(32))
+    tokens = _prompt(140, 8)
+    writer = _gen(loaded, tmp_path, keys)
+    writer.prefill_logits(ns, tokens, owner="t")
+    writer.engine.drain_writes()
+    reader = _gen(loaded, tmp_path, keys, l2=32)
+    assert reader.prefill_logits(ns, tokens, owner="t")[1] == 128
+    assert reader.engine.l2.count(lambda t: t.owner == "t") == 8  # both chunks, block by block
+    reader.engine.check_integrity()
