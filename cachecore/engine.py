@@ -170,7 +170,7 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                 seq_id=next(self._ids), ns=ns, tag=tag, request_salt=request_salt, tokens=tokens,
                 prompt_len=len(tokens), blocks=usable + fresh, hashes=hashes, num_cached_tokens=hit_tokens,
                 lookup_hit_tokens=lookup_blocks * bs, num_computed=hit_tokens, num_registered=len(usable),
-                flush_gen=self._gen, use_cache=use_cache, l1_hit_tokens=hit_tokens,
+                flush_gen=self._gen, use_cache=use_cache,
             )
             seq.retention_seconds = retention_seconds
             self._gens_in_use[seq.flush_gen] += 1

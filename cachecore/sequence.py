@@ -30,7 +30,6 @@ class CachedSequence:
     flush_gen: int = 0
     use_cache: bool = True
     released: bool = False
-    l1_hit_tokens: int = 0
     pending: Future | None = field(default=None, repr=False)  # the L2 load in flight (prefetch)
     load_blocks: list[Block] = field(default_factory=list, repr=False)  # fresh L1 blocks it fills
     load_started: float = 0.0

@@ -55,9 +55,8 @@ def test_logits_with_the_prefix_from_l2_equal_from_scratch(loaded, length):
     logits, hit = gen.prefill_logits(ns, tokens, owner="t")
     assert hit == (length - 1) // BS * BS
     torch.testing.assert_close(logits, _dense_last(loaded, tokens), atol=1e-5, rtol=1e-5)
-    if hit:
-        assert gen.engine.metrics.tier("l2").promotions >= hit // BS
-        assert gen.engine.metrics.tier("l2").demotions > 0
+    assert gen.engine.metrics.tier("l2").promotions >= hit // BS
+    assert gen.engine.metrics.tier("l2").demotions > 0  # the filler traffic went down to L2
     gen.engine.check_integrity()
 
 

@@ -337,7 +337,7 @@ class CacheWorker:
     @staticmethod
     def _matcher(scope: dict):
         kind = scope.get("scope")
-        if kind in ("tenant", "key_version"):
+        if kind == "tenant":
             tenant = str(scope["tenant"])
             return lambda t: t.owner == tenant
         if kind == "revision":

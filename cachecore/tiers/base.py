@@ -73,23 +73,17 @@ class Tier(ABC):
         """Copy out the KV of the longest cached prefix of ``tokens``; see :class:`Retrieved`."""
 
 
-Listener = Callable[[bytes, tuple, Tag, str, Callable[[], torch.Tensor]], None]
-"""``listener(key, tokens, tag, reason, read)``: a store dropped ``key`` (``reason``: ``"evicted"``,
-``"capped"``, ``"flushed"``, ``"corrupt"``); ``read()`` returns the block's bytes ``[1, *page_shape]``
-while the listener runs (not after). A listener must not call back into the store."""
-
-
 class BlockStore(ABC):
     """One store of whole blocks under chain-hash keys, each with its token ids (re-checked on every
     read: a key whose stored tokens differ is a miss) and its :class:`Tag`.
 
     Thread-safe: every method may be called from any thread. Every method is always safe to call:
     bad keys are misses, a full store refuses a ``put`` (returns False), nothing raises for lack of
-    space. Stores announce what they drop to ``listeners`` (eviction, flush, corruption).
+    space. What a pool-backed store drops (eviction, flush, corruption) is announced by its
+    ``pool.listeners`` (see :class:`~cachecore.block_pool.BlockPool`), which the orchestrator hears.
     """
 
     name: str
-    listeners: list[Listener]
 
     @abstractmethod
     def contains(self, key: bytes, tokens: tuple[int, ...]) -> bool:

@@ -21,7 +21,7 @@ from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
 from cachecore.layout import KVLayout
 from cachecore.pages import KVPages
-from cachecore.tiers.base import Fetched, Listener, Tag
+from cachecore.tiers.base import Fetched, Tag
 from cachecore.tiers.pooled import PooledStore
 
 
@@ -34,8 +34,6 @@ class DeviceStore(PooledStore):
         self.pool = BlockPool(num_blocks, layout.block_size)
         self.pages = KVPages(layout, num_blocks, torch.device(device))
         self._lock = lock or threading.RLock()
-        self.listeners: list[Listener] = []
-        self.pool.listeners.append(self._announce)
 
     # ------------------------------------------------------------------ what the orchestrator uses
     def match(self, hashes: Sequence[bytes], tokens: Sequence[int]) -> list[Block]:
@@ -108,14 +106,6 @@ class DeviceStore(PooledStore):
             self.pool.check_integrity()
             for block in self.pool._index.values():
                 assert block.tag is not None, f"cached {block} has no tag"
-
-    # ------------------------------------------------------------------ internals
-    def _announce(self, block: Block, reason: str) -> None:
-        if not self.listeners or block.tag is None:
-            return
-        read = lambda blk=block: self.read([blk])  # noqa: E731  (bytes valid only during the call)
-        for listener in self.listeners:
-            listener(block.block_hash, block.token_ids, block.tag, reason, read)
 
 
 def _ids(block_ids: list[int]) -> torch.Tensor:

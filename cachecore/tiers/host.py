@@ -21,7 +21,7 @@ import torch
 from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
 from cachecore.layout import KVLayout
-from cachecore.tiers.base import Fetched, Listener, Tag
+from cachecore.tiers.base import Fetched, Tag
 from cachecore.tiers.pooled import PooledStore
 
 
@@ -38,8 +38,6 @@ class HostStore(PooledStore):
         self.pinned = pin
         self._crc = [0] * num_blocks
         self._lock = threading.RLock()
-        self.listeners: list[Listener] = []
-        self.pool.listeners.append(self._announce)
         self.stats = {"puts": 0, "duplicates": 0, "rejected": 0, "corrupt": 0, "gets": 0, "blocks_out": 0}
 
     # ------------------------------------------------------------------ contract
@@ -148,14 +146,6 @@ class HostStore(PooledStore):
                 return False
             self.data[block.block_id].view(-1)[0] += 1.0
             return True
-
-    # ------------------------------------------------------------------ internals
-    def _announce(self, block: Block, reason: str) -> None:
-        if not self.listeners or block.tag is None:
-            return
-        page = self.data[block.block_id : block.block_id + 1]
-        for listener in self.listeners:
-            listener(block.block_hash, block.token_ids, block.tag, reason, lambda page=page: page)
 
 
 def _crc(page: torch.Tensor) -> int:
