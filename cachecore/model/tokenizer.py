@@ -68,6 +68,11 @@ class ByteTokenizer:
         """The ids generation may sample from (see ``GENERATABLE_IDS``)."""
         return self.GENERATABLE_IDS
 
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Every id that ends generation (a checkpoint's generation config may name several)."""
+        return frozenset({self.eos_id})
+
     def canonical(self) -> dict[str, object]:
         return {
             "name": self.name,

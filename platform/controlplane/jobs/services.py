@@ -395,7 +395,7 @@ def _execute_rollout(job: FlushJob, final_attempt: bool) -> FlushJob:
     worker (old hits stop, running old requests drain or are aborted, old pages freed), and verify
     that the old revision's namespace misses everywhere."""
     new, old = job.revision, job.from_revision
-    revision = {"label": new.label, **({"weights_path": new.weights_path} if new.weights_path else {"seed": new.seed})}
+    revision = gateway.revision_source(new)
     failed = _run_on_workers(job, "stage_revision", lambda d: (revision,), key=":stage")
     if failed:
         if not final_attempt:

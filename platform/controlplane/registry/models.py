@@ -1,8 +1,10 @@
 """ModelDeployment (what tenants name in requests) and ModelRevision (one set of weights).
 
 A revision's weights come from exactly one source: a ``seed`` (demo/test weights derived from model
-name + label + seed) or a ``weights_path`` (safetensors file). ``digest`` identifies the weights and
-goes into the cache namespace, so a new revision never hits the old one's cache.
+name + label + seed), a ``weights_path`` (safetensors file of a preset's layout) or a
+``checkpoint_path`` (a Hugging Face checkpoint directory: config, safetensors, tokenizer, chat
+template). ``digest`` identifies the weights and goes into the cache namespace, so a new revision
+never hits the old one's cache. A deployment runs ``replicas`` cache workers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class ModelDeployment(models.Model):
     preset = models.CharField(max_length=32)
     architecture = models.CharField(max_length=32, default="llama")
     tokenizer = models.CharField(max_length=64, default="byte")
+    replicas = models.PositiveSmallIntegerField(default=1)
     active_revision = models.ForeignKey(
         "ModelRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -38,6 +41,7 @@ class ModelRevision(models.Model):
     label = models.CharField(max_length=64, validators=[label_validator])
     seed = models.BigIntegerField(null=True, blank=True)
     weights_path = models.CharField(max_length=1024, null=True, blank=True)
+    checkpoint_path = models.CharField(max_length=1024, null=True, blank=True)
     digest = models.CharField(max_length=64)
     created = models.DateTimeField(auto_now_add=True)
 
@@ -46,8 +50,11 @@ class ModelRevision(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["deployment", "label"], name="revision_unique_label"),
             models.CheckConstraint(
-                condition=(models.Q(seed__isnull=False, weights_path__isnull=True)
-                           | models.Q(seed__isnull=True, weights_path__isnull=False)),
+                condition=(
+                    models.Q(seed__isnull=False, weights_path__isnull=True, checkpoint_path__isnull=True)
+                    | models.Q(seed__isnull=True, weights_path__isnull=False, checkpoint_path__isnull=True)
+                    | models.Q(seed__isnull=True, weights_path__isnull=True, checkpoint_path__isnull=False)
+                ),
                 name="revision_one_weights_source",
             ),
         ]
@@ -57,4 +64,6 @@ class ModelRevision(models.Model):
 
     @property
     def source(self) -> str:
-        return "seed" if self.seed is not None else "file"
+        if self.seed is not None:
+            return "seed"
+        return "checkpoint" if self.checkpoint_path else "file"

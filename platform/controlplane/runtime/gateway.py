@@ -49,14 +49,23 @@ class WorkerSpec:
 
     deployment: str
     preset: str
-    revision: dict  # {"label", "seed"} or {"label", "weights_path"}
+    revision: dict  # {"label"} and one of "seed", "weights_path", "checkpoint_path"
+    replicas: int = 1
+
+
+def revision_source(rev) -> dict:
+    """The worker's ``revision`` dict of a registry ``ModelRevision``."""
+    if rev.checkpoint_path:
+        return {"label": rev.label, "checkpoint_path": rev.checkpoint_path}
+    if rev.weights_path:
+        return {"label": rev.label, "weights_path": rev.weights_path}
+    return {"label": rev.label, "seed": rev.seed}
 
 
 def spec_for(deployment) -> WorkerSpec:
     """The worker spec of a registry ``ModelDeployment`` at its active revision."""
-    rev = deployment.active_revision
-    source = {"weights_path": rev.weights_path} if rev.weights_path else {"seed": rev.seed}
-    return WorkerSpec(deployment=deployment.name, preset=deployment.preset, revision={"label": rev.label, **source})
+    return WorkerSpec(deployment=deployment.name, preset=deployment.preset,
+                      revision=revision_source(deployment.active_revision), replicas=deployment.replicas)
 
 
 def _ray():
