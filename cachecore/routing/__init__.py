@@ -1,0 +1,30 @@
+"""Cache-aware routing across a deployment's replicas: the cost model (``cost``), the policies
+(``policies``) and the router's prefix index (``index``). Framework-free."""
+
+from cachecore.routing.cost import TIERS, CostModel, Hit, Rates, ReplicaState
+from cachecore.routing.policies import (
+    POLICIES,
+    ExpectedTTFT,
+    LeastLoaded,
+    NoReplicaError,
+    Policy,
+    RoundRobin,
+    RouteRequest,
+    SGLangRule,
+)
+
+__all__ = [
+    "POLICIES",
+    "TIERS",
+    "CostModel",
+    "ExpectedTTFT",
+    "Hit",
+    "LeastLoaded",
+    "NoReplicaError",
+    "Policy",
+    "Rates",
+    "ReplicaState",
+    "RoundRobin",
+    "RouteRequest",
+    "SGLangRule",
+]
