@@ -1,18 +1,64 @@
-"""Model configuration of the reference Llama-style decoder, and the named presets.
+"""Model configuration of the Llama-style decoder, and the named presets.
 
 ``canonical()`` lists every architectural field; weight digests and the cache namespace are built
-from it, so two configs that differ anywhere never share weights or cached KV.
+from it, so two configs that differ anywhere never share weights or cached KV. The switches that
+Hugging Face checkpoints need (explicit head size, q/k/v and output biases, Qwen3's q/k norm, RoPE
+scaling) appear in ``canonical()`` only when set, so the presets' digests and namespaces are the same
+as before the switches existed. ``cachecore.model.hf_config`` builds a config from ``config.json``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+
+import torch
 
 from cachecore.layout import DTYPES, KVLayout
 
 # RoPE flavour implemented by llama.py: rotate the two halves of each head (GPT-NeoX / HF Llama
 # convention), not interleaved pairs. Part of the namespace: the two give different K.
 ROPE_STYLE = "half"
+ROPE_SCALINGS = ("linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling as Hugging Face defines it: ``linear`` divides every inverse frequency by
+    ``factor``; ``llama3`` (Llama 3.1+) divides the low frequencies by ``factor``, keeps the high ones
+    and interpolates between, using ``low_freq_factor``, ``high_freq_factor`` and
+    ``original_max_position_embeddings``. Validated when built (``ValueError``)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALINGS:
+            raise ValueError(f"rope scaling {self.kind!r} is not supported; supported: {', '.join(ROPE_SCALINGS)}")
+        if not self.factor > 0:
+            raise ValueError(f"rope scaling factor must be positive, got {self.factor!r}")
+        if self.kind == "llama3" and not (
+            0 < self.low_freq_factor < self.high_freq_factor and self.original_max_position_embeddings > 0
+        ):
+            raise ValueError("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and "
+                             "original_max_position_embeddings > 0")
+
+    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled inverse frequencies (the formulas, and the fp32 arithmetic, of transformers'
+        ``rope_init_fn``s, so positions rotate by exactly the same angles)."""
+        if self.kind == "linear":
+            return inv_freq / self.factor
+        old = self.original_max_position_embeddings
+        low_wavelen, high_wavelen = old / self.low_freq_factor, old / self.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
+        smooth = (old / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
 
 
 @dataclass(frozen=True)
@@ -29,13 +75,23 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     dtype: str = "float32"
+    head_dim_override: int | None = None  # when the head size is not dim // n_heads (Mistral Nemo, Qwen3)
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2; Llama's attention_bias)
+    o_bias: bool = False  # the output projection carries a bias (Llama's attention_bias)
+    qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3)
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.dim % self.n_heads:
+        if self.head_dim_override is not None and (
+            isinstance(self.head_dim_override, bool) or not isinstance(self.head_dim_override, int)
+            or self.head_dim_override <= 0
+        ):
+            raise ValueError(f"ModelConfig.head_dim_override must be a positive int, got {self.head_dim_override!r}")
+        if self.head_dim_override is None and self.dim % self.n_heads:
             raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
@@ -48,7 +104,14 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_dim_override or self.dim // self.n_heads
+
+    def inv_freq(self) -> torch.Tensor:
+        """RoPE inverse frequencies of one head (``head_dim / 2``, fp32 on CPU), scaled when configured.
+        Computed as transformers computes them (fp32), so the angles match it bit for bit."""
+        hd = self.head_dim
+        freqs = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+        return self.rope_scaling.apply(freqs) if self.rope_scaling is not None else freqs
 
     def kv_layout(self, block_size: int = 16) -> KVLayout:
         """The KV layout this model writes into pages."""
@@ -62,13 +125,30 @@ class ModelConfig:
 
     def rope_canonical(self) -> dict[str, int | float | str]:
         """Position-encoding fields for the namespace (anything that changes K for a given position)."""
-        return {"kind": "rope", "style": ROPE_STYLE, "theta": float(self.rope_theta), "dim": self.head_dim}
+        out: dict[str, int | float | str] = {
+            "kind": "rope", "style": ROPE_STYLE, "theta": float(self.rope_theta), "dim": self.head_dim,
+        }
+        if self.rope_scaling is not None:
+            s = self.rope_scaling
+            out.update({"scaling": s.kind, "factor": float(s.factor), "low_freq_factor": float(s.low_freq_factor),
+                        "high_freq_factor": float(s.high_freq_factor),
+                        "original_max_position_embeddings": s.original_max_position_embeddings})
+        return out
 
-    def canonical(self) -> dict[str, int | float | str]:
-        """Every field, plain JSON-able values (float fields as floats)."""
+    def canonical(self) -> dict[str, object]:
+        """Every field, plain JSON-able values (float fields as floats). The checkpoint switches are
+        listed only when set (see the module docstring)."""
         out = asdict(self)
         out["rope_theta"] = float(self.rope_theta)
         out["norm_eps"] = float(self.norm_eps)
+        for name in ("head_dim_override", "rope_scaling"):
+            if out[name] is None:
+                del out[name]
+        for name in ("qkv_bias", "o_bias", "qk_norm"):
+            if not out[name]:
+                del out[name]
+        if self.rope_scaling is not None:
+            out["rope_scaling"]["factor"] = float(self.rope_scaling.factor)
         return out
 
 

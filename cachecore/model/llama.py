@@ -1,5 +1,9 @@
 """Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over paged KV.
 
+The config switches cover the Hugging Face Llama family: q/k/v (and output) biases (Qwen2, Llama's
+``attention_bias``), RMSNorm of each q/k head before RoPE (Qwen3), an explicit head size, RoPE
+scaling (Llama 3) and tied or untied embeddings.
+
 ``forward`` is the serving path: it writes the new positions' K/V into the page tensor through the
 block table and attends over K/V *read back from the pages*, so a request whose prefix KV came from
 the cache computes exactly what a cold request computes. ``forward_dense`` is an independent,
@@ -28,6 +32,10 @@ class _Layer(NamedTuple):
     ffn_norm: torch.Tensor
     w13: torch.Tensor  # rows: w1 (gate), then w3 (up)
     w2: torch.Tensor
+    bqkv: torch.Tensor | None = None  # q, k, v biases (config.qkv_bias)
+    bo: torch.Tensor | None = None  # output projection bias (config.o_bias)
+    q_norm: torch.Tensor | None = None  # per-head RMSNorm weights [head_dim] (config.qk_norm)
+    k_norm: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -53,21 +61,25 @@ class LlamaModel:
         self.layers: list[_Layer] = []
         for i in range(config.n_layers):
             p = f"layers.{i}."
+            a = p + "attention."
             self.layers.append(
                 _Layer(
                     attn_norm=w[p + "attention_norm.weight"],
-                    wqkv=torch.cat([w[p + f"attention.{n}.weight"] for n in ("wq", "wk", "wv")]),
-                    wo=w[p + "attention.wo.weight"],
+                    wqkv=torch.cat([w[a + f"{n}.weight"] for n in ("wq", "wk", "wv")]),
+                    wo=w[a + "wo.weight"],
                     ffn_norm=w[p + "ffn_norm.weight"],
                     w13=torch.cat([w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]]),
                     w2=w[p + "feed_forward.w2.weight"],
+                    bqkv=torch.cat([w[a + f"{n}.bias"] for n in ("wq", "wk", "wv")]) if config.qkv_bias else None,
+                    bo=w[a + "wo.bias"] if config.o_bias else None,
+                    q_norm=w[a + "q_norm.weight"] if config.qk_norm else None,
+                    k_norm=w[a + "k_norm.weight"] if config.qk_norm else None,
                 )
             )
-        hd = config.head_dim
-        inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
-        angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
-        self.cos = angles.cos().to(device=self.device, dtype=torch.float32)  # [max_seq_len, hd/2]
-        self.sin = angles.sin().to(device=self.device, dtype=torch.float32)
+        # fp32 angles computed as transformers computes them (RoPE scaling included).
+        angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float32), config.inv_freq())
+        self.cos = angles.cos().to(device=self.device)  # [max_seq_len, hd/2]
+        self.sin = angles.sin().to(device=self.device)
 
     # ---- serving path ------------------------------------------------------------------------------
 
@@ -119,7 +131,7 @@ class LlamaModel:
                 is_causal=start_pos == 0 and n > 1,
                 enable_gqa=True,
             )
-            x = x + F.linear(attn[0].transpose(0, 1).reshape(n, -1), layer.wo)
+            x = x + self._attn_out(layer, attn[0].transpose(0, 1).reshape(n, -1))
             x = x + self._mlp(layer, x)
         return F.linear(self._rms(x, self.norm), self.lm_head).float()
 
@@ -143,7 +155,7 @@ class LlamaModel:
             scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(hd)
             probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
             attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)
-            x = x + F.linear(attn.reshape(n, -1), layer.wo)
+            x = x + self._attn_out(layer, attn.reshape(n, -1))
             x = x + self._mlp(layer, x)
         return F.linear(self._rms(x, self.norm), self.lm_head).float()
 
@@ -152,13 +164,21 @@ class LlamaModel:
     def _qkv(
         self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[n, heads, hd]``, k and v ``[n, kv_heads, hd]`` of ``x`` ``[n, dim]`` at the positions whose
+        angles are ``cos``/``sin`` ``[n, hd/2]``: projections (with biases when configured), q/k head
+        norms when configured, then RoPE on q and k."""
         cfg, hd = self.config, self.config.head_dim
-        qkv = F.linear(self._rms(x, layer.attn_norm), layer.wqkv)
+        qkv = F.linear(self._rms(x, layer.attn_norm), layer.wqkv, layer.bqkv)
         q, k, v = qkv.split([cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd], dim=-1)
         n = x.shape[0]
-        q = _rope(q.view(n, cfg.n_heads, hd), cos, sin)
-        k = _rope(k.view(n, cfg.n_kv_heads, hd), cos, sin)
-        return q, k, v.reshape(n, cfg.n_kv_heads, hd)
+        q, k = q.view(n, cfg.n_heads, hd), k.view(n, cfg.n_kv_heads, hd)
+        if layer.q_norm is not None:
+            q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v.reshape(n, cfg.n_kv_heads, hd)
+
+    def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection of the attention ``[n, heads * hd]`` (with its bias when configured)."""
+        return F.linear(attn, layer.wo, layer.bo)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(self._rms(x, layer.ffn_norm), layer.w13).chunk(2, dim=-1)

@@ -7,8 +7,11 @@ Each source has a digest that goes into the cache namespace:
 - file: sha256 of the file's bytes (hashed from the same bytes that are parsed, so the digest always
   describes the weights that were loaded).
 
-Tensor names follow Meta's Llama checkpoints (``layers.{i}.attention.wq.weight`` ...). The lm head
-``output.weight`` is optional: without it the head is tied to ``tok_embeddings.weight``.
+Tensor names follow Meta's Llama checkpoints (``layers.{i}.attention.wq.weight`` ...), plus
+``attention.w{q,k,v,o}.bias`` and ``attention.{q,k}_norm.weight`` when the config has those switches.
+The lm head ``output.weight`` is optional: without it the head is tied to ``tok_embeddings.weight``.
+Hugging Face checkpoint directories are read by ``cachecore.model.hf_weights``, which maps their names
+onto these.
 """
 
 from __future__ import annotations
@@ -37,14 +40,24 @@ OPTIONAL = frozenset({"output.weight"})
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the model reads, in the (fixed) order seeded weights are drawn."""
     d, hd, f = config.dim, config.head_dim, config.ffn_dim
+    q_rows, kv_rows = config.n_heads * hd, config.n_kv_heads * hd
     shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (config.vocab_size, d)}
     for i in range(config.n_layers):
         p = f"layers.{i}."
         shapes[p + "attention_norm.weight"] = (d,)
-        shapes[p + "attention.wq.weight"] = (config.n_heads * hd, d)
-        shapes[p + "attention.wk.weight"] = (config.n_kv_heads * hd, d)
-        shapes[p + "attention.wv.weight"] = (config.n_kv_heads * hd, d)
-        shapes[p + "attention.wo.weight"] = (d, config.n_heads * hd)
+        shapes[p + "attention.wq.weight"] = (q_rows, d)
+        shapes[p + "attention.wk.weight"] = (kv_rows, d)
+        shapes[p + "attention.wv.weight"] = (kv_rows, d)
+        shapes[p + "attention.wo.weight"] = (d, q_rows)
+        if config.qkv_bias:
+            shapes[p + "attention.wq.bias"] = (q_rows,)
+            shapes[p + "attention.wk.bias"] = (kv_rows,)
+            shapes[p + "attention.wv.bias"] = (kv_rows,)
+        if config.o_bias:
+            shapes[p + "attention.wo.bias"] = (d,)
+        if config.qk_norm:
+            shapes[p + "attention.q_norm.weight"] = (hd,)
+            shapes[p + "attention.k_norm.weight"] = (hd,)
         shapes[p + "ffn_norm.weight"] = (d,)
         shapes[p + "feed_forward.w1.weight"] = (f, d)
         shapes[p + "feed_forward.w3.weight"] = (f, d)
@@ -102,6 +115,8 @@ def seeded_weights(
     for name, shape in weight_shapes(config).items():
         if name.endswith("norm.weight"):
             t = torch.ones(shape)
+        elif name.endswith(".bias"):
+            t = torch.zeros(shape)
         else:
             t = torch.randn(shape, generator=gen)
             if name != "tok_embeddings.weight":

@@ -1,0 +1,117 @@
+"""Small random Hugging Face checkpoints for the parity tests and ``bench.model``, built with transformers
+(a test/bench-only dependency) and saved with ``save_pretrained`` like any checkpoint on disk.
+
+Each has a byte-level BPE tokenizer trained here with ``tokenizers`` and a ChatML chat template. The
+weights are drawn with a larger spread than transformers' init (std 0.02 gives near-flat logits, where
+greedy decoding is decided by rounding noise), and biases and q/k norms are random too so that the
+paths they switch on are exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A cache keeps the attention keys and values of prompts that many requests share.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "Tenants never read, probe or evict each other's cache entries.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 2048.",
+    "Ünïcödé text, emoji 🙂 and CJK 漢字 must round-trip.",
+]
+SPECIALS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% if bos_token is defined and add_bos %}{{ bos_token }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unsupported role ' + message['role']) }}{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] | trim }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def train_tokenizer(*, vocab_size: int = 320, bos: bool = True):
+    """A ``PreTrainedTokenizerFast`` (byte-level BPE) with ChatML specials and template; with ``bos``
+    its post-processor prepends ``<s>`` (as Llama's does), without it nothing (as Qwen's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 20, trainer)
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>",
+                                   pad_token="</s>")
+    fast.chat_template = CHATML.replace("add_bos", "true" if bos else "false")
+    return fast
+
+
+def _randomize(model, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+
+
+KINDS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+
+
+def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, layers: int = 2, heads: int = 4,
+                     kv_heads: int = 2, ffn: int = 128, max_pos: int = 512, tie: bool = False,
+                     max_shard_size: str | None = None, dtype: torch.dtype = torch.float32):
+    """Save a random ``kind`` checkpoint (one of ``KINDS``) with its tokenizer under ``path``; returns
+    ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size`` shards it."""
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    tokenizer = train_tokenizer(bos=kind in ("llama", "llama3", "mistral"))
+    common = dict(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=ffn, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
+                  rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=0,
+                  eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    if kind == "llama":
+        config, cls = LlamaConfig(**common, rope_theta=10000.0), LlamaForCausalLM
+    elif kind == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        config, cls = LlamaConfig(**common, rope_parameters=rope), LlamaForCausalLM
+    elif kind == "mistral":
+        config, cls = MistralConfig(**common, sliding_window=None), MistralForCausalLM
+    elif kind == "qwen2":
+        config, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
+    elif kind == "qwen3":
+        config, cls = Qwen3Config(**common, head_dim=2 * dim // heads, use_sliding_window=False), Qwen3ForCausalLM
+    else:
+        raise ValueError(f"unknown kind {kind!r}; known: {KINDS}")
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    _randomize(model, seed)
+    model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=common["eos_token_id"],
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    path.mkdir(parents=True, exist_ok=True)
+    saved = model.to(dtype) if dtype != torch.float32 else model
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    saved.save_pretrained(path, **kwargs)
+    tokenizer.save_pretrained(path)
+    return model.float(), tokenizer
