@@ -1,8 +1,12 @@
 """The Ray actor: a thin, named, detached wrapper around :class:`CacheWorker`.
 
 ``import ray`` happens only inside the functions that need it, so this module (and the plain class)
-import without Ray. The actor is made remote at the call site (``launch``) with ``num_gpus=1`` when the
-cluster has GPUs and 0 otherwise (the CPU fallback).
+import without Ray. The actor is made remote at the call site (``launch``); where it runs is
+``placement``: one GPU each when the cluster has GPUs; otherwise one unit of the custom resource
+``strata_worker`` when some node advertises it (worker nodes join with ``ray start --address ...
+--resources '{"strata_worker": 8}'``, so cache workers stay off the web/Celery head node), and
+anywhere (the head, the single-machine ``make run``) when none does. A deployment's replicas are
+spread over the nodes (``scheduling_strategy="SPREAD"``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Iterator
 from workers.cache_worker import MAX_CONCURRENCY, CacheWorker
 
 NAMESPACE = "strata"
+WORKER_RESOURCE = "strata_worker"  # the custom resource worker nodes advertise
 
 
 def actor_name(deployment: str, replica: int = 0) -> str:
@@ -49,11 +54,20 @@ for _name in _DELEGATED:
     setattr(CacheWorkerActor, _name, _delegate(_name))
 
 
+def placement(cluster_resources: dict) -> dict:
+    """Ray actor options placing one cache worker, from ``ray.cluster_resources()`` (see the module
+    docstring): ``num_gpus`` and, on CPU clusters with worker nodes, ``resources``."""
+    if cluster_resources.get("GPU", 0) >= 1:
+        return {"num_gpus": 1, "scheduling_strategy": "SPREAD"}
+    if cluster_resources.get(WORKER_RESOURCE, 0) >= 1:
+        return {"num_gpus": 0, "resources": {WORKER_RESOURCE: 1}, "scheduling_strategy": "SPREAD"}
+    return {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
+
+
 def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **worker_kwargs):
     """Return the named actor for (deployment, replica), creating it (detached) if it does not exist."""
     import ray
 
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
     # Test hooks (poisoning free pages) exist only where the test suite asks for them.
     worker_kwargs.setdefault("test_hooks", os.environ.get("STRATA_TEST_HOOKS") == "1")
     remote_cls = ray.remote(CacheWorkerActor)
@@ -62,8 +76,8 @@ def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **
         namespace=NAMESPACE,
         lifetime="detached",
         get_if_exists=True,
-        num_gpus=gpus,
         num_cpus=0,
+        **placement(ray.cluster_resources()),
         max_concurrency=MAX_CONCURRENCY,
     ).remote(deployment=deployment, preset=preset, revision=revision, **worker_kwargs)
 

@@ -213,30 +213,39 @@ def test_metrics_show_tiers_per_model_and_resident_bytes_per_tenant(admin_client
     assert response.status_code == 200
     text = response.content.decode()
     samples = _samples(text)
-    assert _value(samples, "strata_tier_hits_total", tier="l1", model="tiny-llama") == 10
-    assert _value(samples, "strata_tier_hits_total", tier="l1", model="small-llama") == 2
-    assert _value(samples, "strata_tier_hits_total", tier="l2", model="tiny-llama") == 4
-    assert ("strata_tier_hits_total", frozenset({"tier": "l2", "model": "small-llama"}.items())) not in samples
-    assert _value(samples, "strata_tier_bytes_total", tier="l2", model="tiny-llama", direction="in") == 8192
-    assert _value(samples, "strata_tier_bytes_total", tier="l2", model="tiny-llama", direction="out") == 7168
-    assert _value(samples, "strata_tier_failures_total", tier="l1", model="small-llama") == 2
-    assert _value(samples, "strata_tier_corrupt_loads_total", tier="l2", model="tiny-llama") == 1
-    assert _value(samples, "strata_tier_fallbacks_total", tier="l1", model="tiny-llama") == 2
-    assert _value(samples, "strata_tier_promotions_total", tier="l2", model="tiny-llama") == 7
-    assert _value(samples, "strata_tier_demotions_total", tier="l2", model="tiny-llama") == 8
-    assert _value(samples, "strata_tier_capacity_blocks", tier="l2", model="tiny-llama") == 400
-    assert _value(samples, "strata_tier_used_blocks", tier="l1", model="small-llama") == 20
-    assert _value(samples, "strata_tier_load_latency_seconds", tier="l2", model="tiny-llama", quantile="0.5") == 0.002
-    assert _value(samples, "strata_tier_load_latency_seconds", tier="l2", model="tiny-llama", quantile="0.99") == 0.01
-    assert _value(samples, "strata_resident_bytes", tenant="acme", model="tiny-llama", tier="l1") == 30 * 1024
-    assert _value(samples, "strata_resident_bytes", tenant="acme", model="small-llama", tier="l1") == 5 * 2048
-    assert _value(samples, "strata_resident_bytes", tenant="beta", model="tiny-llama", tier="l1") == 10 * 1024
-    assert _value(samples, "strata_resident_bytes", tenant="acme", model="tiny-llama", tier="l2") == 8 * 1024
+    assert _value(samples, "strata_tier_hits_total", tier="l1", model="tiny-llama", replica="0") == 10
+    assert _value(samples, "strata_tier_hits_total", tier="l1", model="small-llama", replica="0") == 2
+    assert _value(samples, "strata_tier_hits_total", tier="l2", model="tiny-llama", replica="0") == 4
+    no_l2 = frozenset({"tier": "l2", "model": "small-llama", "replica": "0"}.items())
+    assert ("strata_tier_hits_total", no_l2) not in samples
+    assert _value(samples, "strata_tier_bytes_total", tier="l2", model="tiny-llama",
+                  replica="0", direction="in") == 8192
+    assert _value(samples, "strata_tier_bytes_total", tier="l2", model="tiny-llama",
+                  replica="0", direction="out") == 7168
+    assert _value(samples, "strata_tier_failures_total", tier="l1", model="small-llama", replica="0") == 2
+    assert _value(samples, "strata_tier_corrupt_loads_total", tier="l2", model="tiny-llama", replica="0") == 1
+    assert _value(samples, "strata_tier_fallbacks_total", tier="l1", model="tiny-llama", replica="0") == 2
+    assert _value(samples, "strata_tier_promotions_total", tier="l2", model="tiny-llama", replica="0") == 7
+    assert _value(samples, "strata_tier_demotions_total", tier="l2", model="tiny-llama", replica="0") == 8
+    assert _value(samples, "strata_tier_capacity_blocks", tier="l2", model="tiny-llama", replica="0") == 400
+    assert _value(samples, "strata_tier_used_blocks", tier="l1", model="small-llama", replica="0") == 20
+    assert _value(samples, "strata_tier_load_latency_seconds", tier="l2", model="tiny-llama",
+                  replica="0", quantile="0.5") == 0.002
+    assert _value(samples, "strata_tier_load_latency_seconds", tier="l2", model="tiny-llama",
+                  replica="0", quantile="0.99") == 0.01
+    assert _value(samples, "strata_resident_bytes", tenant="acme", model="tiny-llama",
+                  replica="0", tier="l1") == 30 * 1024
+    assert _value(samples, "strata_resident_bytes", tenant="acme", model="small-llama",
+                  replica="0", tier="l1") == 5 * 2048
+    assert _value(samples, "strata_resident_bytes", tenant="beta", model="tiny-llama",
+                  replica="0", tier="l1") == 10 * 1024
+    assert _value(samples, "strata_resident_bytes", tenant="acme", model="tiny-llama",
+                  replica="0", tier="l2") == 8 * 1024
     # the token layers, per tenant (slug) and model
-    assert _value(samples, "strata_load_success_tokens_total", tenant="acme", model="tiny-llama") == 512
-    assert _value(samples, "strata_lookup_hit_tokens_total", tenant="acme", model="tiny-llama") == 640
-    assert _value(samples, "strata_effective_hit_tokens_total", tenant="acme", model="tiny-llama") == 496
-    assert _value(samples, "strata_worker_up", model="down-llama") == 0
+    assert _value(samples, "strata_load_success_tokens_total", tenant="acme", model="tiny-llama", replica="0") == 512
+    assert _value(samples, "strata_lookup_hit_tokens_total", tenant="acme", model="tiny-llama", replica="0") == 640
+    assert _value(samples, "strata_effective_hit_tokens_total", tenant="acme", model="tiny-llama", replica="0") == 496
+    assert _value(samples, "strata_worker_up", model="down-llama", replica="0") == 0
     ids = set(cluster.values())
     assert not any(label in ids for (_, labels) in samples for _, label in labels)  # slugs only
 
@@ -249,7 +258,8 @@ def test_metrics_leave_out_latency_quantiles_no_load_has_timed(admin_client, act
     samples = _samples(admin_client.get("/metrics").content.decode())
     assert not any(name == "strata_tier_load_latency_seconds" and ("model", "small-llama") in labels
                    for name, labels in samples)
-    assert _value(samples, "strata_tier_load_latency_seconds", tier="l1", model="tiny-llama", quantile="0.99") == 0.004
+    assert _value(samples, "strata_tier_load_latency_seconds", tier="l1", model="tiny-llama",
+                  replica="0", quantile="0.99") == 0.004
 
 
 def test_resident_bytes_labels_stay_bounded(monkeypatch):

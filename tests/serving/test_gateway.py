@@ -75,7 +75,7 @@ def _raising(exc):
 @pytest.fixture
 def fake_handle():
     def install(handle: _Handle) -> _Handle:
-        gateway._handles[FAKE.deployment] = handle
+        gateway.replica_set(FAKE).install(0, handle)
         return handle
 
     yield install
@@ -99,7 +99,7 @@ def test_errors_raised_inside_the_actor_keep_the_handle(fake_handle, cause, stat
     assert not isinstance(err, Unavailable)
     assert (err.status, err.code, err.headers.get("Retry-After")) == (status, code, retry)
     assert "Traceback" not in err.message
-    assert gateway._handles[FAKE.deployment] is handle  # a refused request never drops a live actor
+    assert gateway.replica_set(FAKE).cached(0) is handle  # a refused request never drops a live actor
 
 
 @pytest.mark.parametrize("exc", [
@@ -114,7 +114,7 @@ def test_unreachable_workers_are_503_and_drop_the_handle(fake_handle, exc):
     with pytest.raises(Unavailable) as info:
         asyncio.run(gateway.acall(FAKE, "kv_lookup", {"tokens": [1]}))
     assert info.value.status == 503 and int(info.value.headers["Retry-After"]) >= 1
-    assert FAKE.deployment not in gateway._handles
+    assert gateway.replica_set(FAKE).cached(0) is None
 
 
 def test_stream_refused_before_the_first_event_is_the_api_error_and_keeps_the_handle(fake_handle):
@@ -127,7 +127,7 @@ def test_stream_refused_before_the_first_event_is_the_api_error_and_keeps_the_ha
 
     with pytest.raises(ApplicationError) as info:
         asyncio.run(first())
-    assert info.value.status == 422 and gateway._handles[FAKE.deployment] is handle
+    assert info.value.status == 422 and gateway.replica_set(FAKE).cached(0) is handle
 
 
 class _raising_stream:
@@ -161,7 +161,7 @@ def test_cancelled_collect_cancels_the_request_on_its_worker(fake_handle):
 
     asyncio.run(scenario())
     assert handle.cancel.calls == [("req-7",)]
-    assert gateway._handles[FAKE.deployment] is handle
+    assert gateway.replica_set(FAKE).cached(0) is handle
 
 
 def test_timed_out_collect_is_cancelled_too(fake_handle):
@@ -290,13 +290,14 @@ def _kv(platform, path, tokens):
 
 def test_kv_token_id_2_32_is_4xx_and_the_worker_keeps_serving(platform):
     assert _kv(platform, "/v1/kv/lookup", [1, 2, 3]).status_code == 200
-    handle = gateway._handles[platform.model]
+    handle = gateway.replica_set(gateway.spec_for(platform.deployment)).cached(0)
     bad = _kv(platform, "/v1/kv/lookup", [4294967296])
     assert 400 <= bad.status_code < 500, (bad.status_code, bad.text[:300])
     assert bad.headers["content-type"].startswith("application/json")
     error = bad.json()["error"]
     assert error["message"] and error["type"] and error["code"] and "Traceback" not in bad.text
-    assert gateway._handles.get(platform.model) is handle  # the bad request did not drop the actor
+    # the bad request did not drop the actor
+    assert gateway.replica_set(gateway.spec_for(platform.deployment)).cached(0) is handle
     t0 = time.monotonic()
     assert _kv(platform, "/v1/kv/lookup", [1, 2, 3]).status_code == 200
     assert time.monotonic() - t0 < 10
@@ -308,11 +309,11 @@ def test_real_actor_refusals_are_4xx_and_keep_the_handle(platform):
     error shape, and the cached handle stays; the next normal request is served."""
     spec = gateway.spec_for(platform.deployment)
     gateway.call(spec, "ping")
-    handle = gateway._handles[platform.model]
+    handle = gateway.replica_set(spec).cached(0)
     for req in ({"scope_salt": b"short", "tokens": [1, 2]}, {"scope_salt": b"s" * 32}, {"tokens": [2**32]}):
         with pytest.raises(ApplicationError) as info:
             asyncio.run(gateway.acall(spec, "kv_lookup", req))
         assert 400 <= info.value.status < 500, (info.value.status, info.value.code, info.value.message)
         assert info.value.response()["Content-Type"] == "application/json"
-        assert gateway._handles.get(platform.model) is handle
+        assert gateway.replica_set(spec).cached(0) is handle
     assert _kv(platform, "/v1/kv/lookup", [1, 2, 3]).status_code == 200

@@ -1,7 +1,10 @@
 """Write side of jobs: request a flush / rollout / offboard / shred, and execute one (called by the task).
 
-Execution is idempotent: each worker's result is recorded as soon as it is known, and a retried or
-resumed execution skips the workers already done, so a crash mid-job followed by a retry completes
+Every replica of a deployment is a worker here: results are keyed by actor name
+(``cache-worker:<deployment>:<i>``, one per replica the registry configures, addressed through the
+gateway's ``ReplicaSet``), and verification probes each replica, recorded per replica in the
+``verified`` step. Execution is idempotent: each worker's result is recorded as soon as it is known,
+and a retried or resumed execution skips the workers already done, so a crash mid-job followed by a retry completes
 the job with no double effects. Every request and final state is audited.
 
 Crypto-shredding (``shred`` jobs, one data-key version; ``offboard`` jobs, after their flush, every
@@ -242,18 +245,27 @@ def _phases(job: FlushJob) -> int:
     return 1 + versions if job.kind == FlushJob.Kind.OFFBOARD else 1
 
 
+def _workers(job: FlushJob) -> list[tuple[ModelDeployment, gateway.WorkerSpec, int]]:
+    """Every target replica: (deployment, its spec, replica index)."""
+    out = []
+    for deployment in _targets(job):
+        spec = gateway.spec_for(deployment)
+        out += [(deployment, spec, i) for i in gateway.replica_set(spec).indices()]
+    return out
+
+
 def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kwargs) -> list[str]:
-    """Call ``method`` on every target worker not done yet; record results; return failed names."""
-    targets = _targets(job)
-    job.progress_total = len(targets) * _phases(job)
+    """Call ``method`` on every target replica not done yet; record results; return failed names."""
+    workers = _workers(job)
+    job.progress_total = len(workers) * _phases(job)
     failed = []
-    for deployment in targets:
-        name = actor_name(deployment.name) + key
+    for deployment, spec, replica in workers:
+        name = actor_name(deployment.name, replica) + key
         if job.results.get(name, {}).get("status") in DONE:
             continue
         _pause()
         try:
-            res = gateway.call(gateway.spec_for(deployment), method, *args_for(deployment), create=False,
+            res = gateway.call(spec, method, *args_for(deployment), create=False, replica=replica,
                                timeout=gateway.CALL_TIMEOUT_S + kwargs.get("drain_seconds", 0), **kwargs)
             res = {"status": "absent", "blocks_freed": 0} if res is None else {"status": "ok", **res}
         except Unavailable as exc:
@@ -266,27 +278,31 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kw
 
 
 def _skip_on_workers(job: FlushJob, key: str, reason: str) -> None:
-    """Record ``skipped`` for every target worker (a step these workers have nothing to do for)."""
-    targets = _targets(job)
-    job.progress_total = len(targets) * _phases(job)
-    for deployment in targets:
-        name = actor_name(deployment.name) + key
+    """Record ``skipped`` for every target replica (a step these workers have nothing to do for)."""
+    workers = _workers(job)
+    job.progress_total = len(workers) * _phases(job)
+    for deployment, _spec, replica in workers:
+        name = actor_name(deployment.name, replica) + key
         if job.results.get(name, {}).get("status") not in DONE:
             job.results = {**job.results, name: {"status": "skipped", "reason": reason}}
     job.progress_done = sum(1 for r in job.results.values() if r.get("status") in DONE)
     _save(job, "results", "progress_done", "progress_total")
 
 
-def _verify(job: FlushJob, scope: dict) -> bool:
-    ok = True
-    for deployment in _targets(job):
+def _verify(job: FlushJob, scope: dict) -> tuple[bool, dict[str, dict]]:
+    """Probe ``scope`` on every target replica: (all clean, per-replica ``{"ok", ...}``). A replica
+    that does not exist holds nothing (``absent``, ok); one that does not answer is not ok."""
+    ok, per_replica = True, {}
+    for deployment, spec, replica in _workers(job):
         try:
-            probe = gateway.call(gateway.spec_for(deployment), "probe", scope, create=False)
+            probe = gateway.call(spec, "probe", scope, create=False, replica=replica)
         except Unavailable:
             probe = {"ok": False, "reason": "unreachable"}
-        if probe is not None and not probe.get("ok"):
-            ok = False
-    return ok
+        if probe is None:
+            probe = {"ok": True, "absent": True}
+        ok = ok and bool(probe.get("ok"))
+        per_replica[actor_name(deployment.name, replica)] = probe
+    return ok, per_replica
 
 
 def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
@@ -325,8 +341,8 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
     failed = _run_on_workers(job, "flush", lambda d: (scope,))
     if failed and not final_attempt:
         raise RetryLater(f"{len(failed)} worker(s) unreachable")
-    verified = _verify(job, scope)
-    _step(job, "verified" if verified else "verify_failed")
+    verified, per_replica = _verify(job, scope)
+    _step(job, "verified" if verified else "verify_failed", replicas=per_replica)
     if job.kind == FlushJob.Kind.OFFBOARD:
         shred_failed, shred_verified = _shred(job, final_attempt)
         failed, verified = failed + shred_failed, verified and shred_verified
@@ -380,8 +396,10 @@ def _shred(job: FlushJob, final_attempt: bool) -> tuple[list[str], bool]:
     if failed and not final_attempt:
         raise RetryLater(f"{len(failed)} worker(s) did not drop the key")
     _step(job, "keys_dropped", versions=versions)
-    verified = all(_verify(job, {"scope": "key_version", "tenant": tenant, "version": v}) for v in versions)
-    _step(job, "keys_verified" if verified else "keys_verify_failed", versions=versions)
+    probes = {v: _verify(job, {"scope": "key_version", "tenant": tenant, "version": v}) for v in versions}
+    verified = all(ok for ok, _ in probes.values())
+    _step(job, "keys_verified" if verified else "keys_verify_failed", versions=versions,
+          replicas={f"v{v}": per_replica for v, (_, per_replica) in probes.items()})
     return failed, verified
 
 
@@ -411,8 +429,8 @@ def _execute_rollout(job: FlushJob, final_attempt: bool) -> FlushJob:
                              drain_seconds=drain)
     if failed and not final_attempt:
         raise RetryLater("switch failed on some workers")
-    verified = True
+    verified, per_replica = True, {}
     if old is not None:
-        verified = _verify(job, {"scope": "revision", "revision": old.label})
-    _step(job, "verified" if verified else "verify_failed", old=old.label if old else None)
+        verified, per_replica = _verify(job, {"scope": "revision", "revision": old.label})
+    _step(job, "verified" if verified else "verify_failed", old=old.label if old else None, replicas=per_replica)
     return _finish(job, failed, verified)

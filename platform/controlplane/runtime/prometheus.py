@@ -12,6 +12,10 @@ bytes in/out by ``direction``, failures, corrupt and late loads, fallbacks to re
 demotions, evictions), ``strata_tier_capacity_blocks`` / ``strata_tier_used_blocks`` (and bytes)
 gauges, ``strata_tier_load_latency_seconds{quantile="0.5"|"0.99"}`` (the worker's own estimate,
 absent until a load was timed); per tenant, model and tier ``strata_resident_bytes``.
+
+Every per-worker series carries a ``replica`` label (the replica index, at most the admin API's bound
+of 16 per model), so a restarted replica resets only its own counters; sum over ``replica`` for the
+model's figure.
 """
 
 from __future__ import annotations
@@ -60,49 +64,50 @@ class _Collector:
         self.snapshot, self.jobs, self.audit_heads = snapshot, jobs, audit_heads
 
     def collect(self):
-        up = GaugeMetricFamily("strata_worker_up", "1 if the model's cache worker answered", labels=["model"])
-        pages = GaugeMetricFamily("strata_pages", "L1 pages by state", labels=["model", "state"])
-        evictions = CounterMetricFamily("strata_evictions", "Cached blocks evicted", labels=["model"])
-        dupes = CounterMetricFamily("strata_duplicate_stores", "Stores of blocks already cached", labels=["model"])
+        worker = ["model", "replica"]
+        up = GaugeMetricFamily("strata_worker_up", "1 if the model's cache worker answered", labels=worker)
+        pages = GaugeMetricFamily("strata_pages", "L1 pages by state", labels=["model", "replica", "state"])
+        evictions = CounterMetricFamily("strata_evictions", "Cached blocks evicted", labels=worker)
+        dupes = CounterMetricFamily("strata_duplicate_stores", "Stores of blocks already cached", labels=worker)
         saved = CounterMetricFamily("strata_saved_prefill_seconds", "Estimated prefill seconds saved",
-                                    labels=["tenant", "model"])
-        usage = {k: CounterMetricFamily(f"strata_{k}", help_, labels=["tenant", "model"])
+                                    labels=["tenant", "model", "replica"])
+        usage = {k: CounterMetricFamily(f"strata_{k}", help_, labels=["tenant", "model", "replica"])
                  for k, help_ in USAGE_COUNTERS.items()}
-        tier_counters = {k: CounterMetricFamily(name, help_, labels=["tier", "model"])
+        tier_counters = {k: CounterMetricFamily(name, help_, labels=["tier", "model", "replica"])
                          for k, (name, help_) in TIER_COUNTERS.items()}
-        tier_gauges = {k: GaugeMetricFamily(name, help_, labels=["tier", "model"])
+        tier_gauges = {k: GaugeMetricFamily(name, help_, labels=["tier", "model", "replica"])
                        for k, (name, help_) in TIER_GAUGES.items()}
         tier_bytes = CounterMetricFamily("strata_tier_bytes", "Bytes moved into (in) and out of (out) the tier",
-                                         labels=["tier", "model", "direction"])
+                                         labels=["tier", "model", "replica", "direction"])
         latency = GaugeMetricFamily("strata_tier_load_latency_seconds", "Load latency of the tier",
-                                    labels=["tier", "model", "quantile"])
+                                    labels=["tier", "model", "replica", "quantile"])
         resident = GaugeMetricFamily("strata_resident_bytes", "Bytes of KV a tenant holds in a tier",
-                                     labels=["tenant", "model", "tier"])
+                                     labels=["tenant", "model", "replica", "tier"])
         for w in self.snapshot["workers"]:
-            model = w["model"]
-            up.add_metric([model], 1.0 if w["status"] == "ok" else 0.0)
+            model, replica = w["model"], str(w.get("replica", 0))
+            up.add_metric([model, replica], 1.0 if w["status"] == "ok" else 0.0)
             if w["status"] != "ok":
                 continue
             for state in ("protected", "evictable", "free"):
-                pages.add_metric([model, state], w["pool"].get(state, 0))
-            evictions.add_metric([model], w.get("evictions", 0))
-            dupes.add_metric([model], w.get("duplicate_stores", 0))
+                pages.add_metric([model, replica, state], w["pool"].get(state, 0))
+            evictions.add_metric([model, replica], w.get("evictions", 0))
+            dupes.add_metric([model, replica], w.get("duplicate_stores", 0))
             for row in w["usage"]:
                 for key, fam in usage.items():
-                    fam.add_metric([row["tenant"], model], row.get(key, 0))
-                saved.add_metric([row["tenant"], model], row.get("saved_prefill_seconds", 0.0))
+                    fam.add_metric([row["tenant"], model, replica], row.get(key, 0))
+                saved.add_metric([row["tenant"], model, replica], row.get("saved_prefill_seconds", 0.0))
             for tier, row in w.get("tiers", {}).items():
                 for key, fam in (*tier_counters.items(), *tier_gauges.items()):
-                    fam.add_metric([tier, model], row.get(key, 0))
-                tier_bytes.add_metric([tier, model, "in"], row.get("bytes_in", 0))
-                tier_bytes.add_metric([tier, model, "out"], row.get("bytes_out", 0))
+                    fam.add_metric([tier, model, replica], row.get(key, 0))
+                tier_bytes.add_metric([tier, model, replica, "in"], row.get("bytes_in", 0))
+                tier_bytes.add_metric([tier, model, replica, "out"], row.get("bytes_out", 0))
                 for q, label in QUANTILES.items():
                     value = (row.get("load_latency") or {}).get(q)
                     if value is not None:
-                        latency.add_metric([tier, model, label], value)
+                        latency.add_metric([tier, model, replica, label], value)
             for tier, owners in w.get("resident_bytes", {}).items():
                 for tenant, nbytes in owners.items():
-                    resident.add_metric([tenant, model, tier], nbytes)
+                    resident.add_metric([tenant, model, replica, tier], nbytes)
         jobs = GaugeMetricFamily("strata_jobs", "Flush and rollout jobs by status", labels=["status"])
         for status, n in self.jobs.items():
             jobs.add_metric([status], n)

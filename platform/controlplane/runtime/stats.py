@@ -1,6 +1,8 @@
 """Gather engine snapshots from every deployment's worker and label tenants by slug.
 
-Workers know tenants only by id (their cache owner key); the slug is attached here. A worker that
+Every replica of every deployment is one entry of ``workers`` (``model``, ``replica`` index, actor
+``name``), addressed through the gateway's ``ReplicaSet``; the cluster and tenant figures sum them.
+Workers know tenants only by id (their cache owner key); the slug is attached here. A replica that
 does not answer is listed as unreachable; it never fails the whole call.
 
 The figures keep DESIGN section 2's layers apart, all token-weighted against ``query_tokens``:
@@ -19,6 +21,7 @@ from controlplane.common.errors import Unavailable
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.tenants.models import Tenant
+from workers.actor import actor_name
 
 TOKEN_LAYERS = ("lookup_hit_tokens", "load_success_tokens", "effective_hit_tokens")
 USAGE_SUMS = ("query_tokens", *TOKEN_LAYERS, "stored_tokens", "requests")
@@ -98,15 +101,20 @@ def cluster_stats() -> dict:
     def tenant(slug: str) -> dict:
         return tenants.setdefault(slug, {"tenant": slug, **_usage_row(), "hit_requests": 0, "resident_bytes": {}})
 
+    replicas = []
     for deployment in ModelDeployment.objects.select_related("active_revision").filter(
             active_revision__isnull=False).order_by("name"):
+        spec = gateway.spec_for(deployment)
+        replicas += [(deployment.name, spec, i) for i in gateway.replica_set(spec).indices()]
+    for model, spec, replica in replicas:
+        ident = {"model": model, "replica": replica, "name": actor_name(model, replica)}
         try:
-            snap = gateway.call(gateway.spec_for(deployment), "stats", create=False, timeout=5)
+            snap = gateway.call(spec, "stats", create=False, timeout=5, replica=replica)
         except Unavailable:
-            workers.append({"model": deployment.name, "status": "unreachable"})
+            workers.append({**ident, "status": "unreachable"})
             continue
         if snap is None:
-            workers.append({"model": deployment.name, "status": "not started"})
+            workers.append({**ident, "status": "not started"})
             continue
         for row in snap.get("usage", []):
             row["tenant"] = slugs.get(row["tenant"], row["tenant"])
@@ -136,7 +144,7 @@ def cluster_stats() -> dict:
             for slug, nbytes in owners.items():
                 resident = tenant(slug)["resident_bytes"]
                 resident[tier] = resident.get(tier, 0) + nbytes
-        workers.append({"model": deployment.name, "status": "ok", **snap})
+        workers.append({**ident, "status": "ok", **snap})
 
     names = tier_names(tiers)
     for agg in tenants.values():

@@ -1,0 +1,272 @@
+"""The gateway's router: which replica of a deployment serves a request.
+
+One ``Router`` per deployment (``router_for``). With one routable replica it returns it at once (no
+hashing, no lookups). With several, and the routing modules present (``cachecore.routing``):
+
+- a ``PrefixIndex`` of which replica probably holds which block hashes, fed by a background thread
+  that polls each replica's ``kv_events(since_seq)`` (applied in order; on a gap, or a replica seen
+  for the first time, it reconciles from ``kv_snapshot()``) and its ``info()`` (``replica_id``,
+  ``namespace_fields``, and ``router``: measured ``rates``, ``queued_prefill_tokens``, ``running``);
+- per request: the request's block hashes (``request_hashes`` over the replica's namespace fields, the
+  scope salt and the client's cache salt from the worker request dict: the router sees nothing the
+  gateway does not already hold, and a tenant's hashes only ever match its own scope), the index's
+  hits, one ``ReplicaState`` per routable replica (its polled queue and running count, raised to this
+  process's own not-yet-polled dispatches), and the ``ExpectedTTFT`` policy's choice, with stickiness
+  by session (the request's ``session`` or ``user``; otherwise a digest of the scope and the prompt's
+  first block, i.e. the chat's first turn);
+- after the replica served it: ``index.correct`` with the served ``cached_tokens`` (what the replica
+  re-checked), so a stale hit is not trusted again.
+
+Until the routing modules exist (or when ``STRATA_ROUTING=round_robin``) the choice is round robin over
+the routable replicas; with the policy but no index yet, the policy chooses with no hits (load and
+stickiness only). Routing never fails a request: any error inside the router falls back to round
+robin and is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from controlplane.runtime.replicas import Replica, ReplicaSet
+
+logger = logging.getLogger("controlplane.runtime")
+
+POLL_INTERVAL_S = 0.2
+POLL_TIMEOUT_S = 2.0
+SESSION_PREFIX_TOKENS = 64  # the prompt's first tokens that name a session without a ``user``
+
+
+def _routing_modules() -> dict[str, Any]:
+    """The routing modules present: ``cost``/``policies`` (the choice) and ``events``/``index``/
+    ``hashes`` (the prefix index); a missing group is left out."""
+    mods: dict[str, Any] = {}
+    try:
+        from cachecore.routing import cost, policies
+
+        mods.update(cost=cost, policies=policies)
+    except ImportError:
+        return mods
+    try:
+        from cachecore import events
+        from cachecore.routing import hashes, index
+
+        mods.update(events=events, hashes=hashes, index=index)
+    except ImportError:
+        pass
+    return mods
+
+
+def session_key(req: dict) -> str:
+    """The stickiness key of a worker request: its ``session``/``user`` when given, else a digest of
+    the scope salt and the prompt's first tokens (the first turn of a chat repeats in every turn)."""
+    explicit = req.get("session") or req.get("user")
+    if explicit:
+        return "u:" + hashlib.blake2b(f"{req.get('tenant')}\x00{explicit}".encode(), digest_size=12).hexdigest()
+    h = hashlib.blake2b(digest_size=12)
+    h.update(bytes(req.get("scope_salt") or b""))
+    h.update(b"\x00" + str(req.get("cache_salt") or "").encode() + b"\x00")
+    for t in (req.get("prompt") or [])[:SESSION_PREFIX_TOKENS]:
+        h.update(int(t).to_bytes(4, "little", signed=False))
+    return "p:" + h.hexdigest()
+
+
+class _ReplicaView:
+    """What the poller last learned from one replica."""
+
+    def __init__(self) -> None:
+        self.replica_id: str | None = None
+        self.namespace_fields: dict | None = None
+        self.router: dict = {}
+        self.synced = False  # the index holds a snapshot of it (events apply after it)
+
+
+class Router:
+    """Chooses a replica of one deployment per request (see the module docstring)."""
+
+    def __init__(self, replicas: ReplicaSet, *, join=None) -> None:
+        self.replicas = replicas
+        self._rr = itertools.count()
+        self._join = join
+        self._mods = {} if os.environ.get("STRATA_ROUTING") == "round_robin" else _routing_modules()
+        self._views: dict[int, _ReplicaView] = {}
+        self.index = None
+        self.policy = None
+        self.decisions = {"single": 0, "round_robin": 0, "policy": 0, "fallback": 0}
+        if "policies" in self._mods:
+            self.policy = self._mods["policies"].ExpectedTTFT(self._mods["cost"].CostModel())
+        if "index" in self._mods:
+            self.index = self._mods["index"].PrefixIndex()
+
+    @property
+    def mode(self) -> str:
+        return "expected_ttft" if self.policy is not None else "round_robin"
+
+    # ------------------------------------------------------------------ choosing
+    def choose(self, req: dict | None, *, exclude: frozenset[int] = frozenset()) -> Replica | None:
+        """The replica for ``req`` among the routable ones (minus ``exclude``), or None if none is."""
+        candidates = [r for r in self.replicas.routable() if r.index not in exclude]
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            self.decisions["single"] += 1
+            return candidates[0]
+        if self.policy is None or not isinstance(req, dict) or not req.get("prompt"):
+            self.decisions["round_robin"] += 1
+            return candidates[next(self._rr) % len(candidates)]
+        try:
+            chosen = self._choose_by_policy(req, candidates)
+            self.decisions["policy"] += 1
+            return chosen
+        except Exception:
+            logger.exception("router for %s failed; round robin for this request", self.replicas.deployment)
+            self.decisions["fallback"] += 1
+            return candidates[next(self._rr) % len(candidates)]
+
+    def _hashes(self, req: dict, view: _ReplicaView) -> list[bytes]:
+        from workers.cache_worker import request_salt
+
+        return self._mods["hashes"].request_hashes(view.namespace_fields, bytes(req["scope_salt"]),
+                                                   list(req["prompt"]), request_salt(req.get("cache_salt")))
+
+    def _state(self, rep: Replica, view: _ReplicaView | None):
+        """The policy's view of ``rep``: its measured rates and queue (polled), the queue and running
+        count raised to this process's own dispatches not yet seen by a poll."""
+        cost = self._mods["cost"]
+        router = (view.router if view is not None else None) or {}
+        rates = router.get("rates") or {}
+        known = {k: rates[k] for k in ("prefill_tokens_per_s", "load_tokens_per_s", "decode_step_s") if rates.get(k)}
+        try:
+            measured = cost.Rates(**known)
+        except (TypeError, ValueError):
+            measured = cost.Rates()
+        return cost.ReplicaState(
+            replica_id=(view.replica_id if view is not None else None) or rep.name, rates=measured,
+            queued_prefill_tokens=max(int(router.get("queued_prefill_tokens") or 0), rep.pending_tokens),
+            running=max(int(router.get("running") or 0), rep.inflight), alive=True,
+            queued_requests=int(router.get("queued_requests") or 0),
+            cached_tokens=int(router.get("cached_tokens") or 0))
+
+    def _choose_by_policy(self, req: dict, candidates: list[Replica]) -> Replica:
+        views = {r.index: self._views.get(r.index) for r in candidates}
+        hits: dict = {}
+        indexed = [views[r.index] for r in candidates if views[r.index] is not None and views[r.index].namespace_fields]
+        if self.index is not None and indexed:
+            first = indexed[0]  # replicas of a deployment share their namespace fields
+            hashes = self._hashes(req, first)
+            req["_route_hashes"] = hashes
+            hits = self.index.match(hashes, int(first.namespace_fields.get("block_size") or 16))
+        states = [self._state(r, views[r.index]) for r in candidates]
+        by_id = {s.replica_id: r for s, r in zip(states, candidates, strict=True)}
+        request = self._mods["policies"].RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req))
+        replica_id = self.policy.choose(request, states, hits)
+        self.policy.observe(request, replica_id)
+        return by_id[replica_id]
+
+    def served(self, rep: Replica, req: dict | None, cached_tokens: int | None) -> None:
+        """The replica re-checked the request's hit: correct the index with what it really served."""
+        if self.index is None or not isinstance(req, dict) or cached_tokens is None:
+            return
+        hashes = req.pop("_route_hashes", None)
+        view = self._views.get(rep.index)
+        if hashes and view is not None and view.replica_id:
+            try:
+                self.index.correct(view.replica_id, hashes, int(cached_tokens))
+            except Exception:
+                logger.exception("index correction failed for %s", rep.name)
+
+    def dropped(self, rep: Replica) -> None:
+        """``rep`` died: its entries leave the index, and it resyncs from a snapshot when back."""
+        view = self._views.pop(rep.index, None)
+        if self.index is not None and view is not None and view.replica_id:
+            self.index.drop_replica(view.replica_id)
+
+    # ------------------------------------------------------------------ polling (background thread)
+    def poll_once(self) -> None:
+        """One round over the routable replicas: events into the index, router stats into views."""
+        if self.policy is None or self._join is None or self.replicas.count < 2:
+            return
+        ray = self._join()
+        events = self._mods.get("events")
+        for rep in self.replicas.routable():
+            handle = rep.handle
+            if handle is None:
+                continue
+            view = self._views.setdefault(rep.index, _ReplicaView())
+            try:
+                info = ray.get(handle.info.remote(), timeout=POLL_TIMEOUT_S)
+                view.replica_id = str(info.get("replica_id") or rep.name)
+                view.namespace_fields = info.get("namespace_fields")
+                view.router = info.get("router") or {}
+                if self.index is None or not hasattr(handle, "kv_events"):
+                    continue
+                if not view.synced:
+                    self.index.reconcile(ray.get(handle.kv_snapshot.remote(), timeout=POLL_TIMEOUT_S))
+                    view.synced = True
+                    continue
+                answer = ray.get(handle.kv_events.remote(self.index.expected_seq(view.replica_id)),
+                                 timeout=POLL_TIMEOUT_S)
+                ok = not answer.get("gap")
+                for batch in answer.get("batches", ()):
+                    if ok:
+                        ok = self.index.apply(events.EventBatch.from_dict(batch))
+                if not ok:
+                    self.index.reconcile(ray.get(handle.kv_snapshot.remote(), timeout=POLL_TIMEOUT_S))
+            except Exception as exc:  # a slow or dead replica: the serving path marks it dead
+                logger.debug("poll of %s failed: %r", rep.name, exc)
+                view.synced = False
+
+
+_routers: dict[str, Router] = {}
+_routers_lock = threading.Lock()
+_poller: threading.Thread | None = None
+
+
+def router_for(replicas: ReplicaSet, *, join=None) -> Router:
+    """The router of ``replicas``' deployment (one per process), starting the poller when useful."""
+    router = _routers.get(replicas.deployment)
+    if router is None or router.replicas is not replicas:
+        with _routers_lock:
+            router = _routers.get(replicas.deployment)
+            if router is None or router.replicas is not replicas:
+                router = _routers[replicas.deployment] = Router(replicas, join=join)
+    if router.policy is not None and replicas.count > 1:
+        _ensure_poller()
+    return router
+
+
+def drop_router(deployment: str) -> None:
+    with _routers_lock:
+        _routers.pop(deployment, None)
+
+
+def _poll_forever() -> None:
+    while True:
+        for router in list(_routers.values()):
+            try:
+                router.poll_once()
+            except Exception:
+                logger.exception("router poll failed for %s", router.replicas.deployment)
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _ensure_poller() -> None:
+    global _poller
+    if _poller is None or not _poller.is_alive():
+        with _routers_lock:
+            if _poller is None or not _poller.is_alive():
+                _poller = threading.Thread(target=_poll_forever, name="strata-router-poll", daemon=True)
+                _poller.start()
+
+
+def routing_state(replicas: ReplicaSet) -> dict[str, Any]:
+    """Plain data for stats: the router's mode and decision counts of this process."""
+    router = _routers.get(replicas.deployment)
+    if router is None:
+        return {"mode": "idle"}
+    return {"mode": router.mode, "decisions": dict(router.decisions)}
