@@ -16,10 +16,11 @@ token-weighted hit ratio (prompt tokens loaded from cache / prompt tokens) and l
 mean of the replicas' busy prefill seconds), with the trace's infinite-cache hit bound.
 
 The trace (``--trace FILE``: Mooncake FAST'25 JSONL, ``timestamp`` in ms drives arrivals) defaults to
-``bench.traces.generate_trace`` scaled to N: ``16 N`` sessions over ``max(4, N)`` shared system
-prompts and ``4 N`` one-off requests. The arrival rate is set so that the trace's prompt tokens,
-prefilled without any cache, would keep ``--load`` (default 75%) of the aggregate prefill capacity
-busy (``bench._routing_trace``): every policy can keep up, and caching is what separates them.
+``bench.traces.generate_trace`` scaled to N (``default_trace``: ``16 N`` sessions, at least 400, over
+``max(4, N)`` shared system prompts, a quarter as many one-off requests). The arrival rate is set so
+that the trace's prompt tokens, prefilled without any cache, would keep ``--load`` (default 75%) of the
+aggregate prefill capacity busy (``bench._routing_trace``): every policy can keep up, and caching is
+what separates them.
 
 Goal: Strata's mean and p99 TTFT lower than every other policy's at every N and size, and at 100% its
 hit ratio at least 90% of the bound. The RESULT line gives the worst case over all configurations of
@@ -68,10 +69,11 @@ def policies(cost: CostModel, *, sticky_bonus_s: float, load_guard: float) -> li
 
 
 def default_trace(replicas: int, *, quick: bool) -> list[traces.TraceRequest]:
-    per = 6 if quick else 16
-    return traces.generate_trace(
-        sessions=per * replicas, system_prompts=max(4, replicas), one_offs=max(4, per * replicas // 4), seed=0
-    )
+    """``bench.traces.generate_trace`` scaled to ``replicas``: ``16 N`` sessions (at least 400, so that a
+    p99 is taken over more than a thousand requests; ``--quick``: ``6 N``, at least 60) over ``max(4,
+    N)`` shared system prompts, and a quarter as many one-off requests."""
+    sessions = max(60, 6 * replicas) if quick else max(400, 16 * replicas)
+    return traces.generate_trace(sessions=sessions, system_prompts=max(4, replicas), one_offs=sessions // 4, seed=0)
 
 
 def run(

@@ -1,5 +1,5 @@
-"""Cache-aware routing across a deployment's replicas: the cost model (``cost``), the policies
-(``policies``) and the router's prefix index (``index``). Framework-free."""
+"""Cache-aware routing across a deployment's replicas: the cost model (``cost``) and the routing
+policies (``policies``). Pure Python, no framework."""
 
 from cachecore.routing.cost import TIERS, CostModel, Hit, Rates, ReplicaState
 from cachecore.routing.policies import (

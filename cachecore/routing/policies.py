@@ -5,13 +5,18 @@ replica (``NoReplicaError`` when none is alive), and ``observe(request, replica_
 the request was dispatched there. ``hits`` maps a replica id to the request's cached prefix on that
 replica (``cost.Hit``, in tokens, as the router's index reports it); a replica left out has no hit.
 Policies hold only routing bookkeeping (a cursor, session -> replica), never tokens or tenant data.
+An instance is not thread-safe: the caller serialises ``choose`` and the ``observe`` that follows it
+(one lock per router), and a choice never blocks.
 
 - ``RoundRobin``: alive replicas in turn.
 - ``LeastLoaded``: the fewest queued prefill tokens (then fewest running, then list order).
 - ``SGLangRule``: the SGLang router's cache-aware rule. When the load (pending requests: queued +
   running) is imbalanced, i.e. ``max - min > balance_abs`` and ``max > balance_rel * min``, the least
   loaded replica; otherwise the replica with the longest hit if that hit covers more than
-  ``cache_threshold`` of the prompt, else the replica caching the least (most room).
+  ``cache_threshold`` of the prompt, else the replica with the smallest tree. SGLang's router grows a
+  replica's approximate tree when it routes a request there, by the part of the prompt that tree did
+  not match; here the tree of a replica is the tokens routed to it less their hit there (the router's
+  own count, never shrunk: SGLang evicts its tree only past a size far above these).
 - ``ExpectedTTFT``: Strata's rule: the minimum of ``CostModel.expected_ttft_s`` over the candidates,
   with session stickiness (a session returns to its last replica unless that replica's estimate is
   worse than the best by more than ``sticky_bonus_s``) and a load guard (a replica whose queue wait
@@ -133,6 +138,8 @@ class SGLangRule:
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
         self.cache_threshold = cache_threshold
+        self._tree: dict[str, int] = {}  # replica id -> tokens its approximate tree grew by
+        self._matched: dict[str, int] = {}  # the last choice's hit per replica, for observe
 
     @staticmethod
     def load(replica: ReplicaState) -> int:
@@ -144,18 +151,24 @@ class SGLangRule:
         hi, lo = max(loads), min(loads)
         return hi - lo > self.balance_abs and hi > self.balance_rel * lo
 
+    def tree_tokens(self, replica_id: str) -> int:
+        """The size of the replica's approximate tree, in tokens."""
+        return self._tree.get(replica_id, 0)
+
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]) -> str:
         alive = _alive(replicas)
+        self._matched = {r.replica_id: deepest(hits.get(r.replica_id), request.prompt_tokens) for r in alive}
         if self.imbalanced(alive):
             return min(alive, key=self.load).replica_id
-        best = max(alive, key=lambda r: deepest(hits.get(r.replica_id), request.prompt_tokens))
-        matched = deepest(hits.get(best.replica_id), request.prompt_tokens)
+        best = max(alive, key=lambda r: self._matched[r.replica_id])
+        matched = self._matched[best.replica_id]
         if request.prompt_tokens and matched / request.prompt_tokens > self.cache_threshold:
             return best.replica_id
-        return min(alive, key=lambda r: r.cached_tokens).replica_id
+        return min(alive, key=lambda r: self.tree_tokens(r.replica_id)).replica_id
 
     def observe(self, request: RouteRequest, replica_id: str) -> None:
-        return None
+        grown = request.prompt_tokens - self._matched.get(replica_id, 0)
+        self._tree[replica_id] = self.tree_tokens(replica_id) + grown
 
 
 class ExpectedTTFT:
@@ -194,11 +207,13 @@ class ExpectedTTFT:
         alive = _alive(replicas)
         waits = {r.replica_id: self.cost.queue_wait_s(r) for r in alive}
         limit = min(waits.values()) + self.load_guard
-        return {
-            r.replica_id: self.cost.expected_ttft_s(r, request.prompt_tokens, hits.get(r.replica_id) or {})
-            for r in alive
-            if waits[r.replica_id] <= limit
-        }
+        out = {}
+        for r in alive:
+            if waits[r.replica_id] > limit:
+                continue
+            busy = self.cost.prefill_s(r.rates, request.prompt_tokens, hits.get(r.replica_id) or {})[0]
+            out[r.replica_id] = waits[r.replica_id] + busy  # = cost.expected_ttft_s, the wait computed once
+        return out
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]) -> str:
         est = self.estimates(request, replicas, hits)
