@@ -1,0 +1,194 @@
+"""cachecore.routing: the cost model (segments, min(load, recompute), queue) and each policy's rule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cachecore.routing import (
+    POLICIES,
+    CostModel,
+    ExpectedTTFT,
+    LeastLoaded,
+    NoReplicaError,
+    Rates,
+    ReplicaState,
+    RoundRobin,
+    RouteRequest,
+    SGLangRule,
+)
+from cachecore.routing.cost import segments
+
+RATES = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l1": math.inf, "l2": 10_000.0, "l3": 500.0})
+
+
+def rep(rid: str, queued: int = 0, *, running: int = 0, alive: bool = True, waiting: int = 0, cached: int = 0):
+    return ReplicaState(rid, RATES, queued_prefill_tokens=queued, running=running, alive=alive,
+                        queued_requests=waiting, cached_tokens=cached)
+
+
+# ---------------------------------------------------------------------- cost model
+def test_segments_are_cumulative_by_tier_and_clipped_to_the_prompt():
+    assert segments({"l1": 64, "l2": 128, "l3": 256}, 1_000) == [("l1", 64), ("l2", 64), ("l3", 128)]
+    assert segments({"l1": 64, "l2": 128, "l3": 256}, 100) == [("l1", 64), ("l2", 36)]
+    assert segments({"l2": 128}, 1_000) == [("l2", 128)]  # nothing in L1: all of it from L2
+    assert segments({"l1": 64, "l2": 64}, 1_000) == [("l1", 64)]  # L2 reaches no further
+    assert segments({}, 1_000) == []
+
+
+def test_segments_reject_unknown_tiers_and_negative_lengths():
+    with pytest.raises(ValueError, match="unknown tier"):
+        segments({"l4": 16}, 100)
+    with pytest.raises(ValueError, match="int >= 0"):
+        segments({"l1": -16}, 100)
+
+
+def test_queue_wait_is_queued_prefill_tokens_at_the_prefill_rate():
+    cost = CostModel()
+    assert cost.queue_wait_s(rep("a", 2_500)) == pytest.approx(2.5)
+    assert cost.queue_wait_s(rep("a", 0)) == 0.0
+
+
+def test_a_segment_is_loaded_when_loading_is_faster_and_recomputed_when_it_is_not():
+    cost = CostModel()
+    seconds, loaded = cost.segment_s(RATES, "l2", 1_000)  # 10k tok/s load vs 1k tok/s prefill
+    assert loaded and seconds == pytest.approx(0.1)
+    seconds, loaded = cost.segment_s(RATES, "l3", 1_000)  # 500 tok/s load: recompute is cheaper
+    assert not loaded and seconds == pytest.approx(1.0)
+    no_l3 = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l1": math.inf})
+    assert cost.segment_s(no_l3, "l3", 1_000) == (pytest.approx(1.0), False)  # no rate: never loaded
+
+
+def test_expected_ttft_is_queue_plus_min_load_recompute_per_segment_plus_the_rest():
+    cost = CostModel()
+    hit = {"l1": 200, "l2": 400, "l3": 600}
+    # queue 0.5 s; L1 200 free; L2 200 at 10k/s = 0.02; L3 200: min(0.4 load, 0.2 recompute) = 0.2; rest 400 = 0.4
+    assert cost.expected_ttft_s(rep("a", 500), 1_000, hit) == pytest.approx(0.5 + 0.0 + 0.02 + 0.2 + 0.4)
+    assert cost.prefill_s(RATES, 1_000, hit) == (pytest.approx(0.62), 400)  # L3 segment recomputed: not a hit
+    assert cost.expected_ttft_s(rep("a", 500), 1_000, {}) == pytest.approx(1.5)  # no hit: all prefilled
+
+
+def test_rates_and_states_reject_bad_values():
+    with pytest.raises(ValueError, match="prefill_tokens_per_s"):
+        Rates(prefill_tokens_per_s=0)
+    with pytest.raises(ValueError, match="unknown tier"):
+        Rates(load_tokens_per_s={"l9": 1.0})
+    with pytest.raises(ValueError, match="queued_prefill_tokens"):
+        rep("a", -1)
+    with pytest.raises(ValueError, match="replica_id"):
+        ReplicaState("", RATES)
+    assert Rates().load_tokens_per_s["l1"] == math.inf
+
+
+# ---------------------------------------------------------------------- policies
+REQ = RouteRequest(1_000)
+
+
+def test_round_robin_cycles_over_alive_replicas_only():
+    rr = RoundRobin()
+    replicas = [rep("a"), rep("b", alive=False), rep("c")]
+    picks = [rr.choose(REQ, replicas, {}) for _ in range(4)]
+    assert picks == ["a", "c", "a", "c"]
+    assert "b" not in picks
+
+
+def test_least_loaded_picks_the_fewest_queued_tokens_then_fewest_running():
+    ll = LeastLoaded()
+    assert ll.choose(REQ, [rep("a", 300), rep("b", 100), rep("c", 200)], {}) == "b"
+    assert ll.choose(REQ, [rep("a", 100, running=3), rep("b", 100, running=1)], {}) == "b"
+    assert ll.choose(REQ, [rep("a", 100), rep("b", 0, alive=False)], {}) == "a"
+
+
+def test_sglang_rule_follows_the_longest_hit_when_balanced():
+    rule = SGLangRule()
+    replicas = [rep("a", waiting=1), rep("b", waiting=2)]
+    assert rule.choose(REQ, replicas, {"b": {"l1": 600}}) == "b"  # 60% > cache_threshold 0.5
+    assert rule.choose(REQ, replicas, {"b": {"l1": 400}}) == "a"  # 40%: smallest tree (both empty: first)
+
+
+def test_sglang_rule_below_the_cache_threshold_goes_to_the_smallest_tree():
+    rule = SGLangRule()
+    replicas = [rep("a"), rep("b")]
+    first = rule.choose(REQ, replicas, {})
+    rule.observe(REQ, first)  # that replica's tree grew by the whole prompt
+    second = rule.choose(REQ, replicas, {})
+    assert first == "a" and second == "b"
+    assert rule.tree_tokens("a") == 1_000 and rule.tree_tokens("b") == 0
+
+
+def test_sglang_rule_switches_to_the_shortest_queue_past_the_imbalance_threshold():
+    rule = SGLangRule(balance_abs=4, balance_rel=1.5)
+    hits = {"a": {"l1": 900}}
+    assert rule.choose(REQ, [rep("a", waiting=4, running=1), rep("b", waiting=1)], hits) == "a"  # 5 - 1 = 4: balanced
+    assert rule.choose(REQ, [rep("a", waiting=5, running=1), rep("b", waiting=1)], hits) == "b"  # 6 - 1 > 4, 6 > 1.5
+    assert rule.choose(REQ, [rep("a", waiting=30), rep("b", waiting=25)], hits) == "a"  # 30 < 1.5 * 25: balanced
+
+
+def test_expected_ttft_prefers_the_replica_holding_the_prefix():
+    policy = ExpectedTTFT(CostModel())
+    replicas = [rep("a", 100), rep("b", 100)]
+    assert policy.choose(REQ, replicas, {"b": {"l1": 800}}) == "b"
+    assert policy.choose(REQ, replicas, {"a": {"l2": 800}}) == "a"
+
+
+def test_expected_ttft_leaves_the_prefix_holder_when_its_queue_makes_it_slower():
+    policy = ExpectedTTFT(CostModel(), load_guard=100.0)
+    hits = {"b": {"l1": 800}}
+    # b: 0.9 s queue + 0.2 s rest = 1.1 s; a: 1.0 s full prefill -> a
+    assert policy.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "a"
+    # b: 0.7 s queue + 0.2 s = 0.9 s < 1.0 s -> b
+    assert policy.choose(REQ, [rep("a", 0), rep("b", 700)], hits) == "b"
+
+
+def test_expected_ttft_keeps_a_session_on_its_replica_within_the_sticky_bound():
+    policy = ExpectedTTFT(CostModel(), sticky_bonus_s=0.1)
+    req = RouteRequest(1_000, session="chat-1")
+    policy.observe(req, "b")
+    assert policy.session_replica("chat-1") == "b"
+    assert policy.choose(req, [rep("a", 0), rep("b", 50)], {}) == "b"  # 0.05 s worse: stays
+    assert policy.choose(req, [rep("a", 0), rep("b", 200)], {}) == "a"  # 0.2 s worse: moves
+    other = RouteRequest(1_000, session="chat-2")
+    assert policy.choose(other, [rep("a", 0), rep("b", 50)], {}) == "a"  # no history: the best
+
+
+def test_expected_ttft_load_guard_excludes_a_hot_replica_unless_it_is_the_least_loaded():
+    hits = {"b": {"l1": 999}}
+    replicas = [rep("a", 1_000), rep("b", 2_500)]  # b: 2.5 + 0.001 s; a: 1.0 + 1.0 s
+    assert ExpectedTTFT(CostModel(), load_guard=1.0).choose(REQ, replicas, hits) == "a"  # b 1.5 s over a
+    assert ExpectedTTFT(CostModel(), load_guard=2.0).choose(REQ, replicas, hits) == "a"  # estimate decides: a
+    cheap = [rep("a", 1_000), rep("b", 1_800)]  # b: 1.8 + 0.001 s beats a: 2.0 s
+    assert ExpectedTTFT(CostModel(), load_guard=0.5).choose(REQ, cheap, hits) == "a"  # guarded out
+    assert ExpectedTTFT(CostModel(), load_guard=1.0).choose(REQ, cheap, hits) == "b"  # within the guard
+    alone = [rep("b", 9_000), rep("a", 0, alive=False)]
+    assert ExpectedTTFT(CostModel(), load_guard=0.0).choose(REQ, alone, hits) == "b"  # the least loaded alive
+
+
+def test_sticky_session_is_not_kept_on_a_guarded_out_replica():
+    policy = ExpectedTTFT(CostModel(), sticky_bonus_s=10.0, load_guard=0.5)
+    req = RouteRequest(1_000, session="s")
+    policy.observe(req, "b")
+    assert policy.choose(req, [rep("a", 0), rep("b", 400)], {}) == "b"
+    assert policy.choose(req, [rep("a", 0), rep("b", 600)], {}) == "a"
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_dead_replicas_are_never_chosen(name):
+    policy = POLICIES[name]()
+    replicas = [rep("dead", 0, alive=False, cached=0), rep("live", 5_000, waiting=50, cached=10_000)]
+    hits = {"dead": {"l1": 999}}
+    for _ in range(3):
+        chosen = policy.choose(REQ, replicas, hits)
+        policy.observe(REQ, chosen)
+        assert chosen == "live"
+    with pytest.raises(NoReplicaError):
+        policy.choose(REQ, [rep("x", alive=False)], {})
+
+
+def test_policy_parameters_are_validated():
+    with pytest.raises(ValueError):
+        SGLangRule(cache_threshold=1.5)
+    with pytest.raises(ValueError):
+        ExpectedTTFT(sticky_bonus_s=-1)
+    with pytest.raises(ValueError):
+        RouteRequest(-1)
