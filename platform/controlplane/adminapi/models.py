@@ -6,7 +6,7 @@ from ninja import Router, Status
 
 from controlplane.adminapi.auth import actor_of
 from controlplane.adminapi.present import model_out, revision_out
-from controlplane.adminapi.schemas import ModelCreateIn, ModelOut, RevisionIn, RevisionOut
+from controlplane.adminapi.schemas import ModelCreateIn, ModelOut, ModelPatchIn, RevisionIn, RevisionOut
 from controlplane.registry import selectors, services
 
 router = Router(tags=["models"])
@@ -18,7 +18,17 @@ def create_model(request, payload: ModelCreateIn):
         actor=actor_of(request), name=payload.name, preset=payload.preset,
         revision=payload.revision.model_dump(), architecture=payload.architecture, tokenizer=payload.tokenizer,
     )
+    if payload.replicas != deployment.replicas:
+        services.model_set_replicas(actor=actor_of(request), deployment=deployment, replicas=payload.replicas)
     return Status(201, model_out(selectors.model_get(name=deployment.name)))
+
+
+@router.patch("models/{name}", response=ModelOut)
+def patch_model(request, name: str, payload: ModelPatchIn):
+    """Scale a deployment: ``replicas`` 1..16. Up starts replicas; down drains the extra ones."""
+    services.model_set_replicas(actor=actor_of(request), deployment=selectors.model_get(name=name),
+                                replicas=payload.replicas, reason=payload.reason)
+    return model_out(selectors.model_get(name=name))
 
 
 @router.get("models", response=list[ModelOut])

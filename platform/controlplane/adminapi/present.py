@@ -44,7 +44,7 @@ def model_out(deployment: ModelDeployment) -> dict[str, Any]:
     active = next((r.label for r in revisions if r.pk == active_id), None)
     return {
         "name": deployment.name, "preset": deployment.preset, "architecture": deployment.architecture,
-        "tokenizer": deployment.tokenizer, "active_revision": active,
+        "tokenizer": deployment.tokenizer, "replicas": deployment.replicas, "active_revision": active,
         "revisions": [revision_out(r, active_id) for r in revisions], "created": deployment.created,
     }
 

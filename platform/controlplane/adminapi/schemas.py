@@ -14,6 +14,7 @@ from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
+from controlplane.registry.services import MAX_REPLICAS
 from controlplane.tenants.models import RETENTION_MAX_SECONDS, SLUG_PATTERN
 
 Count = Field(default=None, ge=0)
@@ -157,6 +158,12 @@ class ModelCreateIn(StrictIn):
     revision: RevisionIn
     architecture: str = Field(default="llama", max_length=32)
     tokenizer: str = Field(default="byte", min_length=1, max_length=64)
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+
+
+class ModelPatchIn(StrictIn):
+    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+    reason: str = Field(default="", max_length=500)
 
 
 class RevisionOut(Schema):
@@ -174,6 +181,7 @@ class ModelOut(Schema):
     preset: str
     architecture: str
     tokenizer: str
+    replicas: int
     active_revision: str | None
     revisions: list[RevisionOut]
     created: datetime

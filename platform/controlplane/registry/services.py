@@ -176,3 +176,35 @@ def model_activate_revision(
         )
     deployment.active_revision = revision
     return locked
+
+
+MAX_REPLICAS = 16  # replicas per deployment (the admin API's bound, and the gateway's ReplicaSet's)
+
+
+def model_set_replicas(
+    *, actor: Actor, deployment: ModelDeployment, replicas: int, reason: str = ""
+) -> ModelDeployment:
+    """Set how many replicas serve ``deployment`` (1..``MAX_REPLICAS``), audited. Every process
+    routes by the new count from its next request on; once committed, this process also brings the
+    cluster to it (``gateway.apply_scale``, in the background): new replicas are started, replicas
+    beyond the count drained (no new requests, running ones finish or hit the drain deadline) and
+    stopped. Setting the current count changes nothing (no event). Raises InvalidInput."""
+    from controlplane.runtime import gateway
+
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
+        raise InvalidInput(f"replicas must be an integer from 1 to {MAX_REPLICAS}", code="invalid_replicas")
+    with transaction.atomic():
+        locked = ModelDeployment.objects.select_for_update(of=("self",)).select_related("active_revision").get(
+            pk=deployment.pk)
+        old = locked.replicas
+        if old == replicas:
+            return locked
+        locked.replicas = replicas
+        locked.save(update_fields=["replicas"])
+        audit_record(actor=actor, action="model.scale", target=deployment.name, reason=reason,
+                     old={"replicas": old}, new={"replicas": replicas})
+        if locked.active_revision is not None:
+            spec = gateway.spec_for(locked)
+            transaction.on_commit(lambda: gateway.apply_scale(spec))
+    deployment.replicas = replicas
+    return locked

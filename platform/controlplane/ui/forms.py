@@ -8,7 +8,7 @@ from django import forms
 from controlplane.jobs.models import FlushJob
 from controlplane.operators.models import OperatorToken
 from controlplane.registry.models import label_validator, name_validator
-from controlplane.registry.services import MAX_SEED
+from controlplane.registry.services import MAX_REPLICAS, MAX_SEED
 from controlplane.tenants.models import Tenant
 
 REASON_MAX = 2000
@@ -73,6 +73,14 @@ class RolloutForm(forms.Form):
     revision = forms.CharField(max_length=64)
     reason = forms.CharField(required=False, max_length=REASON_MAX,
                              widget=forms.TextInput(attrs={"placeholder": "new weights"}))
+
+
+class ReplicasForm(forms.Form):
+    """Scale a deployment (``registry.services.model_set_replicas`` checks the same bound)."""
+
+    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS)
+    reason = forms.CharField(required=False, max_length=REASON_MAX,
+                             widget=forms.TextInput(attrs={"placeholder": "more traffic"}))
 
 
 class FlushForm(forms.Form):

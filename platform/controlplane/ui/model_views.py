@@ -26,11 +26,18 @@ from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_get, flush_job_list
 from controlplane.jobs.services import flush_job_request, rollout_request
 from controlplane.registry.selectors import model_get, model_list
-from controlplane.registry.services import model_create, revision_create
+from controlplane.registry.services import model_create, model_set_replicas, revision_create
 from controlplane.tenants.selectors import tenant_list
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
-from controlplane.ui.forms import FlushForm, ModelCreateForm, RevisionForm, RolloutForm, form_error_text
+from controlplane.ui.forms import (
+    FlushForm,
+    ModelCreateForm,
+    ReplicasForm,
+    RevisionForm,
+    RolloutForm,
+    form_error_text,
+)
 from controlplane.ui.views import _page, _partial
 
 JOBS_SHOWN = 50
@@ -85,6 +92,8 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
             rollout_form.fields["revision"].widget = Select(
                 choices=[(r["label"], f"{r['label']} ({r['state']})") for r in row["others"]])
             row["rollout_form"] = rollout_form
+            row["replicas_form"] = bound.get(("replicas", name)) or ReplicasForm(
+                auto_id=_form_id("rep", name), initial={"replicas": deployment.replicas})
         rows.append(row)
     create_form = (bound.get("create") or ModelCreateForm(auto_id="id_new_%s")) if request.operator.is_admin else None
     return _page(request, "ui/models.html", "models", status, models=rows, create_form=create_form)
@@ -133,6 +142,23 @@ def rollout(request: HttpRequest, name: str) -> HttpResponse:
         return _models_page(request, status, bound={("rollout", name): form})
     messages.success(request, f"Rollout of {name} to {job.revision.label} requested.")
     return redirect("ui:job", job_id=job.pk)
+
+
+@operator_view
+@require_POST
+def replicas(request: HttpRequest, name: str) -> HttpResponse:
+    """Scale a deployment (``model_set_replicas``, audited ``model.scale``): up starts replicas, down
+    drains the extra ones."""
+    deployment = model_get(name=name)
+    form = ReplicasForm(request.POST, auto_id=_form_id("rep", name))
+    scaled, status = submit(request, form, lambda d: model_set_replicas(
+        actor=_actor(request), deployment=deployment, replicas=d["replicas"], reason=d["reason"]),
+        {"invalid_replicas": "replicas"})
+    if scaled is None:
+        return _models_page(request, status, bound={("replicas", name): form})
+    messages.success(request, f"{name} now runs {scaled.replicas} replica(s); new ones start and removed ones "
+                              f"drain in the background.")
+    return redirect(f"{reverse('ui:models')}#m-{name}")
 
 
 # ---------------------------------------------------------------------- jobs
