@@ -56,8 +56,9 @@ def test_a_segment_is_loaded_when_loading_is_faster_and_recomputed_when_it_is_no
     assert loaded and seconds == pytest.approx(0.1)
     seconds, loaded = cost.segment_s(RATES, "l3", 1_000)  # 500 tok/s load: recompute is cheaper
     assert not loaded and seconds == pytest.approx(1.0)
-    no_l3 = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l1": math.inf})
-    assert cost.segment_s(no_l3, "l3", 1_000) == (pytest.approx(1.0), False)  # no rate: never loaded
+    only_l2 = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l2": 10_000.0})
+    assert cost.segment_s(only_l2, "l3", 1_000) == (pytest.approx(1.0), False)  # no rate: recomputed
+    assert cost.segment_s(only_l2, "l1", 1_000) == (0.0, True)  # L1 left out: device pages, free
 
 
 def test_expected_ttft_is_queue_plus_min_load_recompute_per_segment_plus_the_rest():

@@ -54,8 +54,9 @@ def _positive(name: str, value: float) -> None:
 class Rates:
     """A replica's measured speeds. The defaults are conservative CPU figures of the reference model.
 
-    ``load_tokens_per_s`` maps a tier to tokens of KV loaded per second (``l1`` defaults to infinite;
-    a tier left out is taken as never worth loading, so its segment is recomputed)."""
+    ``load_tokens_per_s`` maps a tier to tokens of KV loaded per second. ``l1`` is device memory,
+    nothing to load: infinite unless given. Another tier left out has no measured rate and its
+    segment is costed as recomputed."""
 
     prefill_tokens_per_s: float = 2_000.0
     load_tokens_per_s: Mapping[str, float] = field(default_factory=lambda: _DEFAULT_LOAD)
@@ -69,7 +70,8 @@ class Rates:
             raise ValueError(f"load_tokens_per_s: unknown tier(s) {sorted(unknown)}; tiers are {TIERS}")
         for tier, rate in self.load_tokens_per_s.items():
             _positive(f"load_tokens_per_s[{tier!r}]", rate)
-        object.__setattr__(self, "load_tokens_per_s", MappingProxyType(dict(self.load_tokens_per_s)))
+        rates = {"l1": math.inf, **self.load_tokens_per_s}
+        object.__setattr__(self, "load_tokens_per_s", MappingProxyType(rates))
 
 
 @dataclass(frozen=True)
