@@ -68,24 +68,24 @@ def policies(cost: CostModel, *, sticky_bonus_s: float, load_guard: float) -> li
     ]
 
 
-def default_trace(replicas: int, *, quick: bool) -> list[traces.TraceRequest]:
+def default_trace(replicas: int, *, quick: bool, seed: int = 0) -> list[traces.TraceRequest]:
     """``bench.traces.generate_trace`` scaled to ``replicas``: ``16 N`` sessions (at least 400, so that a
     p99 is taken over more than a thousand requests; ``--quick``: ``6 N``, at least 60) over ``max(4,
     N)`` shared system prompts, and a quarter as many one-off requests."""
     sessions = max(60, 6 * replicas) if quick else max(400, 16 * replicas)
-    return traces.generate_trace(sessions=sessions, system_prompts=max(4, replicas), one_offs=sessions // 4, seed=0)
+    return traces.generate_trace(sessions=sessions, system_prompts=max(4, replicas), one_offs=sessions // 4, seed=seed)
 
 
 def run(
     replica_counts: Sequence[int], *, rates: Rates, load: float, quick: bool, trace_file: str | None = None,
-    fracs: Sequence[float] = FRACS, sticky_bonus_s: float = 0.05, load_guard: float = 2.0,
+    fracs: Sequence[float] = FRACS, sticky_bonus_s: float = 0.05, load_guard: float = 2.0, seed: int = 0,
 ) -> list[Config]:
     """Every (N, cache size) configuration, every policy simulated on the same requests."""
     cost = CostModel()
     from_file = traces.read_trace(trace_file) if trace_file else None
     out = []
     for n in replica_counts:
-        raw = from_file if from_file is not None else default_trace(n, quick=quick)
+        raw = from_file if from_file is not None else default_trace(n, quick=quick, seed=seed)
         trace = prepare(raw, replicas=n, prefill_tokens_per_s=rates.prefill_tokens_per_s, load=load)
         for frac in fracs:
             per_replica = max(2, round(frac * trace.unique_blocks / n))
@@ -149,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="N = 2, 4 on a shorter generated trace")
     ap.add_argument("--trace", help="a Mooncake FAST'25 JSONL trace (default: bench.traces.generate_trace scaled to N)")
     ap.add_argument("--replicas", help="comma-separated replica counts (default 4,16,64; quick 2,4)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the generated trace")
     ap.add_argument("--load", type=float, default=0.75, help="offered load without cache, of prefill capacity")
     ap.add_argument("--prefill-rate", type=float, default=10_000.0, help="prefill tokens/s per replica")
     ap.add_argument("--l2-rate", type=float, default=100_000.0, help="tokens/s of KV loaded from L2")
@@ -165,12 +166,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                       load_tokens_per_s={"l1": float("inf"), "l2": args.l2_rate}, decode_step_s=args.decode_step)
         started = time.perf_counter()
         configs = run(counts, rates=rates, load=args.load, quick=args.quick, trace_file=args.trace,
-                      sticky_bonus_s=args.sticky_bonus, load_guard=args.load_guard)
+                      sticky_bonus_s=args.sticky_bonus, load_guard=args.load_guard, seed=args.seed)
     except (traces.TraceFormatError, ValueError, OSError) as exc:
         ap.exit(2, f"bench.routing: {exc}\n")
+    source = args.trace or f"generated (bench.traces, scaled to N, seed {args.seed})"
     print(f"bench.routing: simulated replicas, prefill {rates.prefill_tokens_per_s:,.0f} tok/s, L2 load "
           f"{args.l2_rate:,.0f} tok/s, decode step {rates.decode_step_s * 1000:.0f} ms; one prefill at a time per "
-          f"replica (FCFS), decode beside it; trace {args.trace or 'generated (bench.traces, scaled to N)'}; "
+          f"replica (FCFS), decode beside it; trace {source}; "
           f"ExpectedTTFT sticky_bonus={args.sticky_bonus}s load_guard={args.load_guard}s; SGLang rule at its "
           f"defaults (abs 32, rel 1.0001, cache 0.5)")
     print_tables(configs)
