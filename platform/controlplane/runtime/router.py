@@ -129,10 +129,9 @@ class Router:
             return candidates[next(self._rr) % len(candidates)]
 
     def _hashes(self, req: dict, view: _ReplicaView) -> list[bytes]:
-        from workers.cache_worker import request_salt
-
-        return self._mods["hashes"].request_hashes(view.namespace_fields, bytes(req["scope_salt"]),
-                                                   list(req["prompt"]), request_salt(req.get("cache_salt")))
+        hashes = self._mods["hashes"]
+        return hashes.request_hashes(view.namespace_fields, bytes(req["scope_salt"]), list(req["prompt"]),
+                                     hashes.request_salt(req.get("cache_salt")))
 
     def _state(self, rep: Replica, view: _ReplicaView | None):
         """The policy's view of ``rep``: its measured rates and queue (polled), the queue and running
@@ -200,7 +199,12 @@ class Router:
             view = self._views.setdefault(rep.index, _ReplicaView())
             try:
                 info = ray.get(handle.info.remote(), timeout=POLL_TIMEOUT_S)
-                view.replica_id = str(info.get("replica_id") or rep.name)
+                replica_id = str(info.get("replica_id") or rep.name)
+                if view.replica_id not in (None, replica_id):  # restarted: a new id, an empty cache
+                    if self.index is not None:
+                        self.index.drop_replica(view.replica_id)
+                    view.synced = False
+                view.replica_id = replica_id
                 view.namespace_fields = info.get("namespace_fields")
                 view.router = info.get("router") or {}
                 if self.index is None or not hasattr(handle, "kv_events"):

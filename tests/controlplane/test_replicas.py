@@ -1,0 +1,314 @@
+"""The replica directory and failover at the gateway, with stand-in actors (no Ray): a dead replica
+leaves routing at once, an un-streamed request is retried on another replica, a streamed one ends
+with a retryable error, the dead one is revived and put back; drains wait for running requests up to
+their deadline; scaling starts the missing replicas and drains the extra ones; placement options;
+jobs and stats address every replica."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from ray import exceptions as rex
+
+from controlplane.common.errors import Unavailable
+from controlplane.runtime import gateway
+from controlplane.runtime.replicas import ReplicaSet
+from workers import actor as worker_actor
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, []
+
+    def remote(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.fn(*args)
+
+
+async def _value(v):
+    return v
+
+
+async def _raise(exc):
+    raise exc
+
+
+class FakeHandle:
+    """A replica: ``collect``/``stream`` answer (or die), ``ping``/``info`` answer a blocking get."""
+
+    def __init__(self, name: str, *, dies: bool = False, dies_after: int | None = None, running: int = 0) -> None:
+        self.name, self.running = name, running
+        self.collect = _Method(lambda req: _raise(rex.ActorDiedError()) if dies else
+                               _value([{"type": "prefilled", "cached_tokens": 0}, {"type": "finished", "by": name}]))
+        self.stream = _Method(lambda req: self._events(dies, dies_after))
+        self.cancel = _Method(lambda rid: None)
+        self.ping = _Method(lambda: True)
+        self.info = _Method(lambda: {"running": self.running})
+
+    async def _events(self, dies: bool, dies_after: int | None):
+        if dies:
+            raise rex.ActorDiedError()
+        for i in range(3):
+            if dies_after is not None and i == dies_after:
+                raise rex.ActorDiedError()
+            yield _value({"type": "token", "i": i, "by": self.name})
+        yield _value({"type": "finished", "by": self.name})
+
+
+class FakeRay:
+    def __init__(self) -> None:
+        self.killed = []
+
+    def get(self, value, timeout=None):
+        return value
+
+    def kill(self, handle, no_restart=True):
+        self.killed.append(handle.name)
+
+
+class FakeActors:
+    """``workers.actor`` stand-in: named actors by replica index; ``launch`` starts a healthy one."""
+
+    def __init__(self) -> None:
+        self.alive: dict[int, FakeHandle] = {}
+        self.launched: list[int] = []
+
+    actor_name = staticmethod(worker_actor.actor_name)
+
+    def find(self, deployment, replica=0):
+        return self.alive.get(replica)
+
+    def launch(self, deployment, preset, revision, *, replica=0):
+        self.launched.append(replica)
+        self.alive[replica] = FakeHandle(f"r{replica}-new")
+        return self.alive[replica]
+
+
+@pytest.fixture
+def fleet(monkeypatch):
+    """A two-replica deployment in the gateway's directory, with fake actors and a fake Ray."""
+    spec = gateway.WorkerSpec(deployment="fake-fleet", preset="tiny", revision={"label": "r1", "seed": 1}, replicas=2)
+    rs = gateway.replica_set(spec)
+    rs._actor, rs._join = FakeActors(), FakeRay
+    ray = FakeRay()
+    rs._join = lambda: ray
+    monkeypatch.setattr("controlplane.runtime.replicas.REVIVE_BACKOFF_S", (2.0,))  # not within a test's asserts
+    yield spec, rs, ray
+    gateway.forget(spec.deployment)
+
+
+def _wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_a_dead_replica_leaves_routing_and_the_request_is_served_by_another(fleet):
+    spec, rs, _ = fleet
+    dead, live = FakeHandle("r0", dies=True), FakeHandle("r1")
+    rs.install(0, dead)
+    rs.install(1, live)
+    served = [asyncio.run(gateway.acall(spec, "collect", {"request_id": f"q{i}", "prompt": [1, 2, 3]}))[-1]["by"]
+              for i in range(4)]
+    assert served == ["r1"] * 4  # every request succeeded, none on the dead replica
+    assert len(dead.collect.calls) == 1  # tried once, then out of routing
+    assert rs.replica(0).failures == 1 and rs.replica(0).dead
+
+
+def test_a_dead_replica_is_revived_and_put_back(fleet, monkeypatch):
+    spec, rs, _ = fleet
+    monkeypatch.setattr("controlplane.runtime.replicas.REVIVE_BACKOFF_S", (0.05, 0.05))
+    rs.install(0, FakeHandle("r0", dies=True))
+    rs.install(1, FakeHandle("r1"))
+    rs.mark_dead(rs.replica(0), revive=True)
+    assert [r.index for r in rs.routable()] == [1]
+    _wait_for(lambda: not rs.replica(0).dead)
+    assert rs._actor.launched == [0] and rs.replica(0).revivals == 1
+    assert [r.index for r in rs.routable()] == [0, 1]
+    assert rs.cached(0).name == "r0-new"
+
+
+def test_with_every_replica_dead_the_request_is_503(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0", dies=True))
+    rs.install(1, FakeHandle("r1", dies=True))
+    with pytest.raises(Unavailable) as info:
+        asyncio.run(gateway.acall(spec, "collect", {"request_id": "q", "prompt": [1]}))
+    assert info.value.status == 503 and rs.routable() == []
+    assert rs.replica(0).dead and rs.replica(1).dead
+
+
+def _drain(spec, req):
+    async def run():
+        return [ev async for ev in gateway.astream(spec, req)]
+
+    return asyncio.run(run())
+
+
+def test_a_stream_that_fails_before_its_first_event_moves_to_another_replica(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0", dies=True))
+    rs.install(1, FakeHandle("r1"))
+    for i in range(3):
+        events = _drain(spec, {"request_id": f"s{i}", "prompt": [1, 2]})
+        assert [e["type"] for e in events] == ["token", "token", "token", "finished"]
+        assert {e["by"] for e in events} == {"r1"}
+
+
+def test_a_stream_that_broke_after_streaming_ends_with_a_retryable_error(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0", dies_after=1))
+    rs.install(1, FakeHandle("r1", dies_after=1))
+    events = _drain(spec, {"request_id": "s", "prompt": [1, 2]})
+    assert [e["type"] for e in events] == ["token", "error"]
+    assert events[-1]["retryable"] is True and events[-1]["code"] == "worker_failed"
+    assert len(rs.routable()) == 1  # the replica that broke left routing; the other did not
+
+
+def test_one_replica_is_routed_without_hashing(monkeypatch):
+    spec = gateway.WorkerSpec(deployment="fake-single", preset="tiny", revision={"label": "r1", "seed": 1})
+    rs = gateway.replica_set(spec)
+    rs.install(0, FakeHandle("only"))
+    try:
+        req = {"request_id": "q", "prompt": list(range(64)), "scope_salt": b"s" * 32}
+        assert asyncio.run(gateway.acall(spec, "collect", req))[-1]["by"] == "only"
+        router = gateway.router(spec)
+        assert router.decisions["single"] == 1 and router.decisions["policy"] == 0
+        assert "_route_hashes" not in req
+    finally:
+        gateway.forget(spec.deployment)
+
+
+def test_drain_waits_for_running_requests_then_stops_the_replica(fleet):
+    _, rs, ray = fleet
+    rs.install(1, FakeHandle("r1"))
+    rep = rs.replica(1)
+    release = threading.Event()
+
+    def hold():
+        with rs.using(rep, "busy", 10):
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    _wait_for(lambda: rep.inflight == 1)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    result = rs.drain(1, deadline_s=10)
+    t.join()
+    assert result == {"replica": 1, "status": "stopped", "running_at_kill": 0}
+    assert ray.killed == ["r1"] and time.monotonic() - t0 >= 0.2  # it waited for the request
+    assert rs.drain(5, deadline_s=1)["status"] == "absent" and ray.killed == ["r1"]
+
+
+def test_drain_kills_at_its_deadline_when_requests_keep_running(fleet):
+    _, rs, ray = fleet
+    rs.install(1, FakeHandle("r1", running=3))
+    assert rs.drain(1, deadline_s=0.1) == {"replica": 1, "status": "stopped", "running_at_kill": 3}
+    assert ray.killed == ["r1"]
+
+
+def test_scale_starts_missing_replicas_and_drains_the_extra_ones(fleet):
+    spec, rs, ray = fleet
+    rs._actor.alive = {0: FakeHandle("r0"), 3: FakeHandle("r3")}  # 3: an orphan of an older, larger count
+    assert rs.scale(deadline_s=0.1) == {"started": [1], "stopped": [3]}
+    assert rs._actor.launched == [1] and ray.killed == ["r3"]
+    assert [r.index for r in rs.routable()] == [0, 1]
+
+
+def test_routing_follows_the_registry_count():
+    rs = ReplicaSet("x", join=lambda: None, actor_api=FakeActors())
+    rs.update(gateway.WorkerSpec(deployment="x", preset="tiny", revision={}, replicas=3))
+    assert [r.index for r in rs.routable()] == [0, 1, 2]
+    rs.replica(1).draining = True
+    assert [r.index for r in rs.routable()] == [0, 2]
+    rs.update(gateway.WorkerSpec(deployment="x", preset="tiny", revision={}, replicas=1))
+    assert [r.index for r in rs.routable()] == [0] and rs.indices() == [0]
+
+
+def test_placement_uses_gpus_then_worker_nodes_then_anywhere():
+    assert worker_actor.placement({"CPU": 8, "GPU": 2, "strata_worker": 4}) == {
+        "num_gpus": 1, "scheduling_strategy": "SPREAD"}
+    assert worker_actor.placement({"CPU": 8, "strata_worker": 4}) == {
+        "num_gpus": 0, "resources": {"strata_worker": 1}, "scheduling_strategy": "SPREAD"}
+    assert worker_actor.placement({"CPU": 2}) == {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
+    assert "resources" not in worker_actor.placement({"CPU": 2, "strata_worker": 0})
+
+
+# ---------------------------------------------------------------------- jobs and stats on every replica
+@pytest.fixture
+def two_replicas(db, actor, monkeypatch):
+    from controlplane.jobs import services
+    from controlplane.registry.services import model_create, model_set_replicas
+
+    monkeypatch.setattr(gateway, "apply_scale", lambda spec, **kw: None)
+    monkeypatch.setattr(services, "_enqueue", lambda job: None)
+    deployment = model_create(actor=actor, name="tiny-two", preset="tiny", revision={"label": "r1", "seed": 4})
+    return model_set_replicas(actor=actor, deployment=deployment, replicas=2)
+
+
+def test_a_flush_reaches_and_verifies_every_replica(two_replicas, actor, monkeypatch):
+    from controlplane.jobs import services
+    from controlplane.jobs.models import FlushJob
+
+    calls = []
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        calls.append((method, replica))
+        if method == "probe":
+            return {"ok": True, "remaining_blocks": 0}
+        return {"blocks_freed": 1 + replica}
+
+    monkeypatch.setattr(gateway, "call", call)
+    job = services.flush_job_request(actor=actor, scope="model", model="tiny-two", reason="test")
+    job = services.job_execute(job_id=job.pk)
+    assert job.status == FlushJob.Status.SUCCEEDED and job.verified
+    assert {k: v["blocks_freed"] for k, v in job.results.items()} == {
+        "cache-worker:tiny-two:0": 1, "cache-worker:tiny-two:1": 2}
+    assert sorted(calls) == [("flush", 0), ("flush", 1), ("probe", 0), ("probe", 1)]
+    verified = next(s for s in job.steps if s["step"] == "verified")
+    assert set(verified["replicas"]) == {"cache-worker:tiny-two:0", "cache-worker:tiny-two:1"}
+
+
+def test_a_replica_that_does_not_answer_makes_the_flush_partial(two_replicas, actor, monkeypatch):
+    from controlplane.jobs import services
+    from controlplane.jobs.models import FlushJob
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        if replica == 1:
+            raise Unavailable("replica 1 did not answer")
+        return {"ok": True} if method == "probe" else {"blocks_freed": 1}
+
+    monkeypatch.setattr(gateway, "call", call)
+    job = services.flush_job_request(actor=actor, scope="model", model="tiny-two", reason="test")
+    job = services.job_execute(job_id=job.pk, final_attempt=True)
+    assert job.status == FlushJob.Status.PARTIAL and not job.verified
+    assert job.results["cache-worker:tiny-two:0"]["status"] == "ok"
+    assert job.results["cache-worker:tiny-two:1"]["status"] == "failed"
+    verify = next(s for s in job.steps if s["step"] == "verify_failed")
+    assert verify["replicas"]["cache-worker:tiny-two:1"] == {"ok": False, "reason": "unreachable"}
+
+
+def test_stats_list_every_replica_and_metrics_label_them(two_replicas, admin_client, monkeypatch):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controlplane.runtime import stats
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        assert method == "stats"
+        if replica == 1:
+            raise Unavailable("down")
+        return {"usage": [], "totals": {"query_tokens": 10}, "tiers": {}, "pool": {}, "bytes_per_block": 1}
+
+    monkeypatch.setattr(gateway, "call", call)
+    snap = stats.cluster_stats()
+    assert [(w["replica"], w["status"]) for w in snap["workers"]] == [(0, "ok"), (1, "unreachable")]
+    assert snap["totals"]["query_tokens"] == 10
+    text = admin_client.get("/metrics").content.decode()
+    up = {s.labels["replica"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+          if s.name == "strata_worker_up" and s.labels["model"] == "tiny-two"}
+    assert up == {"0": 1.0, "1": 0.0}
