@@ -15,12 +15,12 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 
 from cachecore.layout import DTYPES
 from cachecore.model.hf_config import CheckpointConfig, CheckpointError, read_json
-from cachecore.model.weights import validate_weights
+from cachecore.model.weights import OPTIONAL, validate_weights, weight_shapes
 
 DIGEST_FORMAT = "strata-hf-checkpoint-v1"
 INDEX = "model.safetensors.index.json"
@@ -79,6 +79,35 @@ def checkpoint_digest(root: Path) -> str:
     """The checkpoint's digest (see the module docstring), streaming each file once."""
     files = weight_files(root)
     return _manifest_digest(_sha256_file(root / "config.json"), {f: _sha256_file(root / f) for f in files})
+
+
+def check_checkpoint_tensors(root: Path, ckpt: CheckpointConfig) -> None:
+    """Names and shapes of every tensor against the config, from the safetensors headers alone (no
+    tensor is read): what the control plane checks before it records a revision. Raises
+    ``CheckpointError`` like ``load_checkpoint_weights`` would."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for fname in weight_files(root):
+        try:
+            with safe_open(root / fname, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    internal = hf_to_internal(name)
+                    if internal is None or (internal == "output.weight" and ckpt.tie_word_embeddings):
+                        continue
+                    shapes[internal] = tuple(f.get_slice(name).get_shape())
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            raise CheckpointError(f"{fname} is not a valid safetensors file: {exc}") from None
+    expected = weight_shapes(ckpt.model)
+    missing = sorted(set(expected) - set(shapes) - OPTIONAL)
+    unexpected = sorted(set(shapes) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint weights do not fit config.json: missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]}")
+    if not ckpt.tie_word_embeddings and "output.weight" not in shapes:
+        raise CheckpointError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+    for name, shape in shapes.items():
+        if shape != expected[name]:
+            raise CheckpointError(f"checkpoint tensor for {name!r} has shape {shape}, "
+                                  f"config.json needs {expected[name]}")
 
 
 def hf_to_internal(name: str) -> str | None:

@@ -15,7 +15,7 @@ router = Router(tags=["models"])
 @router.post("models", response={201: ModelOut})
 def create_model(request, payload: ModelCreateIn):
     deployment = services.model_create(
-        actor=actor_of(request), name=payload.name, preset=payload.preset,
+        actor=actor_of(request), name=payload.name, preset=payload.preset or "",
         revision=payload.revision.model_dump(), architecture=payload.architecture, tokenizer=payload.tokenizer,
     )
     if payload.replicas != deployment.replicas:
@@ -46,6 +46,6 @@ def create_revision(request, name: str, payload: RevisionIn):
     deployment = selectors.model_get(name=name)
     revision = services.revision_create(
         actor=actor_of(request), deployment=deployment, label=payload.label, seed=payload.seed,
-        weights_path=payload.weights_path,
+        weights_path=payload.weights_path, path=payload.path,
     )
     return Status(201, revision_out(revision, deployment.active_revision_id))

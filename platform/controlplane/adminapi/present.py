@@ -33,7 +33,7 @@ def key_out(key: ApiKey) -> dict[str, Any]:
 def revision_out(revision: ModelRevision, active_id: int | None) -> dict[str, Any]:
     return {
         "label": revision.label, "source": revision.source, "seed": revision.seed,
-        "weights_path": revision.weights_path, "digest": revision.digest,
+        "weights_path": revision.weights_path, "path": revision.checkpoint_path, "digest": revision.digest,
         "active": revision.pk == active_id, "created": revision.created,
     }
 

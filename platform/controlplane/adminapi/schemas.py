@@ -144,21 +144,28 @@ class RevisionIn(StrictIn):
     label: str = Field(pattern=LABEL_PATTERN, max_length=64)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     weights_path: str | None = Field(default=None, min_length=1, max_length=1024)
+    path: str | None = Field(default=None, min_length=1, max_length=1024)  # a Hugging Face checkpoint directory
 
     @model_validator(mode="after")
     def _one_source(self) -> RevisionIn:
-        if (self.seed is None) == (self.weights_path is None):
-            raise ValueError("give exactly one of 'seed' or 'weights_path'")
+        if sum(x is not None for x in (self.seed, self.weights_path, self.path)) != 1:
+            raise ValueError("give exactly one of 'seed', 'weights_path' or 'path'")
         return self
 
 
 class ModelCreateIn(StrictIn):
     name: str = Field(pattern=NAME_PATTERN, max_length=100)
-    preset: str = Field(min_length=1, max_length=32)
+    preset: str | None = Field(default=None, min_length=1, max_length=32)  # none for a checkpoint 'path'
     revision: RevisionIn
     architecture: str = Field(default="llama", max_length=32)
     tokenizer: str = Field(default="byte", min_length=1, max_length=64)
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+
+    @model_validator(mode="after")
+    def _preset_or_path(self) -> ModelCreateIn:
+        if (self.preset is None) == (self.revision.path is None):
+            raise ValueError("give a 'preset' with a seed or weights_path revision, or a revision 'path' alone")
+        return self
 
 
 class ModelPatchIn(StrictIn):
@@ -171,6 +178,7 @@ class RevisionOut(Schema):
     source: str
     seed: int | None
     weights_path: str | None
+    path: str | None
     digest: str
     active: bool
     created: datetime

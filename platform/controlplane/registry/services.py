@@ -3,8 +3,12 @@ in the same transaction.
 
 Digests come from cachecore (imported lazily: it pulls in torch): seeded revisions use
 ``cachecore.model.weights.seeded_digest(preset(name), model_name=, revision_label=, seed=)``; file
-revisions use the SHA-256 of the file's bytes, the same digest ``load_safetensors`` reports. Digests
-are computed before the transaction opens so no lock is held while a file is hashed.
+revisions use the SHA-256 of the file's bytes, the same digest ``load_safetensors`` reports;
+checkpoint revisions (a Hugging Face directory, ``path``) are validated by
+``cachecore.model.checkpoint.inspect_checkpoint`` (config, tensor shapes, tokenizer, chat template) and
+record its weight digest. Digests are computed before the transaction opens so no lock is held while a
+file is hashed. A checkpoint deployment has no preset (``preset == ""``); its architecture is the
+checkpoint's, and every revision must keep the KV layout of the deployment's first one.
 """
 
 from __future__ import annotations
@@ -61,28 +65,55 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _checkpoint(path: Any):
+    """``inspect_checkpoint`` of ``path`` (inside ``STRATA_WEIGHTS_ROOT`` when set); 422 with the reason
+    (``invalid_checkpoint``) for a missing directory, an unsupported architecture, bad files."""
+    from cachecore.model.checkpoint import inspect_checkpoint
+    from cachecore.model.hf_config import CheckpointError
+
+    resolved = Path(str(path)).expanduser().resolve()
+    root = settings.STRATA_WEIGHTS_ROOT
+    if root is not None and not resolved.is_relative_to(root):
+        raise InvalidInput(f"path must be inside {root}", code="invalid_checkpoint")
+    try:
+        return inspect_checkpoint(resolved)
+    except CheckpointError as exc:
+        raise InvalidInput(str(exc), code="invalid_checkpoint") from None
+
+
 def _revision_source(
-    *, model_name: str, preset: str, label: str, seed: Any, weights_path: Any
-) -> tuple[int | None, str | None, str]:
-    """Validate the weights source; return ``(seed, resolved weights_path, digest)``."""
+    *, model_name: str, preset: str, label: str, seed: Any, weights_path: Any, path: Any = None,
+) -> tuple[int | None, str | None, str | None, str]:
+    """Validate the weights source; return ``(seed, resolved weights_path, checkpoint directory, digest)``."""
     _validate(label_validator, label, "label")
-    if (seed is None) == (weights_path is None):
-        raise InvalidInput("give exactly one of 'seed' or 'weights_path'", code="invalid_revision_source")
+    if sum(x is not None for x in (seed, weights_path, path)) != 1:
+        raise InvalidInput("give exactly one of 'seed', 'weights_path' or 'path'", code="invalid_revision_source")
+    if path is not None:
+        if preset:
+            raise InvalidInput(f"this model runs preset {preset!r}; a checkpoint 'path' needs a model created "
+                               "from a checkpoint", code="invalid_revision_source")
+        info = _checkpoint(path)
+        return None, None, info.path, info.digest
+    if not preset:
+        raise InvalidInput("this model serves a checkpoint directory: give the revision a 'path'",
+                           code="invalid_revision_source")
     config = _preset_config(preset)
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise InvalidInput(f"seed must be an integer in [0, {MAX_SEED}]")
         from cachecore.model.weights import seeded_digest
 
-        return seed, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
-    path = _weights_file(str(weights_path))
-    return None, str(path), _sha256_file(path)
+        return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
+    file = _weights_file(str(weights_path))
+    return None, str(file), None, _sha256_file(file)
 
 
 def _revision_view(revision: ModelRevision) -> dict[str, Any]:
     view = {"label": revision.label, "source": revision.source, "digest": revision.digest}
     if revision.seed is not None:
         view["seed"] = revision.seed
+    elif revision.checkpoint_path:
+        view["path"] = revision.checkpoint_path
     else:
         view["weights_path"] = revision.weights_path
     return view
@@ -99,17 +130,31 @@ def model_create(
 ) -> ModelDeployment:
     """Create a deployment with its first revision, which becomes active.
 
+    A revision with a checkpoint ``path`` takes no preset: the architecture comes from its
+    ``config.json`` and the tokenizer is the checkpoint's (``"hf"``).
+
     Raises InvalidInput (bad name/label, unknown preset or architecture, not exactly one weights
-    source, unreadable file) or Conflict (name taken).
+    source, unreadable file, unusable checkpoint) or Conflict (name taken).
     """
     _validate(name_validator, name, "name")
-    if architecture not in ARCHITECTURES:
-        raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
     label = str(revision.get("label") or "")
-    seed, weights_path, digest = _revision_source(
-        model_name=name, preset=preset, label=label, seed=revision.get("seed"),
-        weights_path=revision.get("weights_path"),
-    )
+    if revision.get("path") is not None:
+        if preset:
+            raise InvalidInput("a checkpoint 'path' brings its own architecture: give no preset",
+                               code="invalid_revision_source")
+        _validate(label_validator, label, "label")
+        if revision.get("seed") is not None or revision.get("weights_path") is not None:
+            raise InvalidInput("give exactly one of 'seed', 'weights_path' or 'path'", code="invalid_revision_source")
+        info = _checkpoint(revision["path"])
+        architecture, tokenizer = info.config.model_type, "hf"
+        seed, weights_path, checkpoint_path, digest = None, None, info.path, info.digest
+    else:
+        if architecture not in ARCHITECTURES:
+            raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+        seed, weights_path, checkpoint_path, digest = _revision_source(
+            model_name=name, preset=preset, label=label, seed=revision.get("seed"),
+            weights_path=revision.get("weights_path"),
+        )
     with transaction.atomic():
         if ModelDeployment.objects.filter(name=name).exists():
             raise Conflict(f"model {name!r} already exists")
@@ -117,7 +162,8 @@ def model_create(
             name=name, preset=preset, architecture=architecture, tokenizer=tokenizer
         )
         first = ModelRevision.objects.create(
-            deployment=deployment, label=label, seed=seed, weights_path=weights_path, digest=digest
+            deployment=deployment, label=label, seed=seed, weights_path=weights_path,
+            checkpoint_path=checkpoint_path, digest=digest,
         )
         deployment.active_revision = first
         deployment.save(update_fields=["active_revision"])
@@ -131,26 +177,50 @@ def model_create(
 
 def revision_create(
     *, actor: Actor, deployment: ModelDeployment, label: str, seed: int | None = None,
-    weights_path: str | None = None,
+    weights_path: str | None = None, path: str | None = None,
 ) -> ModelRevision:
     """Add a revision (not active: switching is the rollout job's ``model_activate_revision``).
 
-    Raises InvalidInput (see ``model_create``) or Conflict (label taken for this deployment).
+    A checkpoint revision must keep the deployment's KV layout (layers, KV heads, head size, dtype):
+    its workers' pages are built for it. Raises InvalidInput (see ``model_create``) or Conflict
+    (label taken for this deployment).
     """
-    seed, weights_path, digest = _revision_source(
-        model_name=deployment.name, preset=deployment.preset, label=label, seed=seed, weights_path=weights_path
+    seed, weights_path, checkpoint_path, digest = _revision_source(
+        model_name=deployment.name, preset=deployment.preset, label=label, seed=seed, weights_path=weights_path,
+        path=path,
     )
+    if checkpoint_path is not None:
+        _check_same_layout(deployment, checkpoint_path)
     with transaction.atomic():
         if ModelRevision.objects.filter(deployment=deployment, label=label).exists():
             raise Conflict(f"model {deployment.name!r} already has a revision {label!r}")
         revision = ModelRevision.objects.create(
-            deployment=deployment, label=label, seed=seed, weights_path=weights_path, digest=digest
+            deployment=deployment, label=label, seed=seed, weights_path=weights_path,
+            checkpoint_path=checkpoint_path, digest=digest,
         )
         audit_record(
             actor=actor, action="revision.create", target=f"{deployment.name}@{label}",
             new=_revision_view(revision),
         )
     return revision
+
+
+def _check_same_layout(deployment: ModelDeployment, checkpoint_path: str) -> None:
+    from cachecore.model.checkpoint import inspect_checkpoint
+    from cachecore.model.hf_config import CheckpointError
+
+    first = deployment.revisions.exclude(checkpoint_path=None).order_by("pk").first()
+    if first is None:
+        return
+    new = inspect_checkpoint(checkpoint_path, digest=False)
+    try:
+        old = inspect_checkpoint(first.checkpoint_path, digest=False)
+    except CheckpointError:
+        return  # the old directory is gone: nothing to compare with (its workers hold their pages)
+    if new.layout_key() != old.layout_key():
+        raise InvalidInput(
+            f"checkpoint's KV layout (layers, KV heads, head size, dtype) {new.layout_key()} differs from "
+            f"model {deployment.name!r}'s {old.layout_key()}; serve it as a new model", code="invalid_checkpoint")
 
 
 def model_activate_revision(

@@ -9,11 +9,17 @@ be written to L3), ``retention_seconds`` (int: how long it may be served from th
 ``data_key`` (``tenants.datakeys.data_key_for_worker``: the tenant's active data-key version and
 wrapped key, every readable version's wrapped key, and the shredded versions; the worker unwraps them
 with the master key, bound to ``req["tenant"]``).
+
+Tokenizer, chat template and limits come from ``model_facts(deployment)``: the byte tokenizer and the
+preset's sizes for preset revisions; for a checkpoint revision its own tokenizer, chat template and
+``config.json`` sizes, loaded from its directory by the same code the worker uses and cached per
+revision (a new revision, even of unchanged weights, is read anew: its template may have changed).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -26,7 +32,15 @@ from pydantic import BaseModel, ValidationError
 from cachecore.errors import CacheError
 from cachecore.model.config import preset
 from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
-from controlplane.common.errors import ApplicationError, Forbidden, InvalidInput, NotFound, TooLarge, Unauthenticated
+from controlplane.common.errors import (
+    ApplicationError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    TooLarge,
+    Unauthenticated,
+    Unavailable,
+)
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
@@ -36,6 +50,46 @@ from controlplane.tenants import services as tenant_services
 
 _TOKENIZER = ByteTokenizer()
 _CHAT = ChatTemplate(_TOKENIZER)
+_FACTS_MAX = 64  # checkpoint revisions whose tokenizers this process keeps
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """How a deployment's active revision tokenizes, and its limits."""
+
+    tokenizer: object  # ByteTokenizer | cachecore.model.hf_tokenizer.HFTokenizer
+    chat: object  # ChatTemplate | cachecore.model.chat_template.JinjaChatTemplate
+    vocab_size: int
+    max_seq_len: int
+
+
+_facts: dict[tuple, ModelFacts] = {}
+_facts_lock = threading.Lock()
+
+
+def model_facts(deployment: ModelDeployment) -> ModelFacts:
+    """Tokenizer, template and limits of ``deployment``'s active revision. A checkpoint directory that
+    can no longer be read is 503 (the operator's files, not the request, are at fault)."""
+    rev = deployment.active_revision
+    if not rev.checkpoint_path:
+        config = preset(deployment.preset)
+        return ModelFacts(_TOKENIZER, _CHAT, config.vocab_size, config.max_seq_len)
+    key = (rev.pk, rev.checkpoint_path, rev.digest)
+    facts = _facts.get(key)
+    if facts is None:
+        from cachecore.model.checkpoint import inspect_checkpoint
+        from cachecore.model.hf_config import CheckpointError
+
+        try:
+            info = inspect_checkpoint(rev.checkpoint_path, digest=False)
+        except CheckpointError as exc:
+            raise Unavailable(f"model '{deployment.name}' cannot be served: {exc}", retry_after=30) from None
+        facts = ModelFacts(info.tokenizer, info.chat, info.config.model.vocab_size, info.config.model.max_seq_len)
+        with _facts_lock:
+            if len(_facts) >= _FACTS_MAX:
+                _facts.pop(next(iter(_facts)))
+            _facts[key] = facts
+    return facts
 
 
 class BadRequest(ApplicationError):
@@ -107,12 +161,13 @@ def resolve_model(tenant, name: str) -> ModelDeployment:
     return deployment
 
 
-def tokenize(body: BaseModel) -> list[int]:
+def tokenize(body: BaseModel, facts: ModelFacts | None = None) -> list[int]:
+    tokenizer, chat = (facts.tokenizer, facts.chat) if facts is not None else (_TOKENIZER, _CHAT)
     try:
         if hasattr(body, "messages"):
-            return _CHAT.render([m.model_dump() for m in body.messages])
+            return chat.render([m.model_dump() for m in body.messages])
         if isinstance(body.prompt, str):
-            return _TOKENIZER.encode(body.prompt)
+            return tokenizer.encode(body.prompt)
         return list(body.prompt)
     except CacheError as exc:
         raise BadRequest(str(exc), code=exc.code) from None
@@ -139,8 +194,8 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     tenant = authenticate(request)
     body = parse_body(request, schema)
     deployment = resolve_model(tenant, body.model)
-    tokens = tokenize(body)
-    config = preset(deployment.preset)
+    config = model_facts(deployment)
+    tokens = tokenize(body, config)
     bad = next((t for t in tokens if t >= config.vocab_size), None)
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
@@ -166,6 +221,7 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "temperature": body.temperature,
         "seed": body.seed,
         "logprobs": logprobs,
+        "stop": body.stop,
         "max_cached_tokens": tenant.max_cached_tokens,
         "max_l3_bytes": tenant.max_l3_bytes,
         # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's
@@ -187,7 +243,7 @@ prepare = sync_to_async(_prepare, thread_sensitive=True)
 def _check_kv_tokens(tokens: list[int], deployment: ModelDeployment) -> None:
     """KV API token lists: bounded by the model's context length (413) and inside its vocabulary (422),
     checked before any worker is involved."""
-    config = preset(deployment.preset)
+    config = model_facts(deployment)
     if len(tokens) > config.max_seq_len:
         raise TooLarge(f"{len(tokens)} tokens exceed the model's context length of {config.max_seq_len}",
                        code="context_length_exceeded")

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from workers.stops import normalize_stops
+
 MAX_TOKENS_LIMIT = 4096
 # Sampling divides float32 logits by the temperature: below ~1e-37 they overflow to inf and the
 # probabilities become NaN. 0 means greedy; a positive temperature must be at least this (far from
@@ -36,6 +38,8 @@ class _Common(BaseModel):
     # host memory (recorded on its blocks; the remote tier honours it).
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     n: Literal[1] = 1
+    # OpenAI's stop: generation ends where the text contains one of these (not returned).
+    stop: str | list[str] | None = None
     presence_penalty: Literal[0, 0.0] = 0
     frequency_penalty: Literal[0, 0.0] = 0
 
@@ -45,6 +49,11 @@ class _Common(BaseModel):
         if 0.0 < v < MIN_TEMPERATURE:
             raise ValueError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and {MAX_TEMPERATURE}")
         return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: str | list[str] | None) -> list[str] | None:
+        return list(normalize_stops(v)) or None
 
     @field_validator("top_p")
     @classmethod
