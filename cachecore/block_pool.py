@@ -29,7 +29,9 @@ recently freed blocks.
 ``listener(block, reason)`` with ``reason`` one of ``"evicted"`` (reused by ``allocate``), ``"capped"``
 (its owner's cap) or ``"flushed"`` (``drop_where``), while the block still holds its hash, tokens, tag
 and bytes, so write-back, metrics and KV events are pushed, never polled. A listener must not call
-back into the pool.
+back into the pool. After each operation that announced drops (an allocation's evictions, a flush, one
+owner's cap trim), each callable in ``batch_listeners`` is called once with no arguments, so a listener
+can batch per operation; inside a ``with pool.batch():`` block they are called once, at its end.
 
 All methods are O(1) per block touched except ``allocate``'s eviction, O(owners) per evicted block
 (``drop_where`` and ``check_integrity`` are O(index)/O(pool)). Not thread-safe: the caller holds its
@@ -85,6 +87,8 @@ class BlockPool:
         self._weights: dict[str, int] = {}
         self._clock = 0  # stamps Block.freed_at
         self.listeners: list[Callable[[Block, str], None]] = []
+        self.batch_listeners: list[Callable[[], None]] = []
+        self._batch_depth = 0
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -214,6 +218,8 @@ class BlockPool:
             self._notify(block, "evicted")
             self._unindex(block, was_free=True)
             out.append(block)
+        if victims:
+            self._batch_done()
         for block in out:
             block.ref_cnt = 1
             self._set_owner(block, owner)
@@ -392,6 +398,8 @@ class BlockPool:
                 self._free.remove(block)
                 self._free.appendleft(block)
         self.stats.dropped += len(matches)
+        if matches:
+            self._batch_done()
         return len(matches)
 
     def drop_owner(self, owner: str) -> int:
@@ -402,6 +410,20 @@ class BlockPool:
     def _notify(self, block: Block, reason: str) -> None:
         for listener in self.listeners:
             listener(block, reason)
+
+    @property
+    def in_batch(self) -> bool:
+        """Inside a ``batch()`` block: ``batch_listeners`` wait for its end."""
+        return self._batch_depth > 0
+
+    def batch(self) -> _Batch:
+        """``with pool.batch():`` makes one operation of several for ``batch_listeners`` (nestable)."""
+        return _Batch(self)
+
+    def _batch_done(self) -> None:
+        if not self._batch_depth:
+            for listener in self.batch_listeners:
+                listener()
 
     def _set_owner(self, block: Block, owner: str | None) -> None:
         if block.owner == owner:
@@ -446,7 +468,9 @@ class BlockPool:
 
     def _trim(self, owner: str, max_tokens: int) -> None:
         """Evict ``owner``'s least recently freed blocks until it fits ``max_tokens`` or has none free."""
+        trimmed = False
         while owner in self._owner_lru and self._owner_cached[owner] * self.block_size > max_tokens:
+            trimmed = True
             block = next(iter(self._owner_lru[owner].values()))
             self._count_eviction(block)
             self.stats.cap_evictions += 1
@@ -455,6 +479,8 @@ class BlockPool:
             self._set_owner(block, None)
             self._free.remove(block)
             self._free.appendleft(block)
+        if trimmed:
+            self._batch_done()
 
     # ------------------------------------------------------------------ invariants
     def check_integrity(self) -> None:
@@ -522,3 +548,20 @@ class BlockPool:
 
         for owner, cap in self._caps.items():
             assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"
+
+
+class _Batch:
+    """``BlockPool.batch()``: ``batch_listeners`` are called once when the outermost block ends."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self, pool: BlockPool) -> None:
+        self._pool = pool
+
+    def __enter__(self) -> None:
+        self._pool._batch_depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        pool = self._pool
+        pool._batch_depth -= 1
+        pool._batch_done()

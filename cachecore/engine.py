@@ -23,6 +23,10 @@ persistence. Flushes are per
 scope: a request admitted before a flush registers nothing the flush matches, while other tenants'
 requests keep caching.
 
+KV events (``events``, an :class:`~cachecore.events.EventLog`): every tier announces what it stores
+and drops (L1 through this engine's commits and its pool's listeners, L2 and L3 through their stores'
+hooks), one batch per store operation; see :mod:`cachecore.events`.
+
 All public methods are thread-safe (one lock); model forwards and L2 loads run outside it.
 """
 
@@ -43,6 +47,7 @@ from cachecore.engine_kv import KVApiMixin
 from cachecore.engine_loads import LoadsMixin
 from cachecore.engine_writes import WritesMixin
 from cachecore.errors import InflightLimit, InvalidPrompt
+from cachecore.events import EventLog, wire_engine
 from cachecore.hashing import chain_hashes
 from cachecore.layout import KVLayout
 from cachecore.loadcost import LoadCost
@@ -73,6 +78,7 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
         metrics: CacheMetrics | None = None,
         config: EngineConfig | None = None,
         l3: RemoteStore | None = None,
+        events: EventLog | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.l3 = l3
@@ -108,6 +114,8 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
         self._demoting: list[tuple[Block, bytes, tuple, Tag]] | None = None
         if self.l2 is not None:
             self.pool.listeners.append(self._on_l1_drop)
+        self.events = events
+        self._l1_events = wire_engine(events, self) if events is not None else None
 
     # ------------------------------------------------------------------ serving path
     def admit(
@@ -235,7 +243,7 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
         flushed); other tenants' sequences keep caching. With write-through, the new blocks are copied
         to L2 in the background."""
         bs = self.block_size
-        with self._lock:
+        with self._lock, self.pool.batch():
             full = seq.num_computed // bs
             if not seq.use_cache or self._stale(seq) or full <= seq.num_registered:
                 return 0
@@ -253,6 +261,8 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                 if kept is block and block.block_hash is not None:
                     new.append(block)
             seq.num_registered = full
+            if new and self._l1_events is not None:
+                self._l1_events.stored([b.block_hash for b in new])
             self.metrics.usage(seq.tag.owner, seq.tag.model).stored_tokens += len(new) * bs
             if new and self._writer is not None:
                 self._write_through(new, seq.flush_gen)

@@ -111,9 +111,16 @@ class LoadsMixin:
             seq.num_cached_tokens += n * bs
             seq.num_computed = seq.num_cached_tokens
             if n and not self._stale(seq):
-                for i in range(seq.num_registered, seq.num_registered + n):
-                    self.pool.cache(seq.blocks[i], seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]),
-                                    seq.tag.owner, seq.tag)
+                promoted = []
+                with self.pool.batch():
+                    for i in range(seq.num_registered, seq.num_registered + n):
+                        block = seq.blocks[i]
+                        kept = self.pool.cache(block, seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]),
+                                               seq.tag.owner, seq.tag)
+                        if kept is block and block.block_hash is not None:
+                            promoted.append(block.block_hash)
+                    if promoted and self._l1_events is not None:
+                        self._l1_events.stored(promoted)
                 seq.num_registered += n
             if n3 and self.l3 is not None:  # the chunks it loaded from L3 are there already
                 seq.l3_chunks = seq.num_registered // self.l3.chunk_blocks

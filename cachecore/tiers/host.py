@@ -8,13 +8,17 @@ miss for it and every block after it, never wrong bytes.
 
 Blocks are held (ref count > 0) only for the instant a ``put`` writes or a ``get`` copies them, under
 this store's lock, so a block is never overwritten while it is read.
+
+What it drops is announced by ``pool.listeners``; what it newly stores, by ``stored_listeners``
+(``listener(keys)``, once per ``put``/``put_many``, under this store's lock, inside the pool's batch of
+that operation, so its evictions and its stores form one batch for ``pool.batch_listeners``).
 """
 
 from __future__ import annotations
 
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,11 +43,12 @@ class HostStore(PooledStore):
         self._crc = [0] * num_blocks
         self._lock = threading.RLock()
         self.stats = {"puts": 0, "duplicates": 0, "rejected": 0, "corrupt": 0, "gets": 0, "blocks_out": 0}
+        self.stored_listeners: list[Callable[[list[bytes]], None]] = []
 
     # ------------------------------------------------------------------ contract
     def put(self, key: bytes, tokens: tuple[int, ...], tag: Tag, kv: torch.Tensor) -> bool:
         src = kv.reshape(self.layout.page_shape)
-        with self._lock:
+        with self._lock, self.pool.batch():
             if self.pool.get_cached(key, tokens) is not None:
                 self.stats["duplicates"] += 1
                 return False
@@ -60,12 +65,15 @@ class HostStore(PooledStore):
             finally:
                 self.pool.free([block])
             self.stats["puts" if stored else "rejected"] += 1
+            if stored:
+                for listener in self.stored_listeners:
+                    listener([key])
             return stored
 
     def put_many(self, entries: Sequence[tuple[bytes, tuple[int, ...], Tag]], kv: torch.Tensor) -> int:
         """``put`` of many blocks (``kv``: ``[n, *page_shape]``, row i for entry i) with one copy;
         returns how many were newly stored."""
-        with self._lock:
+        with self._lock, self.pool.batch():
             taken: list[tuple[Block, int, bytes, tuple, Tag]] = []
             try:
                 for row, (key, tokens, tag) in enumerate(entries):
@@ -84,13 +92,19 @@ class HostStore(PooledStore):
                 rows = torch.tensor([t[1] for t in taken], dtype=torch.long)
                 self.data.index_copy_(0, ids, kv.index_select(0, rows.to(kv.device)).to(self.data.device))
                 stored = 0
+                keys = []
                 for block, _, key, tokens, tag in taken:
                     self._crc[block.block_id] = _crc(self.data[block.block_id])
                     kept = self.pool.cache(block, key, tokens, tag.owner, tag)
-                    stored += int(kept is block and block.block_hash is not None)
+                    if kept is block and block.block_hash is not None:
+                        stored += 1
+                        keys.append(key)
             finally:
                 if taken:
                     self.pool.free([t[0] for t in taken])
+            if keys:
+                for listener in self.stored_listeners:
+                    listener(keys)
             self.stats["puts"] += stored
             self.stats["rejected"] += len(taken) - stored
             return stored

@@ -38,6 +38,11 @@ time, refreshed by reads in this process. The accounting is an in-memory index o
 listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
 written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
 
+What it writes and deletes is announced (for KV events): ``put_listeners`` get the chain hashes of
+every chunk written (``listener(hashes)``), ``drop_listeners`` the chunk keys (last-block hashes) of
+objects it deleted or forgot, with a reason (``listener(keys, reason)``: ``"evicted"``, ``"flushed"``,
+``"corrupt"``, ``"expired"``), outside the store's lock. A listener must not call back into the store.
+
 Thread-safe. ``probe``, ``get`` and ``put_chunk`` never raise for the state of the backend;
 ``delete_scope``, ``count_scope``, ``sweep`` and ``refresh`` raise ``BackendUnavailable`` (a flush job
 must know that it did not happen).
@@ -186,6 +191,8 @@ class RemoteStore:
         self._total = 0
         self._limits: dict[str, int] = {}  # encoded tenant -> max bytes
         self._names: dict[str, str] = {}  # encoded tenant -> tenant id (for over-long ones)
+        self.put_listeners: list[Callable[[Sequence[bytes]], None]] = []
+        self.drop_listeners: list[Callable[[list[bytes], str], None]] = []
         self.stats: dict[str, int] = dict.fromkeys(
             (
                 "probes", "hits", "misses", "blocks_out", "corrupt", "quarantined", "failures", "unavailable",
@@ -408,6 +415,8 @@ class RemoteStore:
             return False
         self._count("objects_written")
         self._count("bytes_in", len(frame))
+        for listener in self.put_listeners:
+            listener(hashes)
         return True
 
     def set_tenant_limit(self, tenant: str, max_bytes: int | None) -> None:
@@ -439,6 +448,8 @@ class RemoteStore:
                         self.stats["deleted"] += 1
         except BackendUnavailable:
             self._trip()
+        if deleted:
+            self._announce_drop([key], "flushed")
         return deleted
 
     def delete_scope(
@@ -464,13 +475,16 @@ class RemoteStore:
                 if parsed is not None and match(info.name) and self.backend.delete(info.name):
                     objects += 1
                     n_bytes += info.size
+        forgotten: list[str] = []
         with self._lock:
             if self._index is not None:
                 for t, names in list(self._index.items()):
                     for n in [n for n in names if match(n)]:
                         self._forget(t, n)
+                        forgotten.append(n)
             self.stats["deleted"] += objects
             self.stats["deleted_bytes"] += n_bytes
+        self._announce_drop(forgotten, "flushed")
         return objects, n_bytes
 
     def count_scope(
@@ -504,6 +518,7 @@ class RemoteStore:
         retention = {self._tenant_key(t): s for t, s in retention_seconds_by_tenant.items()}
         objects = n_bytes = 0
         kept: list[tuple[str, ObjectInfo]] = []
+        expired: list[str] = []
         for info in list(self.backend.list("")):
             if parse_name(info.name) is None:
                 continue
@@ -513,6 +528,7 @@ class RemoteStore:
                 if self.backend.delete(info.name):
                     objects += 1
                     n_bytes += info.size
+                    expired.append(info.name)
                 continue
             kept.append((tenant, info))
         with self._lock:
@@ -520,6 +536,7 @@ class RemoteStore:
             victims = self._choose_victims(None, 0) or []
             for t, n, _ in victims:
                 self._forget(t, n)
+        self._announce_drop(expired, "expired")
         evicted = self._evict(victims)
         removed = self.backend.sweep_temp(self.temp_grace_seconds, now=now)
         with self._lock:
@@ -649,6 +666,7 @@ class RemoteStore:
         with self._lock:
             self.stats["quarantined"] += 1
             self._forget(self._tenant_key(tag.owner), name)
+        self._announce_drop([name], "corrupt")
 
     def _available(self) -> bool:
         if time.monotonic() < self._down_until:
@@ -768,4 +786,13 @@ class RemoteStore:
         with self._lock:
             self.stats["evicted"] += objects
             self.stats["evicted_bytes"] += n_bytes
+        self._announce_drop([name for _, name, _ in victims], "evicted")
         return objects, n_bytes
+
+    def _announce_drop(self, names: list[str], reason: str) -> None:
+        """Tell ``drop_listeners`` the chunk keys of ``names`` (objects gone from this store's view)."""
+        if not names or not self.drop_listeners:
+            return
+        keys = [bytes.fromhex(n.rsplit("/", 1)[1]) for n in names]
+        for listener in self.drop_listeners:
+            listener(keys, reason)
