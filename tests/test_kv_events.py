@@ -70,16 +70,7 @@ def _replayed(log) -> dict[str, set[bytes]]:
     assert not gap
     for b in batches:
         assert index.apply(EventBatch.from_dict(b.to_dict()))
-    return {t: {bytes.fromhex(h) for h in hs} for t, hs in _index_snapshot(index, log.replica_id).items()}
-
-
-def _index_snapshot(index, rid):
-    rep = index._replicas.get(rid)
-    out = {"l1": [], "l2": [], "l3": []}
-    for h in (rep.blocks if rep else {}):
-        for t in index.holds(rid, h):
-            out[t].append(h.hex())
-    return out
+    return index.held(log.replica_id)
 
 
 # ---------------------------------------------------------------------- the typed events

@@ -240,6 +240,13 @@ class PrefixIndex:
                    for rid, rep in self._replicas.items()}
             return {"replicas": per, **self.counts}
 
+    def held(self, replica_id: str) -> dict[str, set[bytes]]:
+        """Every tier's hashes the index believes ``replica_id`` holds (tests, debugging)."""
+        with self._lock:
+            rep = self._replicas.get(replica_id)
+            items = list(rep.blocks.items()) if rep is not None else []
+        return {t: {h for h, v in items if v & _BIT[t]} for t in TIERS}
+
     def holds(self, replica_id: str, block_hash: bytes) -> tuple[str, ...]:
         """The tiers the index believes ``replica_id`` holds ``block_hash`` in (tests, debugging)."""
         with self._lock:
