@@ -43,7 +43,7 @@ from django.conf import settings
 
 from cachecore.errors import CacheError
 from controlplane.common.errors import ApplicationError, Unavailable, WorkerError
-from controlplane.runtime.replicas import Replica, ReplicaSet
+from controlplane.runtime.replicas import Replica, ReplicaSet, gone
 from controlplane.runtime.router import Router, drop_router, router_for
 
 logger = logging.getLogger("controlplane.runtime")
@@ -186,16 +186,9 @@ def forget(deployment: str) -> None:
     drop_router(deployment)
 
 
-def _dead(exc: BaseException) -> bool:
-    """Whether ``exc`` means the replica itself is gone (not merely slow): it leaves routing."""
-    from ray.exceptions import RayActorError
-
-    return isinstance(exc, (RayActorError, ConnectionError))
-
-
 def _unreachable(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, exc: BaseException, *, revive: bool) -> None:
     rs.forget(rep.index)
-    if _dead(exc):
+    if gone(exc):
         rs.mark_dead(rep, revive=revive)
         _router(rs).dropped(rep)
 
@@ -204,7 +197,7 @@ def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
     """Finding or starting ``rep`` failed. A replica that died or never came up leaves routing (and
     another one is tried); no Ray at all is the caller's plain ``Unavailable``."""
     cause = exc.__cause__
-    if cause is not None and (_dead(cause) or isinstance(cause, TimeoutError)):
+    if cause is not None and (gone(cause) or isinstance(cause, TimeoutError)):
         rs.mark_dead(rep, revive=True)
         raise _Retry(exc) from cause
     raise exc
@@ -354,7 +347,7 @@ async def _acall_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, method: str,
                 _cancel_remote(spec, handle, rid, ref)
             _unreachable(spec, rs, rep, exc, revive=True)
             error = Unavailable(f"worker {spec.deployment} did not answer", retry_after=5)
-            if _dead(exc):
+            if gone(exc):
                 raise _Retry(error) from exc
             raise error from exc
     if cancellable:
@@ -416,7 +409,7 @@ async def _stream_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, req: dict) 
                 if refused is not None:
                     raise refused from None
                 error = Unavailable(f"worker {spec.deployment} is unavailable; retry shortly", retry_after=5)
-                if _dead(exc):
+                if gone(exc):
                     raise _Retry(error) from exc
                 raise error from exc
             logger.warning("stream from %s broke: %s", rep.name, type(exc).__name__)

@@ -37,6 +37,14 @@ REVIVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 DRAIN_POLL_S = 0.2
 
 
+def gone(exc: BaseException) -> bool:
+    """Whether a call's exception means the replica itself is gone (its actor died or is being
+    restarted, or the connection to it was lost), not merely slow or refusing the request."""
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, (RayActorError, ConnectionError))
+
+
 @dataclass
 class Replica:
     """What this process knows of one replica (index ``index`` of its deployment)."""

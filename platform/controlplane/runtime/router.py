@@ -3,7 +3,9 @@
 One ``Router`` per deployment (``router_for``). With one routable replica it returns it at once (no
 hashing, no lookups). With several, and the routing modules present (``cachecore.routing``):
 
-- a ``PrefixIndex`` of which replica probably holds which block hashes, fed by a background thread
+- a background thread polls every routable replica; one found dead leaves routing at once (and is
+  revived in the background) even with no traffic;
+- a ``PrefixIndex`` of which replica probably holds which block hashes, fed by that thread
   that polls each replica's ``kv_events(since_seq)`` (applied in order; on a gap, or a replica seen
   for the first time, it reconciles from ``kv_snapshot()``) and its ``info()`` (``replica_id``,
   ``namespace_fields``, and ``router``: measured ``rates``, ``queued_prefill_tokens``, ``running``);
@@ -33,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from controlplane.runtime.replicas import Replica, ReplicaSet
+from controlplane.runtime.replicas import Replica, ReplicaSet, gone
 
 logger = logging.getLogger("controlplane.runtime")
 
@@ -221,9 +223,13 @@ class Router:
                         ok = self.index.apply(events.EventBatch.from_dict(batch))
                 if not ok:
                     self.index.reconcile(ray.get(handle.kv_snapshot.remote(), timeout=POLL_TIMEOUT_S))
-            except Exception as exc:  # a slow or dead replica: the serving path marks it dead
-                logger.debug("poll of %s failed: %r", rep.name, exc)
+            except Exception as exc:
                 view.synced = False
+                if gone(exc):  # gone: out of routing at once, revived in the background
+                    self.replicas.mark_dead(rep, revive=True)
+                    self.dropped(rep)
+                else:  # slow: the serving path decides
+                    logger.debug("poll of %s failed: %r", rep.name, exc)
 
 
 _routers: dict[str, Router] = {}
