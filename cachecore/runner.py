@@ -1,21 +1,21 @@
-"""Generator: serves completions from the reference model through the paged prefix cache.
+"""Generator: serves completions from a model through the paged prefix cache and the scheduler.
 
 ``stream`` yields events as they happen: one ``Prefilled`` (after the prefix hit is known and the rest
 of the prompt is computed), one ``TokenOut`` per generated token, then ``Finished``. The KV of the
-prompt is registered right after prefill (so concurrent requests can share it) and the KV of generated
-tokens at the end, so the next turn of a chat reuses the previous answer.
+prompt is registered as each prefill chunk lands (so concurrent requests can share it) and the KV of
+generated tokens at the end, so the next turn of a chat reuses the previous answer.
 
-Model forwards are serialised (no batching yet) and handed out fairly among tenants by
-``FairTurns``; a prompt's prefill runs in chunks of ``prefill_chunk`` tokens, one turn each, so a light
-request waits about one chunk behind a heavy tenant, not its whole prompt. Bookkeeping is the engine's
-and is thread-safe, so concurrent streams interleave token by token. ``should_abort`` is polled
-between chunks and tokens: a cancelled or aborted request stops computing at once and releases its
-blocks.
+Model forwards belong to the worker's ``Scheduler`` (``cachecore.scheduler``): ``stream`` submits a
+request and reads its events; the loop batches it with every other running request (continuous
+batching, prefill in chunks of ``prefill_chunk`` tokens, fair between tenants) through
+``cachecore.model.batched.forward_batch``. ``should_abort`` is polled by the loop every step and by
+the stream before each event: a cancelled or aborted request stops computing and releases its blocks
+before the stream ends. Generators of several revisions may share one scheduler (one per device).
 """
 
 from __future__ import annotations
 
-import time
+import queue
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,10 +23,15 @@ import torch
 
 from cachecore.engine import CachedSequence, CacheEngine
 from cachecore.errors import InvalidPrompt, PromptTooLong
+from cachecore.model.batched import BatchItem, forward_batch
 from cachecore.namespace import Namespace
-from cachecore.turns import FairTurns
+from cachecore.scheduler import Failed, Finished, Logits, Prefilled, Request, Scheduler, TokenOut
+from cachecore.scheduler.events import Event
 
 DEFAULT_PREFILL_CHUNK = 256
+_POLL_SECONDS = 0.05  # how often a waiting stream polls should_abort
+
+__all__ = ["Completion", "Event", "Finished", "Generator", "Prefilled", "SamplingParams", "TokenOut"]
 
 
 @dataclass(frozen=True)
@@ -36,29 +41,6 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None  # number of top alternatives to report (0 = chosen token only)
     stop_at_eos: bool = True
-
-
-@dataclass(frozen=True)
-class Prefilled:
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose prefill was skipped
-    prefill_seconds: float
-
-
-@dataclass(frozen=True)
-class TokenOut:
-    token_id: int
-    text: str
-    logprob: float | None = None
-    top_logprobs: dict[str, float] | None = None
-
-
-@dataclass(frozen=True)
-class Finished:
-    finish_reason: str  # "stop" | "length" | "aborted"
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
 
 
 @dataclass
@@ -75,30 +57,32 @@ class Completion:
     prefill_seconds: float = 0.0
 
 
-Event = Prefilled | TokenOut | Finished
-
 
 class Generator:
-    """Owns nothing but references: the model (weights), the engine (cache) and the tokenizer."""
+    """Owns nothing but references: the model (weights), the engine (cache), the tokenizer and the
+    scheduler that runs its forwards (its own unless one is handed in to share)."""
 
     def __init__(
         self, model, engine: CacheEngine, tokenizer, *, model_name: str, revision: str,
-        turns: FairTurns | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        scheduler: Scheduler | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
-        if prefill_chunk < 1:
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if scheduler is not None and scheduler.engine is not engine:
+            raise ValueError("the scheduler drives another engine")
         self.model = model
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.revision = revision
         self.config = model.config
-        # Shared by every Generator on one device (revisions being rolled out included).
-        self.turns = turns or FairTurns()
+        self.scheduler = scheduler or Scheduler(engine)
         self.prefill_chunk = prefill_chunk
         allowed = torch.full((self.config.vocab_size,), float("-inf"))
         allowed[list(tokenizer.generatable_ids())] = 0.0
         self._allowed = allowed.to(engine.pages.device)
+        self._allowed_cpu = allowed
+        self._eos = frozenset(getattr(tokenizer, "eos_ids", None) or {tokenizer.eos_id})
 
     # ------------------------------------------------------------------ validation
     def validate(self, tokens: Sequence[int], max_tokens: int = 0) -> list[int]:
@@ -122,41 +106,47 @@ class Generator:
             )
         return out
 
-    # ------------------------------------------------------------------ generation
-    def _forward(self, seq: CachedSequence, start: int, end: int | None = None) -> torch.Tensor:
-        """One turn: compute ``seq.tokens[start:end]`` (KV into the pages), return the last logits."""
-        end = len(seq.tokens) if end is None else end
-        device = self.engine.pages.device
-        chunk = torch.tensor(seq.tokens[start:end], dtype=torch.long, device=device)
-        table = torch.tensor(seq.block_table, dtype=torch.long, device=device)
-        with self.turns.turn(seq.tag.owner):
-            logits = self.model.forward(chunk, start, table, self.engine.pages)[-1]
-        self.engine.mark_computed(seq, end)
-        return logits
+    # ------------------------------------------------------------------ the scheduler's side (Runner)
+    def forward_items(self, items: list[tuple[CachedSequence, int, int]]) -> torch.Tensor:
+        """One batched forward over ``seq.tokens[start:end]`` of each item; last logits on the CPU."""
+        batch = [BatchItem(seq.tokens[start:end], start, seq.block_table) for seq, start, end in items]
+        return forward_batch(self.model, self.engine.pages, batch).cpu()
 
-    def _prefill(self, seq: CachedSequence, should_abort: Callable[[], bool] | None) -> torch.Tensor | None:
-        """Prefill after the cached prefix in chunks; None if aborted between chunks."""
-        start, end = seq.num_cached_tokens, len(seq.tokens)
-        logits = None
-        while start < end:
-            if logits is not None and should_abort is not None and should_abort():
-                return None
-            stop = min(end, start + self.prefill_chunk)
-            logits = self._forward(seq, start, stop)
-            start = stop
-        return logits
+    def sample(self, logits: torch.Tensor, req: Request):
+        if req.generator is None and req.params.seed is not None:
+            req.generator = torch.Generator().manual_seed(req.params.seed)
+        return self._sample(logits, req.params, req.generator)
+
+    def decode_token(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def stops(self, token: int, req: Request) -> bool:
+        return req.params.stop_at_eos and token in self._eos
+
+    # ------------------------------------------------------------------ generation
+    def _request(self, ns: Namespace, tokens: list[int], *, owner: str, params: SamplingParams,
+                 should_abort=None, logits_only: bool = False, **admit_kwargs) -> Request:
+        admit_kwargs = {"model": self.model_name, "revision": self.revision, **admit_kwargs}
+        return Request(owner=owner, runner=self, ns=ns, prompt=tokens, max_tokens=params.max_tokens,
+                       admit_kwargs=admit_kwargs, chunk=self.prefill_chunk, params=params,
+                       logits_only=logits_only, should_abort=should_abort)
 
     def prefill_logits(self, ns: Namespace, tokens: Sequence[int], *, owner: str, request_salt: bytes = b"",
                        use_cache: bool = True) -> tuple[torch.Tensor, int]:
         """Logits of the last prompt token and the cached-token count (used by exactness tests)."""
         tokens = self.validate(tokens)
-        seq = self.engine.admit(ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
-                                request_salt=request_salt, use_cache=use_cache)
+        req = self._request(ns, tokens, owner=owner, params=SamplingParams(max_tokens=0), logits_only=True,
+                            request_salt=request_salt, use_cache=use_cache)
+        self.scheduler.submit(req)
         try:
-            self.engine.finish_loads(seq)
-            return self._prefill(seq, None).float().cpu(), seq.num_cached_tokens
+            ev = req.events.get()
+            if isinstance(ev, Failed):
+                raise ev.error
+            assert isinstance(ev, Logits)
+            return ev.logits.float().cpu(), ev.cached_tokens
         finally:
-            self.engine.release(seq)
+            if not req.done.is_set():
+                self.scheduler.cancel(req)
 
     def stream(
         self,
@@ -171,47 +161,35 @@ class Generator:
         retention_seconds: float | None = None,
         should_abort: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
+        """Submit to the scheduler and yield the request's events. Raises what admission raises
+        (``InflightLimit``, ``OutOfBlocks`` for a request the pool can never hold) and what failed the
+        request in the loop. Closing the iterator early cancels the request (blocks released before
+        ``close`` returns)."""
         tokens = self.validate(tokens, params.max_tokens)
-        seq = self.engine.admit(
-            ns, tokens, owner=owner, model=self.model_name, revision=self.revision,
-            request_salt=request_salt, max_new_tokens=params.max_tokens, use_cache=use_cache, persist=persist,
-            retention_seconds=retention_seconds,
-        )
+        req = self._request(ns, tokens, owner=owner, params=params, should_abort=should_abort,
+                            request_salt=request_salt, use_cache=use_cache, persist=persist,
+                            retention_seconds=retention_seconds)
+        self.scheduler.submit(req)
         try:
-            t0 = time.perf_counter()
-            self.engine.finish_loads(seq)  # the L2 prefix was prefetched while we waited for a turn
-            if should_abort is not None and should_abort():
-                yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
-                return
-            t_compute = time.perf_counter()
-            logits = self._prefill(seq, should_abort)
-            seconds = time.perf_counter() - t0
-            if logits is None:
-                yield Finished("aborted", len(tokens), 0, seq.num_cached_tokens)
-                return
-            self.engine.commit(seq)
-            self.engine.record_prefill(seq, seconds=time.perf_counter() - t_compute,
-                                       computed=len(tokens) - seq.num_cached_tokens)
-            yield Prefilled(len(tokens), seq.num_cached_tokens, seconds)
-            gen = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-            produced, reason = 0, "length"
-            while produced < params.max_tokens:
-                if should_abort is not None and should_abort():
-                    reason = "aborted"
-                    break
-                token, logprob, top = self._sample(logits, params, gen)
-                produced += 1
-                yield TokenOut(token, self.tokenizer.decode([token]), logprob, top)
-                if params.stop_at_eos and token == self.tokenizer.eos_id:
-                    reason = "stop"
-                    break
-                if produced == params.max_tokens:
-                    break
-                self.engine.append_token(seq, token)
-                logits = self._forward(seq, len(seq.tokens) - 1)
-            yield Finished(reason, len(tokens), produced, seq.num_cached_tokens)
+            while True:
+                try:
+                    ev = req.events.get(timeout=_POLL_SECONDS)
+                except queue.Empty:
+                    ev = None
+                if isinstance(ev, Failed):
+                    raise ev.error
+                if should_abort is not None and not isinstance(ev, Finished) and should_abort():
+                    self.scheduler.cancel(req)  # returns once its blocks are released
+                    yield Finished("aborted", len(tokens), req.produced, req.cached_tokens)
+                    return
+                if ev is None:
+                    continue
+                yield ev
+                if isinstance(ev, Finished):
+                    return
         finally:
-            self.engine.release(seq)
+            if not req.done.is_set():
+                self.scheduler.cancel(req)
 
     def complete(self, ns: Namespace, tokens: Sequence[int], **kwargs) -> Completion:
         out = Completion()
@@ -231,7 +209,7 @@ class Generator:
         return out
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None):
-        masked = logits.float() + self._allowed
+        masked = logits.float() + (self._allowed_cpu if logits.device.type == "cpu" else self._allowed)
         if params.temperature <= 0:
             token = int(torch.argmax(masked))
         else:

@@ -1,86 +1,60 @@
-"""FairTurns: the model is handed out fairly among tenants, not to whoever grabs a lock first."""
+"""Turns between tenants: the fair queue hands chunks out by tokens served, not to whoever came first
+(it replaces ``FairTurns``: the scheduler's loop is now the only one running the model)."""
 
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
-from cachecore.turns import FairTurns
+from cachecore.scheduler.queue import FairQueue
 
 
-def _waiter(turns: FairTurns, owner: str, order: list[str], started: threading.Event | None = None):
-    def run():
-        if started is not None:
-            started.set()
-        with turns.turn(owner):
-            order.append(owner)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
-def _wait_for_waiters(turns: FairTurns, n: int) -> None:
-    deadline = time.monotonic() + 10
-    while turns.waiting() < n:
-        assert time.monotonic() < deadline, "waiters never queued"
-        time.sleep(0.001)
+def _next(fair: FairQueue, backlogged: list[str]) -> str:
+    return min(backlogged, key=lambda o: (fair.vtime(o), o))
 
 
 def test_a_light_tenant_goes_next_even_behind_a_heavy_tenants_queue():
-    turns, order = FairTurns(), []
-    release = threading.Event()
-
-    def heavy_holder():
-        with turns.turn("heavy"):
-            order.append("heavy")
-            release.wait(10)
-
-    holder = threading.Thread(target=heavy_holder)
-    holder.start()
-    _wait_for_waiters(turns, 0)
-    while not order:
-        time.sleep(0.001)
-    queued = [_waiter(turns, "heavy", order) for _ in range(3)]
-    _wait_for_waiters(turns, 3)
-    light = _waiter(turns, "light", order)
-    _wait_for_waiters(turns, 4)
-    release.set()
-    for t in [holder, light, *queued]:
-        t.join(10)
-    assert order[:2] == ["heavy", "light"]  # the light tenant did not wait for the three queued turns
-    assert order.count("heavy") == 4 and turns.turns_granted == 5
+    fair = FairQueue()
+    fair.activate("heavy")
+    for _ in range(4):  # heavy was served four chunks before light arrived
+        fair.grant("heavy")
+        fair.charge("heavy", 256)
+    fair.activate("light")
+    assert _next(fair, ["heavy", "light"]) == "light"
+    fair.grant("light")
+    fair.charge("light", 128)
+    assert _next(fair, ["heavy", "light"]) == "light"
+    fair.charge("light", 256)  # it started at "now", not at zero: no credit for the time it was idle
+    assert _next(fair, ["heavy", "light"]) == "heavy"
 
 
-def test_one_tenant_alone_is_first_come_first_served():
-    turns, order = FairTurns(), []
-    gate = threading.Event()
+def test_an_idle_tenant_cannot_bank_credit():
+    fair = FairQueue()
+    fair.activate("a")
+    fair.grant("a")
+    fair.charge("a", 1000)
+    fair.grant("a")
+    fair.activate("b")  # b was idle all along: it starts at a's current virtual time, not 0
+    assert fair.vtime("b") == fair.vtime("a")
 
-    def first():
-        with turns.turn("a"):
-            order.append("a0")
-            gate.wait(10)
 
-    t0 = threading.Thread(target=first)
-    t0.start()
-    while not order:
-        time.sleep(0.001)
-    threads = []
-    for i in range(1, 4):
-        def run(i=i):
-            with turns.turn("a"):
-                order.append(f"a{i}")
-        threads.append(threading.Thread(target=run))
-        threads[-1].start()
-        _wait_for_waiters(turns, i)
-    gate.set()
-    for t in [t0, *threads]:
-        t.join(10)
-    assert order == ["a0", "a1", "a2", "a3"]
+def test_weights_split_service_in_proportion():
+    fair = FairQueue()
+    fair.set_weight("big", 3)
+    served = {"big": 0, "small": 0}
+    for owner in served:
+        fair.activate(owner)
+    for _ in range(400):
+        owner = _next(fair, list(served))
+        fair.grant(owner)
+        fair.charge(owner, 10)
+        served[owner] += 10
+    assert served["big"] == pytest.approx(3 * served["small"], rel=0.05)
+    assert served["small"] > 0
 
 
 def test_weights_must_be_positive():
     with pytest.raises(ValueError):
-        FairTurns().set_weight("a", 0)
+        FairQueue().set_weight("a", 0)
+    with pytest.raises(ValueError):
+        FairQueue().set_weight("a", True)
+    FairQueue().set_weight("a", 0.5)

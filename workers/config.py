@@ -10,7 +10,10 @@ worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | 
 (``STRATA_MASTER_KEY``, base64 of 32 bytes, or the file ``STRATA_MASTER_KEY_FILE``, default
 ``$STRATA_HOME/master.key``: the control plane creates it; the worker only reads it),
 ``STRATA_PREFILL_CHUNK`` (tokens per prefill turn, default 256: smaller bounds how long one tenant's
-prefill delays another's first token, larger computes long prompts faster), ``STRATA_TORCH_THREADS``
+prefill delays another's first token, larger computes long prompts faster), ``STRATA_TOKEN_BUDGET``
+(tokens one scheduler step computes at most, decode tokens and prefill chunks together, default
+512), ``STRATA_MAX_BATCH`` (requests running at once, default 32; the budget must exceed it),
+``STRATA_TORCH_THREADS``
 (default: every core). Read in the worker's process (the Ray actor inherits
 the environment of the process that started Ray).
 """
@@ -53,6 +56,8 @@ class WorkerConfig:
     load_deadline_ms: int = 500
     torch_threads: int = 0  # 0: every core
     prefill_chunk: int = 256
+    token_budget: int = 512
+    max_batch: int = 32
     l3_url: str = "none"
     l3_mb: int = 4096
     l3_sweep_seconds: int = 300
@@ -69,12 +74,17 @@ class WorkerConfig:
             load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
             torch_threads=_int("STRATA_TORCH_THREADS", 0),
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
+            token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
+            max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
             l3_url=_l3_url(),
             l3_mb=_int("STRATA_L3_MB", 4096),
             l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
             master_key_file=os.environ.get("STRATA_MASTER_KEY_FILE", "").strip() or str(_home() / "master.key"),
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
+        if cfg.token_budget <= cfg.max_batch:
+            raise WorkerConfigError(f"STRATA_TOKEN_BUDGET ({cfg.token_budget}) must exceed STRATA_MAX_BATCH "
+                                    f"({cfg.max_batch})")
         return cfg
 
     def blocks(self, mb: int, bytes_per_block: int) -> int:

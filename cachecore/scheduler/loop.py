@@ -1,0 +1,353 @@
+"""The scheduler: one loop thread per engine (device) that owns the model forwards.
+
+Callers ``submit`` a ``Request`` and read its events; the loop keeps a waiting queue and a running
+set and, each step, computes one batch (``batch.build_batch``): every running request's next decode
+token plus prefill chunks of waiting or prefilling requests, within ``token_budget`` tokens and at most
+``max_batch`` running requests. Requests of different runners (revisions being rolled out) share the
+loop; each runner computes its own items of the step.
+
+Admission happens at ``submit`` (``engine.admit``: the L1 hit is held and the L2/L3 prefetch starts
+while the request waits) when the pool has room; otherwise the request waits unadmitted and the loop
+admits it when it is picked. When the pool has no room for the request picked next, the loop
+preempts lower-priority holders (younger requests; overdue ones outrank every other): a waiting one
+gives back its blocks, a running one is released after committing what it computed and requeued
+with its tokens so far, to be recomputed later mostly from the cache. A request needing more blocks
+than the pool holds fails with ``OutOfBlocks`` at once; one that cannot be admitted while nothing else
+holds blocks fails with it too. ``InflightLimit`` at submit is raised to the caller (as before the
+scheduler); a requeued request waits for its tenant's other requests instead.
+
+A request whose prefix was committed (by another request) after it was admitted is re-admitted when
+it starts, so it hits that prefix. Cancellation (``cancel``, or ``should_abort`` polled every step)
+releases the request's blocks at the next step. A forward that raises fails the requests in it
+(``Failed``, blocks freed without registering partial KV); the loop keeps serving the others.
+
+The thread starts on the first submission and exits after ``idle_exit_s`` without work (restarted by
+the next one), so an unused scheduler holds no thread. ``step`` can be driven by hand (tests).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+from cachecore.errors import InflightLimit, OutOfBlocks
+from cachecore.hashing import chain_hashes
+from cachecore.scheduler.batch import Plan, build_batch
+from cachecore.scheduler.events import Finished, Prefilled, TokenOut
+from cachecore.scheduler.queue import POLICIES, FairQueue, PrefixIndex, is_overdue
+from cachecore.scheduler.request import Failed, Logits, Request, State
+
+DEFAULT_TOKEN_BUDGET = 512
+DEFAULT_MAX_BATCH = 32
+DEFAULT_AGE_STEPS = 64
+_READMITS = 8  # re-admissions for a longer hit per request at most (the index is only an estimate)
+
+
+class Scheduler:
+    """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
+    ``submit``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
+
+    def __init__(self, engine, *, token_budget: int = DEFAULT_TOKEN_BUDGET, max_batch: int = DEFAULT_MAX_BATCH,
+                 age_steps: int = DEFAULT_AGE_STEPS, policy: str = "cache_aware", idle_exit_s: float = 5.0) -> None:
+        for name, value in (("max_batch", max_batch), ("age_steps", age_steps), ("token_budget", token_budget)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if token_budget <= max_batch:
+            raise ValueError(f"token_budget ({token_budget}) must exceed max_batch ({max_batch}): every step "
+                             "keeps room for a prefill chunk beside the decode tokens")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.engine = engine
+        self.token_budget, self.max_batch, self.age_steps, self.policy = token_budget, max_batch, age_steps, policy
+        self.idle_exit_s = idle_exit_s
+        self.block_size = engine.block_size
+        self.fair = FairQueue()
+        self.index = PrefixIndex()
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.step_no = 0
+        # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, max_wait_steps
+        self.counters: Counter[str] = Counter()
+        self.max_wait_seconds = 0.0
+        self._cond = threading.Condition()
+        self._incoming: list[Request] = []
+        self._weights: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+        self._rids = 0
+
+    # ------------------------------------------------------------------ caller side
+    def set_weight(self, owner: str, weight: float) -> None:
+        """Fair-queue weight of ``owner`` (default 1; e.g. from its quota). ``ValueError`` unless > 0."""
+        FairQueue().set_weight(owner, weight)  # validate in the caller's thread
+        with self._cond:
+            self._weights[owner] = float(weight)
+            self._cond.notify_all()
+
+    def submit(self, req: Request) -> Request:
+        """Queue ``req`` (admitting it now when the pool has room). Raises ``OutOfBlocks`` when it
+        needs more blocks than the pool holds and ``InflightLimit`` when its tenant holds its
+        in-flight share; nothing is held then."""
+        bs, pool = self.block_size, self.engine.pool
+        need = -(-(len(req.prompt) + req.max_tokens) // bs)
+        if need > pool.num_blocks:
+            raise OutOfBlocks(f"this request needs {need} blocks of KV but the pool holds {pool.num_blocks}; "
+                              "send a shorter prompt or fewer max_tokens")
+        try:
+            req.seq = self.engine.admit(req.ns, req.prompt, owner=req.owner, max_new_tokens=req.max_tokens,
+                                        **req.admit_kwargs)
+            req.cached_tokens = req.seq.num_cached_tokens
+        except OutOfBlocks:  # waits unadmitted; the loop admits it (preempting if it must) when picked
+            req.seq = None
+            if req.admit_kwargs.get("use_cache", True):
+                req.extra["hashes"] = chain_hashes(req.ns, req.prompt, bs,
+                                                   request_salt=req.admit_kwargs.get("request_salt", b""))
+        with self._cond:
+            self._rids += 1
+            req.rid = self._rids
+            req.arrival_time = time.perf_counter()
+            self._incoming.append(req)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="strata-scheduler", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        return req
+
+    def cancel(self, req: Request, *, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop ``req`` at the next step (its blocks are released, computed KV committed). With
+        ``wait``, return once that happened."""
+        req.cancelled = True
+        with self._cond:
+            self._cond.notify_all()
+        if wait:
+            req.done.wait(timeout)
+
+    def snapshot(self) -> dict:
+        return {"steps": self.step_no, "waiting": len(self.waiting), "running": len(self.running),
+                "max_wait_seconds": round(self.max_wait_seconds, 6), **self.counters}
+
+    # ------------------------------------------------------------------ the loop thread
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._incoming or self.waiting or self.running):
+                    if not self._cond.wait(self.idle_exit_s) and not (self._incoming or self.waiting or self.running):
+                        self._thread = None
+                        return
+            try:
+                worked = self.step()
+            except BaseException as exc:  # a bug in the loop: fail everything rather than hang callers
+                for req in [*self.waiting, *self.running]:
+                    self._fail(req, exc)
+                worked = True
+            if not worked:  # only prefetches in flight: wait for them (or a new request)
+                with self._cond:
+                    self._cond.wait(0.002)
+
+    def step(self) -> bool:
+        """One step: take new requests, drop aborted ones, compute one batch. Returns whether a batch
+        ran (False: nothing to do, or every waiting request waits for its prefetch or blocks)."""
+        with self._cond:
+            new, self._incoming = self._incoming, []
+            for owner, w in self._weights.items():
+                self.fair.set_weight(owner, w)
+        for req in new:
+            req.arrival_step = req.requeued_step = self.step_no
+            self.fair.activate(req.owner)
+            self.waiting.append(req)
+        for req in [*self.waiting, *self.running]:
+            if req.cancelled or (req.should_abort is not None and req.should_abort()):
+                self._finish(req, "aborted")
+        if not (self.waiting or self.running):
+            self.fair.forget_idle(set())
+            return False
+        plan = build_batch(
+            self.running, self.waiting, step=self.step_no, token_budget=self.token_budget,
+            max_batch=self.max_batch, fair=self.fair, policy=self.policy, age_steps=self.age_steps,
+            index=self.index, block_size=self.block_size, try_start=self._try_start,
+        )
+        self.counters["deferred"] += plan.deferred
+        if not plan.items:
+            return False
+        now = time.perf_counter()
+        for req in plan.started:
+            self.waiting.remove(req)
+            self.running.append(req)
+            req.state = State.RUNNING
+            req.started_step = self.step_no
+            wait = self.step_no - req.requeued_step
+            req.waited_steps = max(req.waited_steps, wait)
+            self.counters["max_wait_steps"] = max(self.counters["max_wait_steps"], wait)
+            if req.started_time is None:
+                req.started_time = now
+                self.max_wait_seconds = max(self.max_wait_seconds, now - req.arrival_time)
+        self._compute(plan)
+        self.step_no += 1
+        self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]})
+        return True
+
+    def _compute(self, plan: Plan) -> None:
+        by_runner: dict[int, list] = {}
+        for item in plan.items:
+            by_runner.setdefault(id(item[0].runner), []).append(item)
+        total = plan.tokens
+        self.counters["steps"] += 1
+        self.counters["tokens"] += total
+        for items in by_runner.values():
+            runner = items[0][0].runner
+            t0 = time.perf_counter()
+            try:
+                logits = runner.forward_items([(r.seq, s, e) for r, s, e in items])
+            except Exception as exc:
+                for req, _, _ in items:
+                    self._fail(req, exc)
+                continue
+            seconds = time.perf_counter() - t0
+            n = sum(e - s for _, s, e in items)
+            for (req, start, end), row in zip(items, logits, strict=True):
+                try:
+                    self._advance(req, start, end, row, seconds * (end - start) / n)
+                except Exception as exc:  # sampling or bookkeeping failed for this request only
+                    self._fail(req, exc)
+
+    def _advance(self, req: Request, start: int, end: int, row, seconds: float) -> None:
+        seq = req.seq
+        self.engine.mark_computed(seq, end)
+        if end - start == 1 and req.prefilled:
+            self.counters["decode_tokens"] += 1
+        else:
+            self.counters["prefill_tokens"] += end - start
+        if end < len(seq.tokens):  # a chunk: register its full blocks now so others can hit them
+            req.prefill_seconds += seconds
+            self._commit(seq)
+            return
+        if not req.prefilled:
+            req.prefill_seconds += seconds
+            req.prefilled = True
+            self._commit(seq)
+            self.engine.record_prefill(seq, seconds=req.prefill_seconds,
+                                       computed=max(0, len(req.prompt) - req.cached_tokens))
+            if req.logits_only:
+                req.emit(Logits(row, req.cached_tokens))
+                self._finish(req, None)
+                return
+            req.emit(Prefilled(len(req.prompt), req.cached_tokens, time.perf_counter() - req.arrival_time))
+        elif end - start > 1:  # a preempted request's recompute ended
+            self._commit(seq)
+        if req.produced >= req.max_tokens:
+            self._finish(req, "length")
+            return
+        token, logprob, top = req.runner.sample(row, req)
+        req.produced += 1
+        req.emit(TokenOut(token, req.runner.decode_token(token), logprob, top))
+        if req.runner.stops(token, req):
+            self._finish(req, "stop")
+        elif req.produced >= req.max_tokens:
+            self._finish(req, "length")
+        else:
+            self.engine.append_token(seq, token)
+
+    def _commit(self, seq) -> None:
+        self.engine.commit(seq)
+        if seq.use_cache:
+            self.index.add(seq.hashes[: seq.num_registered])
+
+    # ------------------------------------------------------------------ admission and preemption
+    def _priority(self, req: Request) -> tuple:
+        """Smaller is more important: overdue first, then older."""
+        return (not is_overdue(req, self.step_no, self.age_steps), req.rid)
+
+    def _try_start(self, req: Request, plan: Plan) -> bool:
+        if req.seq is None and not self._admit(req, plan):
+            return False
+        seq = req.seq
+        if seq.pending is not None:
+            if not seq.pending.done() and time.perf_counter() - seq.load_started < self.engine.config.load_deadline_s:
+                return False  # its prefetch is still arriving: others go first
+            self.engine.finish_loads(seq)
+            if not req.prefilled:
+                req.cached_tokens = seq.num_cached_tokens
+        if seq.use_cache and seq.num_computed == seq.num_cached_tokens and req.extra.get("readmits", 0) < _READMITS:
+            limit = (len(seq.tokens) - 1) // self.block_size
+            if self.index.prefix_blocks(seq.hashes, limit) * self.block_size > seq.lookup_hit_tokens:
+                # another request committed more of this prefix since admission: admit again to hit it
+                req.extra["readmits"] = req.extra.get("readmits", 0) + 1
+                self.engine.release(seq)
+                req.seq = None
+                if not self._admit(req, plan):
+                    return False
+                if req.seq.pending is not None:
+                    return False
+        return True
+
+    def _admit(self, req: Request, plan: Plan) -> bool:
+        tokens = list(req.tokens)
+        planned = {id(r) for r, _, _ in plan.items}
+        while True:
+            try:
+                req.seq = self.engine.admit(req.ns, tokens, owner=req.owner, max_new_tokens=req.remaining_tokens(),
+                                            **req.admit_kwargs)
+                break
+            except InflightLimit:
+                return False  # its tenant's other requests hold its share: they finish first
+            except OutOfBlocks:
+                victim = self._victim(req, planned)
+                if victim is None:
+                    holders = any(r.seq is not None for r in [*self.waiting, *self.running] if r is not req)
+                    if not holders and not self.engine.running():
+                        self._fail(req, OutOfBlocks("the KV pool cannot hold this request even with nothing else "
+                                                    "running; send a shorter prompt or fewer max_tokens"))
+                    return False
+                self._preempt(victim)
+        if not req.prefilled:
+            req.cached_tokens = req.seq.num_cached_tokens
+        return True
+
+    def _victim(self, req: Request, planned: set[int]) -> Request | None:
+        mine = self._priority(req)
+        holders = [r for r in [*self.waiting, *self.running]
+                   if r is not req and r.seq is not None and id(r) not in planned and self._priority(r) > mine]
+        if not holders:
+            return None
+        # a waiting holder gives back blocks it has not computed with; then the youngest running one
+        return max(holders, key=lambda r: (r.state is State.WAITING, self._priority(r)))
+
+    def _preempt(self, req: Request) -> None:
+        seq = req.seq
+        if req.state is State.RUNNING:
+            req.resume = list(seq.tokens)
+            self.running.remove(req)
+            self.waiting.append(req)
+            req.state = State.WAITING
+            req.requeued_step = self.step_no
+            req.preemptions += 1
+            self.counters["preemptions"] += 1
+        self.engine.release(seq)  # commits what it computed: the recompute mostly hits
+        if seq.use_cache:
+            self.index.add(seq.hashes[: seq.num_registered])
+        req.seq = None
+
+    # ------------------------------------------------------------------ endings
+    def _detach(self, req: Request) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        req.state = State.DONE
+
+    def _finish(self, req: Request, reason: str | None) -> None:
+        if req.seq is not None:
+            self.engine.release(req.seq)
+            if req.seq.use_cache:
+                self.index.add(req.seq.hashes[: req.seq.num_registered])
+        self._detach(req)
+        if reason is not None:
+            req.emit(Finished(reason, len(req.prompt), req.produced, req.cached_tokens))
+        req.done.set()
+
+    def _fail(self, req: Request, exc: BaseException) -> None:
+        if req.seq is not None:
+            self.engine.abort(req.seq)
+        self._detach(req)
+        req.emit(Failed(exc))
+        req.done.set()
