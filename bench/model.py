@@ -1,0 +1,186 @@
+"""Model speed: Strata's runner against transformers on the same Hugging Face checkpoint and device.
+
+    .venv/bin/python -m bench.model [--quick] [--prompt 2048] [--decode 64] [--device cpu|cuda] [--dtype ...]
+
+A random Llama checkpoint the size of the ``small`` preset (dim 512, 12 layers, 8 query / 2 KV heads,
+FFN 1408; ``--quick``: dim 128, 2 layers) is saved with ``save_pretrained`` to a temporary directory
+and loaded by both. In the same run, best of ``--rounds``:
+
+- **prefill**: tokens/s of one ``--prompt``-token prompt from nothing cached: Strata's ``Generator``
+  until its ``Prefilled`` event (admission, paged forward), transformers' forward with a fresh
+  ``DynamicCache``;
+- **decode**: tokens/s of ``--decode`` greedy tokens after that prompt: Strata's stream between its
+  first and last token events, transformers' one-token forwards over its ``DynamicCache``.
+
+Strata is measured twice: the **runner** (``Generator``: admission, chunked prefill in
+``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
+**model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
+forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it.
+
+Both decode the same greedy tokens (checked: ``tokens_match``), so the two did the same work. Goal on
+CPU: Strata at least 1.0x transformers in both. transformers is a bench/test-only dependency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from cachecore.device import pick_device
+from cachecore.engine import CacheEngine
+from cachecore.layout import DTYPES
+from cachecore.model.loader import RevisionSpec, load_model
+from cachecore.pages import KVPages
+from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
+
+SMALL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1408}
+QUICK = {"dim": 128, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 256}
+
+
+@dataclass
+class Figures:
+    prefill_tps: float
+    decode_tps: float
+    tokens: list[int]
+
+
+def _prompt(vocab: int, n: int) -> list[int]:
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(1, vocab, (n,), generator=g).tolist()
+
+
+def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int) -> Figures:
+    """One cold prefill then ``decode`` greedy tokens through Strata's ``Generator`` (EOS ignored)."""
+    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
+    ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
+    params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
+    t0 = time.perf_counter()
+    prefill_s, times, tokens = 0.0, [], []
+    for ev in gen.stream(ns, prompt, owner="bench", params=params):
+        if isinstance(ev, Prefilled):
+            prefill_s = time.perf_counter() - t0
+        elif isinstance(ev, TokenOut):
+            times.append(time.perf_counter())
+            tokens.append(ev.token_id)
+        elif isinstance(ev, Finished) and ev.finish_reason == "aborted":
+            raise RuntimeError("the bench generation was aborted")
+    engine.check_integrity()
+    decode_tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return Figures(len(prompt) / prefill_s, decode_tps, tokens)
+
+
+def model_run(loaded, prompt: list[int], decode: int) -> Figures:
+    """Strata's decoder alone: one paged forward over the prompt, then one-token paged forwards."""
+    layout, model = loaded.layout, loaded.model
+    blocks = -(-(len(prompt) + decode) // layout.block_size)
+    pages = KVPages(layout, blocks, model.device)
+    table = torch.randperm(blocks).to(model.device)  # scattered blocks, as a pool hands them out
+    t0 = time.perf_counter()
+    token = model.forward(torch.tensor(prompt, device=model.device), 0, table, pages)[-1].argmax()
+    tokens, times = [int(token)], [time.perf_counter()]
+    prefill_s = times[0] - t0
+    for i in range(decode - 1):
+        token = model.forward(token.view(1), len(prompt) + i, table, pages)[-1].argmax()
+        tokens.append(int(token))
+        times.append(time.perf_counter())
+    decode_tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return Figures(len(prompt) / prefill_s, decode_tps, tokens)
+
+
+def hf_run(hf, prompt: list[int], decode: int, device: torch.device) -> Figures:
+    """The same with transformers: a forward over the prompt, then one-token forwards over its cache."""
+    from transformers import DynamicCache
+
+    ids = torch.tensor([prompt], device=device)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        cache = DynamicCache(config=hf.config)
+        out = hf(ids, cache=cache, use_cache=True)
+        token = out.logits[0, -1].argmax()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        prefill_s = time.perf_counter() - t0
+        tokens, times = [int(token)], [time.perf_counter()]
+        for _ in range(decode - 1):
+            out = hf(token.view(1, 1), cache=cache, use_cache=True)
+            token = out.logits[0, -1].argmax()
+            tokens.append(int(token))  # a host sync per token, as a server streaming tokens has
+            times.append(time.perf_counter())
+    decode_tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return Figures(len(prompt) / prefill_s, decode_tps, tokens)
+
+
+def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str | None, dtype: str | None,
+        workdir: Path) -> dict:
+    """Build the checkpoint under ``workdir``, measure both, return the figures (best of ``rounds``)."""
+    from tests.hf_checkpoints import build_checkpoint  # the same random checkpoints the parity tests prove
+
+    dev = pick_device(device)
+    sizes = QUICK if quick else SMALL
+    hf, _ = build_checkpoint("llama", workdir, seed=1, max_pos=max(4096, prompt_len + decode), **sizes)
+    loaded = load_model("bench-model", "", RevisionSpec(label="r1", checkpoint_path=str(workdir)), device=dev,
+                        dtype=dtype)
+    hf = hf.to(device=dev, dtype=DTYPES[loaded.config.dtype]).eval()
+    blocks = -(-(prompt_len + decode) // loaded.block_size) + 8
+    engine = CacheEngine(loaded.layout, num_blocks=blocks, device=dev)
+    prompt = _prompt(loaded.config.vocab_size, prompt_len)
+    best: dict[str, Figures] = {}
+    matched = True
+    for _ in range(rounds):
+        hf_fig = hf_run(hf, prompt, decode, dev)
+        st_fig = strata_run(loaded, engine, prompt, decode)
+        model_fig = model_run(loaded, prompt, decode)
+        matched &= hf_fig.tokens == st_fig.tokens == model_fig.tokens
+        for name, fig in (("transformers", hf_fig), ("strata", st_fig), ("model", model_fig)):
+            old = best.get(name)
+            best[name] = Figures(max(fig.prefill_tps, old.prefill_tps if old else 0.0),
+                                 max(fig.decode_tps, old.decode_tps if old else 0.0), fig.tokens)
+    return {"device": str(dev), "dtype": loaded.config.dtype, "sizes": sizes, "prompt": prompt_len,
+            "decode": decode, "threads": torch.get_num_threads(), "tokens_match": matched,
+            "transformers": best["transformers"], "strata": best["strata"], "model": best["model"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="prefill and decode tokens/s: Strata's runner vs transformers")
+    ap.add_argument("--quick", action="store_true", help="a 2-layer model, 256-token prompt (under a minute)")
+    ap.add_argument("--prompt", type=int, default=None, help="prompt tokens (default 2048; 256 with --quick)")
+    ap.add_argument("--decode", type=int, default=None, help="greedy tokens decoded (default 64; 16 with --quick)")
+    ap.add_argument("--rounds", type=int, default=None, help="best of this many rounds (default 3; 2 with --quick)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when present)")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU)")
+    args = ap.parse_args(argv)
+    prompt = args.prompt or (256 if args.quick else 2048)
+    decode = args.decode or (16 if args.quick else 64)
+    rounds = args.rounds or (2 if args.quick else 3)
+    with tempfile.TemporaryDirectory(prefix="strata-bench-model-") as tmp:
+        r = run(quick=args.quick, prompt_len=prompt, decode=decode, rounds=rounds, device=args.device,
+                dtype=args.dtype, workdir=Path(tmp))
+    hf, st, md = r["transformers"], r["strata"], r["model"]
+    s = r["sizes"]
+    print(f"model speed: random Llama checkpoint dim {s['dim']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} "
+          f"heads, FFN {s['ffn']}; {r['device']} {r['dtype']}, {r['threads']} threads; prompt {r['prompt']} tokens, "
+          f"decode {r['decode']} tokens, best of {rounds}")
+    print(f"{'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"{'transformers':<14} {hf.prefill_tps:>14.1f} {hf.decode_tps:>13.1f}")
+    print(f"{'strata runner':<14} {st.prefill_tps:>14.1f} {st.decode_tps:>13.1f}")
+    print(f"{'strata model':<14} {md.prefill_tps:>14.1f} {md.decode_tps:>13.1f}")
+    prefill_x, decode_x = st.prefill_tps / hf.prefill_tps, st.decode_tps / hf.decode_tps
+    model_px, model_dx = md.prefill_tps / hf.prefill_tps, md.decode_tps / hf.decode_tps
+    print(f"{'runner / hf':<14} {prefill_x:>13.2f}x {decode_x:>12.2f}x   (goal >= 1.0x both)")
+    print(f"{'model / hf':<14} {model_px:>13.2f}x {model_dx:>12.2f}x")
+    print(f"greedy tokens identical: {r['tokens_match']}")
+    print(f"RESULT prefill_x={prefill_x:.2f} decode_x={decode_x:.2f} model_prefill_x={model_px:.2f} "
+          f"model_decode_x={model_dx:.2f} strata_prefill_tps={st.prefill_tps:.1f} "
+          f"hf_prefill_tps={hf.prefill_tps:.1f} strata_decode_tps={st.decode_tps:.1f} "
+          f"hf_decode_tps={hf.decode_tps:.1f} tokens_match={int(r['tokens_match'])} device={r['device']} "
+          f"dtype={r['dtype']}")
+
+
+if __name__ == "__main__":
+    main()
