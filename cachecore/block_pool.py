@@ -89,6 +89,7 @@ class BlockPool:
         self.listeners: list[Callable[[Block, str], None]] = []
         self.batch_listeners: list[Callable[[], None]] = []
         self._batch_depth = 0
+        self._batch = _Batch(self)
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -418,7 +419,7 @@ class BlockPool:
 
     def batch(self) -> _Batch:
         """``with pool.batch():`` makes one operation of several for ``batch_listeners`` (nestable)."""
-        return _Batch(self)
+        return self._batch
 
     def _batch_done(self) -> None:
         if not self._batch_depth:

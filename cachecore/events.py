@@ -77,7 +77,7 @@ def _tier_in(raw: object, what: str, *, optional: bool = False) -> str | None:
     return raw
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockStored:
     tier: str
     hashes: tuple[bytes, ...]
@@ -86,7 +86,7 @@ class BlockStored:
         return {"type": "stored", "tier": self.tier, "hashes": _hashes_out(self.hashes)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BlockRemoved:
     tier: str
     hashes: tuple[bytes, ...]
@@ -96,7 +96,7 @@ class BlockRemoved:
         return {"type": "removed", "tier": self.tier, "hashes": _hashes_out(self.hashes), "reason": self.reason}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AllCleared:
     tier: str | None  # None: every tier
 
@@ -124,7 +124,7 @@ def event_from_dict(d: object) -> Event:
     raise InvalidEvent(f"unknown event type {kind!r}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventBatch:
     """Events of one store operation, in order. ``seq`` is 1 for a replica's first batch and grows
     by one per batch; ``ts`` is the replica's wall clock (seconds since the epoch) at publication."""

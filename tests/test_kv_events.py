@@ -258,3 +258,19 @@ def test_l3_chunks_are_announced_with_every_block_and_removed_by_chunk(tmp_path)
     assert removed and all(r == "flushed" for r, _ in removed)
     assert {h for _, hs in removed for h in hs} == set(hashes[:4])
     assert _replayed(log)["l3"] == set()
+
+
+def test_the_kv_events_benchmark_core_runs_and_sees_its_events():
+    from bench.kv_events import LAYOUT as BENCH_LAYOUT
+    from bench.kv_events import _trace, run_engine, run_index
+
+    trace = _trace(40)
+    nss = [Namespace.build(scope_salt=secrets.token_bytes(32), model_id="b", weight_digest="w", tokenizer_digest="t",
+                           layout=BENCH_LAYOUT.canonical(), rope={"theta": 1.0}) for _ in range(4)]
+    assert run_engine(trace, nss, None) > 0
+    log = EventLog("b:0:x")
+    run_engine(trace, nss, log)
+    assert log.seq > 0 and log.counts["hashes"] > 0
+    batches = [b.to_dict() for b in log.since(0, limit=10_000)[0]]
+    applied, per_match = run_index(batches, 2, [chain_hashes(nss[t], tokens, BS) for t, tokens in trace])
+    assert applied > 0 and per_match > 0
