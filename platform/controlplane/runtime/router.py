@@ -107,7 +107,18 @@ class Router:
 
     @property
     def mode(self) -> str:
-        return "expected_ttft" if self.policy is not None else "round_robin"
+        return getattr(self.policy, "name", "round_robin") if self.policy is not None else "round_robin"
+
+    def use(self, name: str, **params) -> None:
+        """Route with ``cachecore.routing.policies.POLICIES[name](**params)`` from now on (the
+        benchmark compares policies on one deployment). Raises KeyError for an unknown name and
+        RuntimeError when the routing modules are not there."""
+        if "policies" not in self._mods:
+            raise RuntimeError("the routing policies (cachecore.routing) are not available")
+        policies = self._mods["policies"]
+        if name == policies.ExpectedTTFT.name:
+            params.setdefault("cost", self._mods["cost"].CostModel())
+        self.policy = policies.POLICIES[name](**params)
 
     # ------------------------------------------------------------------ choosing
     def choose(self, req: dict | None, *, exclude: frozenset[int] = frozenset()) -> Replica | None:
@@ -192,7 +203,10 @@ class Router:
         """One round over the routable replicas: events into the index, router stats into views."""
         if self.policy is None or self._join is None or self.replicas.count < 2:
             return
-        ray = self._join()
+        try:
+            ray = self._join()
+        except Exception:  # Ray is not reachable (shut down, not configured): nothing to poll
+            return
         events = self._mods.get("events")
         for rep in self.replicas.routable():
             handle = rep.handle
