@@ -97,3 +97,23 @@ def test_checkpoint_outside_the_weights_root_is_422(admin_client, dirs, settings
     inside = tmp_path / "inside"
     shutil.copytree(dirs / "a", inside)
     assert _create(admin_client, inside).status_code == 201
+
+
+def test_strata_demo_serves_the_checkpoint_named_by_strata_demo_model(dirs, monkeypatch):
+    import io
+
+    from django.core.management import call_command
+
+    from controlplane.registry.models import ModelDeployment
+    from controlplane.tenants.models import Grant
+
+    monkeypatch.setenv("STRATA_DEMO_MODEL", str(dirs / "a"))
+    out = io.StringIO()
+    call_command("strata_demo", stdout=out)
+    deployment = ModelDeployment.objects.get(name="demo-hf")
+    assert deployment.active_revision.checkpoint_path == str((dirs / "a").resolve())
+    assert deployment.architecture == "qwen2" and deployment.preset == ""
+    assert set(Grant.objects.filter(deployment=deployment).values_list("tenant__slug", flat=True)) == {
+        "acme", "globex"}
+    assert not ModelDeployment.objects.filter(name="demo-small").exists()
+    assert "model='demo-hf'" in out.getvalue() and "checkpoint" in out.getvalue()

@@ -1,11 +1,13 @@
-"""``manage.py strata_demo [--base-url URL] [--rotate]``: a ready-to-try platform.
+"""``manage.py strata_demo [--base-url URL] [--rotate] [--model-path DIR]``: a ready-to-try platform.
 
 Creates what is missing, never duplicates (safe to run on every start):
 
 - an admin operator token (username ``demo-admin``) for the admin API;
 - a Django superuser ``admin`` with a random password, for ``/admin/`` and the operator UI;
 - tenants ``acme`` and ``globex`` with one API key each (named ``demo``);
-- the model deployment ``demo-small`` (preset ``small``, revision ``r1`` seed 1), granted to both.
+- the model deployment ``demo-small`` (preset ``small``, revision ``r1`` seed 1), granted to both;
+  with ``--model-path DIR`` (default ``$STRATA_DEMO_MODEL``) instead ``demo-hf``, serving the Hugging
+  Face checkpoint directory DIR (revision ``r1``) with its own tokenizer and chat template.
 
 Secrets are printed when they are created and stored nowhere in clear (keys and tokens are kept as
 digests, the password as Django's hash), so a later run shows prefixes only; ``--rotate`` revokes
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import secrets
 import shlex
 from dataclasses import dataclass, field
@@ -39,6 +42,7 @@ from controlplane.tenants.services import api_key_create, api_key_revoke, tenant
 
 TENANTS = (("acme", "Acme Corp"), ("globex", "Globex Corporation"))
 MODEL = {"name": "demo-small", "preset": "small", "revision": {"label": "r1", "seed": 1}}
+CHECKPOINT_MODEL = "demo-hf"
 OPERATOR = "demo-admin"
 SUPERUSER = "admin"
 KEY_NAME = "demo"
@@ -71,13 +75,18 @@ class Command(BaseCommand):
                             help="where the platform is served (for the printed examples)")
         parser.add_argument("--rotate", action="store_true",
                             help="replace the demo key of each tenant, the demo token and the admin password")
+        parser.add_argument("--model-path", default=os.environ.get("STRATA_DEMO_MODEL") or None,
+                            help="serve this Hugging Face checkpoint directory as model demo-hf "
+                                 "(default $STRATA_DEMO_MODEL) instead of the seeded demo-small")
 
-    def handle(self, *args, base_url: str, rotate: bool, **options):
+    def handle(self, *args, base_url: str, rotate: bool, model_path: str | None = None, **options):
         executor = MigrationExecutor(connection)
         if executor.migration_plan(executor.loader.graph.leaf_nodes()):
             raise CommandError("the database is not migrated: run manage.py migrate first")
         actor = _actor()
         out = Outcome()
+        self.model = (MODEL if not model_path else
+                      {"name": CHECKPOINT_MODEL, "preset": "", "revision": {"label": "r1", "path": model_path}})
         try:
             self._operator_token(actor, out, rotate)
             self._superuser(actor, out, rotate)
@@ -128,11 +137,15 @@ class Command(BaseCommand):
         out.created.append(f"superuser {SUPERUSER}" if action == "user.create" else f"new password for {SUPERUSER}")
 
     def _model(self, actor: Actor, out: Outcome) -> ModelDeployment:
-        deployment = ModelDeployment.objects.filter(name=MODEL["name"]).first()
+        deployment = ModelDeployment.objects.filter(name=self.model["name"]).first()
         if deployment is None:
-            deployment = model_create(actor=actor, **MODEL)
-            out.created.append(f"model {MODEL['name']} (preset {MODEL['preset']}, revision r1 seed 1)")
+            deployment = model_create(actor=actor, **self.model)
+            out.created.append(f"model {self.model['name']} ({self._model_source()}, revision r1)")
         return deployment
+
+    def _model_source(self) -> str:
+        path = self.model["revision"].get("path")
+        return f"checkpoint {path}" if path else f"preset {self.model['preset']}, seed 1"
 
     def _tenant(self, actor: Actor, out: Outcome, slug: str, name: str) -> Tenant:
         tenant = Tenant.objects.filter(slug=slug).first()
@@ -179,17 +192,18 @@ class Command(BaseCommand):
             shown = raw if raw else (f"{out.prefixes[slug]}... (shown when it was created)"
                                      if slug in out.prefixes else "(none: tenant offboarded)")
             w(f"  {slug:<8} {shown}")
-        w(f"Model {MODEL['name']} (preset {MODEL['preset']}, revision r1) is granted to "
+        w(f"Model {self.model['name']} ({self._model_source()}, revision r1) is granted to "
           + " and ".join(slug for slug, _ in TENANTS))
         w("")
         key = out.keys.get("acme") or "$ACME_KEY"
-        body = json.dumps({"model": MODEL["name"], "prompt": "The cache remembers", "max_tokens": 16})
+        name = self.model["name"]
+        body = json.dumps({"model": name, "prompt": "The cache remembers", "max_tokens": 16})
         w("Try it (OpenAI-compatible):")
         w(f'  curl {base}/v1/completions -H "Authorization: Bearer {key}" \\')
         w(f"       -H 'Content-Type: application/json' -d {shlex.quote(body)}")
         w("  .venv/bin/python -c \"from openai import OpenAI; "
           f"c = OpenAI(base_url='{base}/v1', api_key='{key}'); "
-          f"r = c.completions.create(model='{MODEL['name']}', prompt='The cache remembers', max_tokens=16); "
+          f"r = c.completions.create(model='{name}', prompt='The cache remembers', max_tokens=16); "
           "print(r.choices[0].text, r.usage)\"")
         if not out.keys:
             w("New keys, token and password: .venv/bin/python manage.py strata_demo --rotate")
