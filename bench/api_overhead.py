@@ -314,7 +314,8 @@ def what_if_variants(application) -> tuple[dict, callable]:
         settings.MIDDLEWARE = saved
 
     async def astream_complete(spec, req):
-        handle = gateway._handles.get(spec.deployment) or await asyncio.to_thread(gateway.get_worker, spec)
+        known = [r.handle for r in gateway.replica_set(spec).routable() if r.handle is not None]
+        handle = known[0] if known else await asyncio.to_thread(gateway.get_worker, spec)
         out = await handle.complete.remote(req)
         if out.get("type") != "finished" or len(out["token_ids"]) != 1:
             raise RuntimeError(f"what-if 'complete' handles 1-token answers only: {out.get('type')}")
