@@ -117,3 +117,24 @@ def test_strata_demo_serves_the_checkpoint_named_by_strata_demo_model(dirs, monk
         "acme", "globex"}
     assert not ModelDeployment.objects.filter(name="demo-small").exists()
     assert "model='demo-hf'" in out.getvalue() and "checkpoint" in out.getvalue()
+
+
+def test_console_creates_a_checkpoint_model_and_shows_its_directory(dirs, django_user_model):
+    from django.test import Client
+
+    from controlplane.registry.models import ModelDeployment
+
+    client = Client()
+    client.force_login(django_user_model.objects.create_superuser("alice", "alice@example.com", "pw-123456789"))
+    response = client.post("/ui/models/", {"name": "console-qwen", "preset": "", "label": "r1",
+                                           "path": str(dirs / "a")})
+    assert response.status_code == 302, response.content[:500]
+    deployment = ModelDeployment.objects.get(name="console-qwen")
+    assert deployment.active_revision.checkpoint_path == str((dirs / "a").resolve())
+    page = client.get("/ui/models/").content.decode()
+    assert str((dirs / "a").resolve()) in page and "qwen2 · checkpoint" in page
+    bad = client.post("/ui/models/", {"name": "other", "preset": "", "label": "r1", "path": "/nowhere"})
+    assert bad.status_code == 422 and "not a directory" in bad.content.decode()
+    both = client.post("/ui/models/console-qwen/revisions/", {"label": "r2", "seed": "1", "path": str(dirs / "b")})
+    assert both.status_code == 422 and "only one of" in both.content.decode()
+    assert not ModelDeployment.objects.filter(name="other").exists()

@@ -149,6 +149,8 @@ def model_create(
         architecture, tokenizer = info.config.model_type, "hf"
         seed, weights_path, checkpoint_path, digest = None, None, info.path, info.digest
     else:
+        if not preset:
+            raise InvalidInput("give a preset (or a checkpoint 'path' for the revision)", code="unknown_preset")
         if architecture not in ARCHITECTURES:
             raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
         seed, weights_path, checkpoint_path, digest = _revision_source(

@@ -20,7 +20,8 @@ class TenantStatusForm(forms.Form):
 
 
 class RevisionForm(forms.Form):
-    """A weight revision: a label and exactly one source, a seed or a weights file (``weights_path``)."""
+    """A weight revision: a label and exactly one source, a seed, a weights file (``weights_path``) or a
+    Hugging Face checkpoint directory (``path``)."""
 
     label = forms.CharField(max_length=64, validators=[label_validator],
                             widget=forms.TextInput(attrs={"placeholder": "r2", "size": 10}))
@@ -30,43 +31,54 @@ class RevisionForm(forms.Form):
                                    widget=forms.TextInput(attrs={"placeholder": "/srv/weights/model.safetensors",
                                                                  "size": 28}))
 
+    path = forms.CharField(required=False, max_length=1024, label="Checkpoint directory",
+                           widget=forms.TextInput(attrs={"placeholder": "/srv/models/Qwen3-0.6B", "size": 28}))
+
     def clean(self):
         data = super().clean()
-        seed, path = data.get("seed"), data.get("weights_path")
-        if "seed" in self.errors or "weights_path" in self.errors:
+        if any(name in self.errors for name in ("seed", "weights_path", "path")):
             return data
-        if seed is None and not path:
-            self.add_error("seed", "give a seed or a weights path")
-        elif seed is not None and path:
+        given = [name for name in ("seed", "weights_path", "path") if data.get(name) not in (None, "")]
+        if not given:
+            self.add_error("seed", "give a seed or a weights path (or a checkpoint directory)")
+        elif given == ["seed", "weights_path"]:
             self.add_error("weights_path", "give a seed or a weights path, not both")
+        elif len(given) > 1:
+            self.add_error("path", "give only one of seed, weights path and checkpoint directory")
         return data
 
     def revision_kwargs(self) -> dict:
         """``label`` plus the one source, as ``revision_create`` / ``model_create`` take them."""
         data = self.cleaned_data
-        source = {"seed": data["seed"]} if data.get("seed") is not None else {"weights_path": data["weights_path"]}
+        if data.get("seed") is not None:
+            source = {"seed": data["seed"]}
+        elif data.get("path"):
+            source = {"path": data["path"]}
+        else:
+            source = {"weights_path": data["weights_path"]}
         return {"label": data["label"], **source}
 
 
 class ModelCreateForm(RevisionForm):
     """A new deployment and its first revision (which becomes active)."""
 
-    field_order = ["name", "preset", "label", "seed", "weights_path"]
+    field_order = ["name", "preset", "label", "seed", "weights_path", "path"]
 
     name = forms.CharField(max_length=100, validators=[name_validator],
                            widget=forms.TextInput(attrs={"placeholder": "tiny-llama", "size": 18}))
-    preset = forms.ChoiceField()
+    preset = forms.ChoiceField(required=False)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         from cachecore.model.config import PRESETS  # no torch: config is a plain dataclass module
 
-        self.fields["preset"].choices = [(name, name) for name in sorted(PRESETS)]
+        self.fields["preset"].choices = [(name, name) for name in sorted(PRESETS)] + [("", "— (checkpoint)")]
         self.fields["label"].label = "First revision"
         self.fields["label"].initial = "r1"
         self.fields["name"].help_text = "what tenants name in requests"
         self.fields["seed"].help_text = "demo weights derived from the seed"
         self.fields["weights_path"].help_text = "or a safetensors file on the workers' disk"
+        self.fields["path"].help_text = "or a Hugging Face checkpoint directory (no preset: its config.json)"
 
 
 class RolloutForm(forms.Form):

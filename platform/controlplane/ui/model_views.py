@@ -70,7 +70,8 @@ def _actor(request: HttpRequest):
 
 
 # ---------------------------------------------------------------------- models
-REVISION_ERRORS = {"invalid_weights_path": "weights_path", "invalid_revision_source": "seed", "conflict": "label"}
+REVISION_ERRORS = {"invalid_weights_path": "weights_path", "invalid_revision_source": "seed", "conflict": "label",
+                   "invalid_checkpoint": "path"}
 MODEL_ERRORS = {**REVISION_ERRORS, "unknown_preset": "preset", "conflict": "name"}
 ROLLOUT_ERRORS = {"revision_not_found": "revision", "already_active": "revision"}
 
@@ -108,11 +109,12 @@ def models(request: HttpRequest) -> HttpResponse:
         return _models_page(request)
     form = ModelCreateForm(request.POST, auto_id="id_new_%s")
     deployment, status = submit(request, form, lambda d: model_create(
-        actor=_actor(request), name=d["name"], preset=d["preset"], revision=form.revision_kwargs()),
+        actor=_actor(request), name=d["name"], preset=d["preset"] or "", revision=form.revision_kwargs()),
         MODEL_ERRORS)
     if deployment is None:
         return _models_page(request, status, bound={"create": form})
-    messages.success(request, f"Created model {deployment.name} (preset {deployment.preset}); "
+    source = f"preset {deployment.preset}" if deployment.preset else f"{deployment.architecture} checkpoint"
+    messages.success(request, f"Created model {deployment.name} ({source}); "
                               f"revision {deployment.active_revision.label} is active. Grant it to tenants.")
     return redirect(f"{reverse('ui:models')}#m-{deployment.name}")
 
