@@ -65,6 +65,15 @@ def build_batch(
         fair.grant(req.owner)
         fair.charge(req.owner, end - start)
 
+    overdue = sorted((r for r in waiting if is_overdue(r, step, age_steps)),
+                     key=lambda r: (r.requeued_step, r.rid))
+    # overdue requests are admitted before anything is planned, so they may preempt any younger
+    # running request (planned ones are safe from preemption)
+    room = max_batch - len(running)
+    for req in overdue:
+        if room <= 0 or not try_start(req, plan):
+            break
+        room -= 1
     prefilling = []
     for req in running:
         remaining = len(req.seq.tokens) - req.seq.num_computed
@@ -100,8 +109,6 @@ def build_batch(
         left -= end - start
 
     key = dict(step=step, age_steps=age_steps, policy=policy, index=index, block_size=bs)
-    overdue = sorted((r for r in waiting if is_overdue(r, step, age_steps)),
-                     key=lambda r: (r.requeued_step, r.rid))
     for req in overdue:
         take(req)
     taken = {id(r) for r in overdue}

@@ -9,7 +9,7 @@ loop; each runner computes its own items of the step.
 Admission happens at ``submit`` (``engine.admit``: the L1 hit is held and the L2/L3 prefetch starts
 while the request waits) when the pool has room; otherwise the request waits unadmitted and the loop
 admits it when it is picked. When the pool has no room for the request picked next, the loop
-preempts lower-priority holders (younger requests; overdue ones outrank every other): a waiting one
+preempts lower-priority holders (requests that arrived after it): a waiting one
 gives back its blocks, a running one is released after committing what it computed and requeued
 with its tokens so far, to be recomputed later mostly from the cache. A request needing more blocks
 than the pool holds fails with ``OutOfBlocks`` at once; one that cannot be admitted while nothing else
@@ -22,7 +22,8 @@ releases the request's blocks at the next step. A forward that raises fails the 
 (``Failed``, blocks freed without registering partial KV); the loop keeps serving the others.
 
 The thread starts on the first submission and exits after ``idle_exit_s`` without work (restarted by
-the next one), so an unused scheduler holds no thread. ``step`` can be driven by hand (tests).
+the next one), so an unused scheduler holds no thread. With ``start_thread=False`` nothing runs but
+explicit ``step`` calls (tests drive it step by step).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from cachecore.errors import InflightLimit, OutOfBlocks
 from cachecore.hashing import chain_hashes
 from cachecore.scheduler.batch import Plan, build_batch
 from cachecore.scheduler.events import Finished, Prefilled, TokenOut
-from cachecore.scheduler.queue import POLICIES, FairQueue, PrefixIndex, is_overdue
+from cachecore.scheduler.queue import POLICIES, FairQueue, PrefixIndex
 from cachecore.scheduler.request import Failed, Logits, Request, State
 
 DEFAULT_TOKEN_BUDGET = 512
@@ -49,7 +50,8 @@ class Scheduler:
     ``submit``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
 
     def __init__(self, engine, *, token_budget: int = DEFAULT_TOKEN_BUDGET, max_batch: int = DEFAULT_MAX_BATCH,
-                 age_steps: int = DEFAULT_AGE_STEPS, policy: str = "cache_aware", idle_exit_s: float = 5.0) -> None:
+                 age_steps: int = DEFAULT_AGE_STEPS, policy: str = "cache_aware", idle_exit_s: float = 5.0,
+                 start_thread: bool = True) -> None:
         for name, value in (("max_batch", max_batch), ("age_steps", age_steps), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -61,6 +63,7 @@ class Scheduler:
         self.engine = engine
         self.token_budget, self.max_batch, self.age_steps, self.policy = token_budget, max_batch, age_steps, policy
         self.idle_exit_s = idle_exit_s
+        self.start_thread = start_thread  # False: nobody runs the loop but explicit ``step`` calls
         self.block_size = engine.block_size
         self.fair = FairQueue()
         self.index = PrefixIndex()
@@ -107,7 +110,7 @@ class Scheduler:
             req.rid = self._rids
             req.arrival_time = time.perf_counter()
             self._incoming.append(req)
-            if self._thread is None:
+            if self._thread is None and self.start_thread:
                 self._thread = threading.Thread(target=self._run, name="strata-scheduler", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
@@ -253,9 +256,11 @@ class Scheduler:
             self.index.add(seq.hashes[: seq.num_registered])
 
     # ------------------------------------------------------------------ admission and preemption
-    def _priority(self, req: Request) -> tuple:
-        """Smaller is more important: overdue first, then older."""
-        return (not is_overdue(req, self.step_no, self.age_steps), req.rid)
+    @staticmethod
+    def _priority(req: Request) -> int:
+        """Smaller is more important: older. Only younger requests are preempted for a request, so
+        two requests never take blocks from each other in turn."""
+        return req.rid
 
     def _try_start(self, req: Request, plan: Plan) -> bool:
         if req.seq is None and not self._admit(req, plan):
@@ -288,10 +293,13 @@ class Scheduler:
                 req.seq = self.engine.admit(req.ns, tokens, owner=req.owner, max_new_tokens=req.remaining_tokens(),
                                             **req.admit_kwargs)
                 break
-            except InflightLimit:
-                return False  # its tenant's other requests hold its share: they finish first
+            except InflightLimit:  # its tenant's own younger holders give way; older ones finish first
+                victim = self._victim(req, planned, owner=req.owner)
+                if victim is None:
+                    return False
+                self._preempt(victim)
             except OutOfBlocks:
-                victim = self._victim(req, planned)
+                victim = self._victim(req, planned, need=-(-(len(tokens) + req.remaining_tokens()) // self.block_size))
                 if victim is None:
                     holders = any(r.seq is not None for r in [*self.waiting, *self.running] if r is not req)
                     if not holders and not self.engine.running():
@@ -303,12 +311,18 @@ class Scheduler:
             req.cached_tokens = req.seq.num_cached_tokens
         return True
 
-    def _victim(self, req: Request, planned: set[int]) -> Request | None:
+    def _victim(self, req: Request, planned: set[int], owner: str | None = None,
+                need: int | None = None) -> Request | None:
+        """The holder to preempt for ``req``: younger, not in this step's plan, ``owner``'s when given;
+        None when there is none, or (``need``: blocks) when even all of them would not make room."""
         mine = self._priority(req)
         holders = [r for r in [*self.waiting, *self.running]
-                   if r is not req and r.seq is not None and id(r) not in planned and self._priority(r) > mine]
+                   if r is not req and r.seq is not None and id(r) not in planned and self._priority(r) > mine
+                   and owner in (None, r.owner)]
         if not holders:
             return None
+        if need is not None and self.engine.pool.num_free + sum(len(r.seq.blocks) for r in holders) < need:
+            return None  # preempting would not make room: keep everyone's progress
         # a waiting holder gives back blocks it has not computed with; then the youngest running one
         return max(holders, key=lambda r: (r.state is State.WAITING, self._priority(r)))
 

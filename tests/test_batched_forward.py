@@ -1,0 +1,120 @@
+"""The batched varlen forward computes, for every sequence in a batch, what the model computes for it
+alone: mixed batches of prefills, chunked prefills and decodes, with and without cached prefixes; and
+concurrent streams through the scheduler give the greedy tokens each gives alone."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+
+import pytest
+import torch
+
+from cachecore.engine import CacheEngine
+from cachecore.errors import InvalidPrompt, PromptTooLong
+from cachecore.model.batched import BatchItem, forward_batch
+from cachecore.model.loader import RevisionSpec, load_model
+from cachecore.pages import KVPages
+from cachecore.runner import Generator, SamplingParams
+
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("batch-llama", "tiny", RevisionSpec(label="r1", seed=5), device="cpu")
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _alone(model, pages, tokens, start, table):
+    return model.forward(torch.tensor(tokens), start, torch.tensor(table), pages)[-1]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mixed_batch_of_prefills_chunks_and_decodes_equals_each_sequence_alone(loaded, seed):
+    model = loaded.model
+    alone_pages, batch_pages = KVPages(loaded.layout, 64, "cpu"), KVPages(loaded.layout, 64, "cpu")
+    a, b, c, d = _prompt(41, seed), _prompt(23, seed + 10), _prompt(7, seed + 20), _prompt(70, seed + 30)
+    ta, tb, tc, td = [5, 1, 9], [2, 3], [7], [11, 12, 13, 14, 15]
+    # step 1: a's prompt but its last token, b's first chunk, d's cached prefix (48 tokens, computed
+    # here as if it had been served from the cache)
+    step1 = [BatchItem(a[:40], 0, ta), BatchItem(b[:10], 0, tb), BatchItem(d[:48], 0, td)]
+    # step 2: a decodes, b's second chunk, c's whole prompt, d's rest after its cached prefix
+    step2 = [BatchItem(a[40:], 40, ta), BatchItem(b[10:], 10, tb), BatchItem(c, 0, tc), BatchItem(d[48:], 48, td)]
+    expected = [_alone(model, alone_pages, it.tokens, it.start, it.block_table) for it in step1 + step2]
+    got = [*forward_batch(model, batch_pages, step1), *forward_batch(model, batch_pages, step2)]
+    for want, row in zip(expected, got, strict=True):
+        torch.testing.assert_close(row, want, atol=1e-5, rtol=1e-5)
+        assert int(torch.argmax(row)) == int(torch.argmax(want))
+    # the KV each wrote is what the model wrote alone
+    used = torch.tensor(sorted(set(ta + tb + tc + td)))
+    torch.testing.assert_close(batch_pages.read_blocks(used)[:, :, :, :], alone_pages.read_blocks(used),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_padded_decodes_never_read_other_blocks(loaded):
+    pages = KVPages(loaded.layout, 16, "cpu")
+    short, long = _prompt(3, 1), _prompt(37, 2)
+    forward_batch(loaded.model, pages, [BatchItem(short, 0, [0]), BatchItem(long, 0, [1, 2, 3])])
+    pages.poison(torch.tensor(list(range(4, 16))))  # every block nobody holds is NaN
+    out = forward_batch(loaded.model, pages, [BatchItem([9], 3, [0]), BatchItem([8], 37, [1, 2, 3])])
+    assert bool(torch.isfinite(out).all())
+    fresh = KVPages(loaded.layout, 16, "cpu")
+    forward_batch(loaded.model, fresh, [BatchItem(short, 0, [0])])
+    torch.testing.assert_close(out[0], _alone(loaded.model, fresh, [9], 3, [0]), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_batches_raise_typed_errors_and_write_nothing(loaded):
+    pages = KVPages(loaded.layout, 4, "cpu")
+    with pytest.raises(InvalidPrompt):
+        forward_batch(loaded.model, pages, [BatchItem([], 0, [0])])
+    with pytest.raises(InvalidPrompt):
+        forward_batch(loaded.model, pages, [BatchItem([1, 999], 0, [0])])
+    with pytest.raises(ValueError):
+        forward_batch(loaded.model, pages, [BatchItem(_prompt(20, 1), 0, [0])])  # table too short
+    with pytest.raises(ValueError):
+        forward_batch(loaded.model, pages, [BatchItem([1], 0, [4])])  # block outside the pages
+    with pytest.raises(PromptTooLong):
+        forward_batch(loaded.model, pages, [BatchItem([1], loaded.config.max_seq_len, [0])])
+    with pytest.raises(ValueError):
+        forward_batch(loaded.model, pages, [])
+    assert not bool(pages.kv.abs().sum())  # nothing was written by any refused batch
+    assert forward_batch(loaded.model, pages, [BatchItem([1, 2], 0, [0])]).shape == (1, loaded.config.vocab_size)
+
+
+def test_concurrent_streams_are_batched_and_each_gives_its_greedy_tokens_alone(loaded):
+    engine = CacheEngine(loaded.layout, num_blocks=256, device="cpu")
+    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="batch-llama", revision="r1", prefill_chunk=16)
+    ns = loaded.namespace(secrets.token_bytes(32))
+    system = _prompt(40, 99)
+    prompts = [system + _prompt(5 + 3 * i, 200 + i) for i in range(6)] + [_prompt(30, 300)]
+    params = SamplingParams(max_tokens=12, stop_at_eos=False)
+    expected = [gen.complete(ns, p, owner="solo", params=params, use_cache=False).token_ids for p in prompts]
+    sizes: list[int] = []
+    real = gen.forward_items
+
+    def spy(items):
+        sizes.append(len(items))
+        return real(items)
+
+    gen.forward_items = spy
+    results: dict[int, list[int]] = {}
+    gate = threading.Barrier(len(prompts))
+
+    def run(i):
+        gate.wait()
+        results[i] = gen.complete(ns, prompts[i], owner=f"t{i % 2}", params=params).token_ids
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert [results[i] for i in range(len(prompts))] == expected
+    assert max(sizes) > 1  # they really shared forwards
+    assert len(sizes) < sum(len(e) for e in expected)  # fewer forwards than tokens generated
+    engine.check_integrity()
+    assert engine.pool.num_in_use == 0
