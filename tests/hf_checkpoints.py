@@ -70,9 +70,10 @@ KINDS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 128, max_pos: int = 512, tie: bool = False,
-                     max_shard_size: str | None = None, dtype: torch.dtype = torch.float32):
+                     max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, **extra):
     """Save a random ``kind`` checkpoint (one of ``KINDS``) with its tokenizer under ``path``; returns
-    ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size`` shards it."""
+    ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size`` shards it;
+    ``extra`` goes into the config (e.g. ``attention_bias=True``)."""
     from transformers import (
         GenerationConfig,
         LlamaConfig,
@@ -89,7 +90,7 @@ def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, lay
     common = dict(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=0,
-                  eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+                  eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), **extra)
     if kind == "llama":
         config, cls = LlamaConfig(**common, rope_theta=10000.0), LlamaForCausalLM
     elif kind == "llama3":

@@ -166,3 +166,19 @@ def test_llama3_rope_scaling_is_what_makes_the_logits_match(tmp_path):
     ref = _hf_logits(hf, ids)
     torch.testing.assert_close(loaded.model.forward_dense(torch.tensor(ids)), ref, atol=ATOL, rtol=ATOL)
     assert not torch.allclose(unscaled.forward_dense(torch.tensor(ids)), ref, atol=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_attention_bias_checkpoints_paged_forward_equals_transformers(tmp_path, kind):
+    """``attention_bias`` puts biases on q/k/v and the output projection (``LlamaModel._attn_out``)."""
+    hf, tok = build_checkpoint(kind, tmp_path, seed=13, attention_bias=True)
+    loaded = load_model("bias", "", RevisionSpec(label="r1", checkpoint_path=str(tmp_path)), device="cpu")
+    assert loaded.config.qkv_bias and loaded.config.o_bias
+    ids = _ids(tok, 40)
+    pages = KVPages(loaded.layout, num_blocks=4, device="cpu")
+    table = torch.tensor([3, 1, 0])
+    paged = torch.cat([loaded.model.forward(torch.tensor(ids[:20]), 0, table, pages),
+                       loaded.model.forward(torch.tensor(ids[20:]), 20, table, pages)])
+    ref = _hf_logits(hf, ids)
+    torch.testing.assert_close(paged, ref, atol=ATOL, rtol=ATOL)
+    torch.testing.assert_close(loaded.model.forward_dense(torch.tensor(ids)), ref, atol=ATOL, rtol=ATOL)
