@@ -7,8 +7,9 @@ request's time to first token on this replica (``cachecore.routing.cost``), all 
 - ``rates.prefill_tokens_per_s``: the inverse of the engine's measured prefill cost per token
   (``engine.record_prefill``, moving average of prefills of at least 128 computed tokens).
 - ``rates.load_tokens_per_s``: per tier, the engine's measured load bandwidth (bytes/s of the loads
-  that tier served, ``cachecore.loadcost``) over the layout's bytes per token; ``l1`` is omitted
-  (device pages: nothing to load, the cost model takes it as infinite).
+  that tier served, ``cachecore.loadcost``) over the layout's bytes per token; ``l1`` is
+  ``L1_TOKENS_PER_S`` (device pages: nothing to load; a finite stand-in for infinite so the figures
+  stay valid JSON).
 - ``rates.decode_step_s``: moving average of the gap between consecutive tokens of a request on this
   worker (one decode step, its wait for the model included).
 - ``cached_tokens``: tokens held in L1 and L2.
@@ -26,6 +27,7 @@ from cachecore.loadcost import PRIORS
 
 DEFAULT_PREFILL_TOKENS_PER_S = 2_000.0  # the cost model's conservative CPU figure (routing.cost.Rates)
 DEFAULT_DECODE_STEP_S = 0.05
+L1_TOKENS_PER_S = 1e12
 _ALPHA = 0.2
 
 
@@ -62,7 +64,7 @@ def router_section(engine, decode: DecodeClock) -> dict:
     tiers = ["l2"] if engine.l2 is not None else []
     if engine.l3 is not None:
         tiers.append("l3")
-    load = {t: (bandwidth.get(t) or PRIORS[t][0]) / bytes_per_token for t in tiers}
+    load = {"l1": L1_TOKENS_PER_S, **{t: (bandwidth.get(t) or PRIORS[t][0]) / bytes_per_token for t in tiers}}
     cached = engine.pool.num_cached + (engine.l2.pool.num_cached if engine.l2 is not None else 0)
     return {
         "queued_prefill_tokens": queued,
