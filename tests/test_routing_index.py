@@ -263,3 +263,55 @@ def test_the_actor_delegates_kv_events_and_snapshot_to_its_worker():
     assert actor.info()["replica_id"].startswith("actor-llama:3:")
     assert actor.kv_events(1) == {"replica_id": actor.info()["replica_id"], "seq": 0, "gap": False, "batches": []}
     assert actor.kv_snapshot()["seq"] == 0
+
+
+def _poll(index: PrefixIndex, w) -> None:
+    """One round of the router's feed: events in order, a snapshot on a gap or at first contact."""
+    rid = w.info()["replica_id"]
+    if rid not in index.replicas():
+        index.reconcile(w.kv_snapshot())
+        return
+    answer = w.kv_events(index.expected_seq(rid))
+    ok = not answer["gap"]
+    for b in answer["batches"]:
+        ok = ok and index.apply(EventBatch.from_dict(b))
+    if not ok:
+        index.reconcile(w.kv_snapshot())
+
+
+def test_two_replicas_fed_by_their_events_match_where_the_prefix_was_served(worker):
+    from workers.cache_worker import CacheWorker
+
+    other = CacheWorker(deployment="route-llama", preset="tiny", revision={"label": "r1", "seed": 21}, l1_mb=1,
+                        l2_mb=1, replica=3)
+    index = PrefixIndex()
+    for w in (worker, other):
+        _poll(index, w)
+    salt = secrets.token_bytes(32)
+    fields = worker.info()["namespace_fields"]
+    assert other.info()["namespace_fields"] == fields  # replicas of a deployment share them
+    system = _prompt(96, 40)
+    _serve(other, salt, system + _prompt(10, 41))
+    for w in (worker, other):
+        _poll(index, w)
+    hits = index.match(request_hashes(fields, salt, system + _prompt(20, 42)), BS)
+    assert hits[other.info()["replica_id"]]["l1"] == 96
+    assert worker.info()["replica_id"] not in hits
+
+
+def test_a_stale_hit_is_rechecked_by_the_replica_and_corrected(worker):
+    salt = secrets.token_bytes(32)
+    prompt = _prompt(90, 50)
+    _serve(worker, salt, prompt, tenant="S")
+    index = PrefixIndex()
+    _poll(index, worker)
+    rid, fields = worker.info()["replica_id"], worker.info()["namespace_fields"]
+    hashes = request_hashes(fields, salt, prompt)
+    assert index.match(hashes, BS)[rid]["l1"] == 80
+    worker.flush({"scope": "tenant", "tenant": "S"})  # the index has not polled the flush yet
+    served = _serve(worker, salt, prompt, tenant="S")["usage"]["cached_tokens"]
+    assert served == 0  # the replica re-checked: nothing of it was cached any more
+    assert index.correct(rid, hashes, served) == 4  # blocks 0..3 dropped (block 4, the last, kept)
+    assert index.match(hashes, BS).get(rid, {}).get("l1", 0) == 0
+    _poll(index, worker)  # the flush and the re-serve's commit arrive: the truth again
+    assert index.match(hashes, BS)[rid]["l1"] == 80
