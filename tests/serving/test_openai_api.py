@@ -117,6 +117,6 @@ def test_prometheus_metrics_need_operator_credentials_and_show_token_counters(pl
     platform.client("acme").completions.create(model=platform.model, prompt=DOC, max_tokens=1, temperature=0)
     assert httpx.get(f"{platform.url}/metrics").status_code == 401
     text = admin_client.get("/metrics").content.decode()
-    assert f'strata_worker_up{{model="{platform.model}"}} 1.0' in text
-    assert f'strata_query_tokens_total{{model="{platform.model}",tenant="acme"}}' in text
+    assert f'strata_worker_up{{model="{platform.model}",replica="0"}} 1.0' in text
+    assert f'strata_query_tokens_total{{model="{platform.model}",replica="0",tenant="acme"}}' in text
     assert 'strata_pages{model="' in text and "strata_jobs{" in text

@@ -1,0 +1,227 @@
+"""Serving calls to a deployment's replicas: which replica (``_pick``: the router for requests, the
+tenant's replica for KV calls, the first routable one otherwise), and failover.
+
+A replica that cannot be reached leaves routing at once and is re-launched in the background and put
+back when it answers. A request that failed that way before anything was streamed is retried once on
+another routable replica; a stream that broke later ends with a retryable ``error`` event.
+Cancellation: when the awaiting coroutine is cancelled (Django cancels the view when the client
+disconnects) or a stream is closed early, the request is cancelled on its worker
+(``cancel(request_id)``, fire-and-forget) so it stops at its next step and releases its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from controlplane.common.errors import Unavailable
+from controlplane.runtime.cluster import (
+    CALL_TIMEOUT_S,
+    WorkerSpec,
+    cancel_remote,
+    get_worker,
+    replica_set,
+    request_id_of,
+    router_of,
+    worker_error,
+)
+from controlplane.runtime.replicas import Replica, ReplicaSet, gone
+
+logger = logging.getLogger("controlplane.runtime")
+
+CANCELLABLE = frozenset({"collect", "complete"})  # methods whose first argument is a request dict
+TENANT_AFFINE = frozenset({"kv_lookup", "kv_store", "kv_retrieve"})  # a tenant's KV calls meet on one replica
+
+
+def _pick(spec: WorkerSpec, rs: ReplicaSet, method: str, args: tuple, exclude: frozenset[int]) -> Replica:
+    """The replica for one call: the router's choice for requests, the tenant's replica for KV calls,
+    the first routable one otherwise. ``Unavailable`` when no replica is routable."""
+    candidates = [r for r in rs.routable() if r.index not in exclude]
+    if not candidates:
+        raise Unavailable(f"no replica of {spec.deployment} is available; retry shortly", retry_after=5)
+    req = args[0] if args and isinstance(args[0], dict) else None
+    if method in CANCELLABLE or method == "stream":
+        return router_of(rs).choose(req, exclude=exclude) or candidates[0]
+    if method in TENANT_AFFINE and req is not None and len(candidates) > 1:
+        configured = rs.indices()
+        start = zlib.crc32(str(req.get("tenant", "")).encode()) % len(configured)
+        allowed = {r.index: r for r in candidates}
+        for step in range(len(configured)):
+            index = configured[(start + step) % len(configured)]
+            if index in allowed:
+                return allowed[index]
+    return candidates[0]
+
+
+def unreachable(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, exc: BaseException, *, revive: bool) -> None:
+    rs.forget(rep.index)
+    if gone(exc):
+        rs.mark_dead(rep, revive=revive)
+        router_of(rs).dropped(rep)
+
+
+def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
+    """Finding or starting ``rep`` failed. A replica that died or never came up leaves routing (and
+    another one is tried); no Ray at all is the caller's plain ``Unavailable``."""
+    cause = exc.__cause__
+    if cause is not None and (gone(cause) or isinstance(cause, TimeoutError)):
+        rs.mark_dead(rep, revive=True)
+        raise _Retry(exc) from cause
+    raise exc
+
+
+def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
+    """Finding or starting ``rep`` failed. A replica that died or never came up leaves routing (and
+    another one is tried); no Ray at all is the caller's plain ``Unavailable``."""
+    cause = exc.__cause__
+    if cause is not None and (gone(cause) or isinstance(cause, TimeoutError)):
+        rs.mark_dead(rep, revive=True)
+        raise _Retry(exc) from cause
+    raise exc
+
+
+async def _ahandle(spec: WorkerSpec, rs: ReplicaSet, rep: Replica) -> Any:
+    handle = rep.handle  # fast path: no thread hop for a known actor
+    return handle if handle is not None else await asyncio.to_thread(get_worker, spec, replica=rep.index)
+
+
+def _prompt_tokens(args: tuple) -> int:
+    req = args[0] if args and isinstance(args[0], dict) else None
+    prompt = req.get("prompt") if req is not None else None
+    return len(prompt) if isinstance(prompt, list) else 0
+
+
+def _served_tokens(events) -> int | None:
+    for ev in events if isinstance(events, list) else ():
+        if isinstance(ev, dict) and ev.get("type") == "prefilled":
+            return ev.get("cached_tokens")
+    return None
+
+
+async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):
+    """Async call of an actor method from an ASGI view, on the replica ``_pick`` chooses. A request
+    dict's ``request_id`` (first argument of ``collect``/``complete``) is cancelled on the worker if
+    this coroutine is cancelled or times out. A replica found dead before answering is replaced by
+    another routable one, once."""
+    rs = replica_set(spec)
+    tried: set[int] = set()
+    while True:
+        rep = _pick(spec, rs, method, args, frozenset(tried))
+        tried.add(rep.index)
+        try:
+            return await _acall_on(spec, rs, rep, method, args, timeout, kwargs)
+        except _Retry as retry:
+            if len(tried) > 1 or not [r for r in rs.routable() if r.index not in tried]:
+                raise retry.error from retry.__cause__
+            logger.warning("retrying %s of %s on another replica", method, spec.deployment)
+
+
+class _Retry(Exception):
+    """Internal: the replica died before answering; ``error`` is what the caller gets if no other can."""
+
+    def __init__(self, error: Unavailable) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+async def _acall_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, method: str, args: tuple, timeout: float,
+                    kwargs: dict):
+    cancellable = method in CANCELLABLE
+    rid = request_id_of(args) if cancellable else None
+    ref = None
+    try:
+        handle = await _ahandle(spec, rs, rep)
+    except Unavailable as exc:
+        _lookup_failed(rs, rep, exc)
+    prompt = _prompt_tokens(args) if cancellable else 0
+    with rs.using(rep, rid, prompt):
+        try:
+            ref = getattr(handle, method).remote(*args, **kwargs)
+            result = await asyncio.wait_for(ref, timeout)
+        except asyncio.CancelledError:
+            if cancellable:
+                cancel_remote(spec, handle, rid, ref)
+            raise
+        except Exception as exc:
+            refused = worker_error(spec, exc)
+            if refused is not None:
+                raise refused from None
+            if cancellable and isinstance(exc, TimeoutError):  # the result will not be read: stop the work
+                cancel_remote(spec, handle, rid, ref)
+            unreachable(spec, rs, rep, exc, revive=True)
+            error = Unavailable(f"worker {spec.deployment} did not answer", retry_after=5)
+            if gone(exc):
+                raise _Retry(error) from exc
+            raise error from exc
+    if cancellable:
+        router_of(rs).served(rep, args[0] if args else None, _served_tokens(result))
+    return result
+
+
+async def astream(spec: WorkerSpec, req: dict) -> AsyncIterator[dict]:
+    """Stream a request's events from a replica the router chose. Raises ``Unavailable`` if no
+    replica can be reached before the first event (a dead one is replaced by another, once), or the
+    API error for a request the worker refused; later failures surface as a retryable ``error``
+    event. Closing the generator early, or cancelling the task iterating it, cancels the request on
+    the worker."""
+    rs = replica_set(spec)
+    tried: set[int] = set()
+    while True:
+        rep = _pick(spec, rs, "stream", (req,), frozenset(tried))
+        tried.add(rep.index)
+        try:
+            async for event in _stream_on(spec, rs, rep, req):
+                yield event
+            return
+        except _Retry as retry:
+            if len(tried) > 1 or not [r for r in rs.routable() if r.index not in tried]:
+                raise retry.error from retry.__cause__
+            logger.warning("retrying a stream of %s on another replica", spec.deployment)
+
+
+async def _stream_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, req: dict) -> AsyncIterator[dict]:
+    try:
+        handle = await _ahandle(spec, rs, rep)
+    except Unavailable as exc:
+        _lookup_failed(rs, rep, exc)
+    rid = request_id_of((req,))
+    prompt = _prompt_tokens((req,))
+    started = ended = False
+    gen = None
+    with rs.using(rep, rid, prompt):
+        try:
+            gen = handle.stream.remote(req)
+            async for ref in gen:
+                event = await ref
+                started = True
+                kind = event.get("type")
+                ended = kind in ("finished", "error")  # the worker is done with it
+                if kind == "prefilled":
+                    rs.prefilled(rep, prompt)
+                    router_of(rs).served(rep, req, event.get("cached_tokens"))
+                yield event
+        except (asyncio.CancelledError, GeneratorExit):
+            if not ended:
+                cancel_remote(spec, handle, rid, gen)
+            raise
+        except Exception as exc:
+            refused = worker_error(spec, exc)
+            if refused is None:
+                unreachable(spec, rs, rep, exc, revive=True)
+            if not started:
+                if refused is not None:
+                    raise refused from None
+                error = Unavailable(f"worker {spec.deployment} is unavailable; retry shortly", retry_after=5)
+                if gone(exc):
+                    raise _Retry(error) from exc
+                raise error from exc
+            logger.warning("stream from %s broke: %s", rep.name, type(exc).__name__)
+            if refused is not None:
+                yield {"type": "error", "code": refused.code, "message": refused.message,
+                       "retryable": refused.status >= 500}
+            else:
+                yield {"type": "error", "code": "worker_failed", "message": "the cache worker failed mid-stream",
+                       "retryable": True}
