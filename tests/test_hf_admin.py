@@ -138,3 +138,26 @@ def test_console_creates_a_checkpoint_model_and_shows_its_directory(dirs, django
     both = client.post("/ui/models/console-qwen/revisions/", {"label": "r2", "seed": "1", "path": str(dirs / "b")})
     assert both.status_code == 422 and "only one of" in both.content.decode()
     assert not ModelDeployment.objects.filter(name="other").exists()
+
+
+def test_web_tokenizer_and_template_follow_the_active_revision(dirs, tmp_path, actor):
+    from controlplane.registry import services
+    from controlplane.registry.models import ModelDeployment
+    from controlplane.serving.context import model_facts
+
+    deployment = services.model_create(actor=actor, name="facts", preset="", revision={"label": "r1",
+                                                                                         "path": str(dirs / "a")})
+    first = model_facts(deployment)
+    assert first is model_facts(deployment)  # cached for the revision
+    assert first.max_seq_len == 512 and first.vocab_size == first.tokenizer.vocab_size
+    edited = tmp_path / "edited"
+    shutil.copytree(dirs / "a", edited)
+    template = edited / "chat_template.jinja"
+    template.write_text(template.read_text().replace("<|im_start|>assistant\n", "<|im_start|>assistant\n\n"))
+    revision = services.revision_create(actor=actor, deployment=deployment, label="r2", path=str(edited))
+    services.model_activate_revision(actor=actor, deployment=deployment, revision=revision)
+    second = model_facts(ModelDeployment.objects.get(name="facts"))
+    assert revision.digest == deployment.revisions.get(label="r1").digest  # same weights
+    assert second.chat.digest != first.chat.digest
+    messages = [{"role": "user", "content": "Hello world!"}]
+    assert second.chat.render(messages) != first.chat.render(messages)
