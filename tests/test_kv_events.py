@@ -274,3 +274,29 @@ def test_the_kv_events_benchmark_core_runs_and_sees_its_events():
     batches = [b.to_dict() for b in log.since(0, limit=10_000)[0]]
     applied, per_match = run_index(batches, 2, [chain_hashes(nss[t], tokens, BS) for t, tokens in trace])
     assert applied > 0 and per_match > 0
+
+
+def test_l3_evictions_for_capacity_and_expiry_by_retention_are_announced(tmp_path):
+    from cachecore.events import L3Recorder
+    from cachecore.tiers.base import Tag
+
+    ring = crypto.Keyring()
+    ring.add("t", 1, crypto.generate_key())
+    probe = RemoteStore(open_backend((tmp_path / "probe").as_uri()), ring, LAYOUT, chunk_blocks=2)
+    store = RemoteStore(open_backend(tmp_path.as_uri()), ring, LAYOUT, chunk_blocks=2,
+                        capacity_bytes=probe._frame_bytes + 10)  # room for one chunk
+    log = EventLog("r")
+    L3Recorder(log).attach(store)
+    ns = _ns()
+    tag = Tag("t", "m", "r", ns.digest)
+    first, second = _tokens(2, 1), _tokens(2, 2)
+    h1, h2 = chain_hashes(ns, first, BS), chain_hashes(ns, second, BS)
+    assert store.put_chunk(h1, first, tag, _kv(2))
+    assert store.put_chunk(h2, second, tag, _kv(2))  # evicts the first chunk for room
+    evs = _events(log)
+    assert evs[0] == ("BlockStored", "l3", None, tuple(h1))
+    assert ("BlockRemoved", "l3", "evicted", tuple(h1)) in evs and evs[-1] == ("BlockStored", "l3", None, tuple(h2))
+    seq = log.seq
+    store.sweep({"t": 0.0}, None)  # a retention of zero: everything is past it
+    assert _events(log, seq) == [("BlockRemoved", "l3", "expired", tuple(h2))]
+    assert _replayed(log)["l3"] == set()
