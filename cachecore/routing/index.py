@@ -31,7 +31,7 @@ from cachecore.events import TIERS, AllCleared, BlockRemoved, BlockStored, Event
 __all__ = ["DEFAULT_MAX_BLOCKS", "PrefixIndex"]
 
 DEFAULT_MAX_BLOCKS = 1 << 18  # per replica (about 50 MB of index at most)
-_MATCH_MEMORY = 4096  # recent (replica, request) matches remembered for ``correct``
+_MATCH_MEMORY = 1 << 16  # recent (replica, request) matches remembered for ``correct`` (all replicas)
 _BIT = {t: 1 << i for i, t in enumerate(TIERS)}
 _ALL = (1 << len(TIERS)) - 1
 _SHIFT = len(TIERS)  # an entry is (seq it was last stored at) << _SHIFT | tier bits
