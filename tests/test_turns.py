@@ -58,3 +58,19 @@ def test_weights_must_be_positive():
     with pytest.raises(ValueError):
         FairQueue().set_weight("a", True)
     FairQueue().set_weight("a", 0.5)
+
+
+def test_a_returning_tenant_banks_at_most_one_quantum():
+    fair = FairQueue(quantum=100)
+    fair.activate("a")
+    for _ in range(5):
+        fair.grant("a")
+        fair.charge("a", 1000)
+    fair.grant("a")
+    fair.activate("b")
+    assert fair.vtime("b") == fair.vtime("a") - 100  # one quantum ahead, not 5,000 tokens
+    fair.set_weight("c", 4)
+    fair.activate("c")
+    assert fair.vtime("c") == fair.vtime("a") - 25  # a quantum in its own (weighted) tokens
+    with pytest.raises(ValueError):
+        FairQueue(quantum=-1)

@@ -42,6 +42,7 @@ from cachecore.scheduler.request import Failed, Logits, Request, State
 DEFAULT_TOKEN_BUDGET = 512
 DEFAULT_MAX_BATCH = 32
 DEFAULT_AGE_STEPS = 64
+DEFAULT_QUANTUM = 1024  # tokens of head start (bounded burst credit) a tenant that was idle gets
 _READMITS = 8  # re-admissions for a longer hit per request at most (the index is only an estimate)
 
 
@@ -51,7 +52,7 @@ class Scheduler:
 
     def __init__(self, engine, *, token_budget: int = DEFAULT_TOKEN_BUDGET, max_batch: int = DEFAULT_MAX_BATCH,
                  age_steps: int = DEFAULT_AGE_STEPS, policy: str = "cache_aware", idle_exit_s: float = 5.0,
-                 start_thread: bool = True) -> None:
+                 start_thread: bool = True, quantum: int = DEFAULT_QUANTUM) -> None:
         for name, value in (("max_batch", max_batch), ("age_steps", age_steps), ("token_budget", token_budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -65,7 +66,7 @@ class Scheduler:
         self.idle_exit_s = idle_exit_s
         self.start_thread = start_thread  # False: nobody runs the loop but explicit ``step`` calls
         self.block_size = engine.block_size
-        self.fair = FairQueue()
+        self.fair = FairQueue(quantum=quantum)
         self.index = PrefixIndex()
         self.waiting: list[Request] = []
         self.running: list[Request] = []

@@ -3,9 +3,10 @@
 Between tenants, start-time fair queuing over computed tokens (``FairQueue``): each tenant has a
 virtual time that grows by the tokens the model computed for it (prefill chunks and decode tokens)
 divided by its weight; the next chunk goes to the backlogged tenant with the smallest virtual time. A
-tenant that was idle starts at the virtual time of the last chunk granted, so it cannot bank credit,
-and a tenant bursting many requests is served its share, not everyone's: another tenant's request
-waits about one chunk behind it, not its whole queue.
+tenant that was idle starts at most ``quantum`` tokens (divided by its weight) behind the virtual
+time of the last chunk granted, so it banks at most one quantum of credit (as a deficit round robin
+flow's first quantum): a light tenant's short request goes ahead of a bursting tenant's queue as a
+whole, and a tenant bursting many requests is served its share, not everyone's.
 
 Within a tenant (``order_key``), the ``cache_aware`` policy serves the request with the longest cached
 prefix first (what the scheduler's ``PrefixIndex`` says the cache holds, so requests sharing a prefix
@@ -26,7 +27,10 @@ POLICIES = ("cache_aware", "fcfs")
 class FairQueue:
     """Virtual times of tenants (not thread-safe: the loop thread's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quantum: float = 0.0) -> None:
+        if not quantum >= 0:
+            raise ValueError(f"quantum must be >= 0, got {quantum!r}")
+        self.quantum = float(quantum)
         self._vtime: dict[str, float] = {}
         self._weights: dict[str, float] = {}
         self._now = 0.0  # virtual time of the last chunk granted
@@ -41,8 +45,10 @@ class FairQueue:
         return self._weights.get(owner, 1.0)
 
     def activate(self, owner: str) -> None:
-        """``owner`` has work again: it starts no earlier than the current virtual time."""
-        self._vtime[owner] = max(self._vtime.get(owner, 0.0), self._now)
+        """``owner`` has work again: it starts no earlier than one quantum before the current virtual
+        time (no-op while it is backlogged: its virtual time stands)."""
+        start = self._now - self.quantum / self.weight(owner)
+        self._vtime[owner] = max(self._vtime.get(owner, start), start)
 
     def vtime(self, owner: str) -> float:
         return self._vtime.get(owner, self._now)
