@@ -143,7 +143,7 @@ def test_console_creates_a_checkpoint_model_and_shows_its_directory(dirs, django
 def test_web_tokenizer_and_template_follow_the_active_revision(dirs, tmp_path, actor):
     from controlplane.registry import services
     from controlplane.registry.models import ModelDeployment
-    from controlplane.serving.context import model_facts
+    from controlplane.serving.model_facts import model_facts
 
     deployment = services.model_create(actor=actor, name="facts", preset="", revision={"label": "r1",
                                                                                          "path": str(dirs / "a")})

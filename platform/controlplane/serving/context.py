@@ -10,16 +10,13 @@ be written to L3), ``retention_seconds`` (int: how long it may be served from th
 wrapped key, every readable version's wrapped key, and the shredded versions; the worker unwraps them
 with the master key, bound to ``req["tenant"]``).
 
-Tokenizer, chat template and limits come from ``model_facts(deployment)``: the byte tokenizer and the
-preset's sizes for preset revisions; for a checkpoint revision its own tokenizer, chat template and
-``config.json`` sizes, loaded from its directory by the same code the worker uses and cached per
-revision (a new revision, even of unchanged weights, is read anew: its template may have changed).
+Tokenizer, chat template and limits come from ``model_facts.model_facts(deployment)`` (the preset's or
+the checkpoint's own, loaded as the worker loads them).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 
@@ -30,8 +27,6 @@ from django.http import HttpRequest
 from pydantic import BaseModel, ValidationError
 
 from cachecore.errors import CacheError
-from cachecore.model.config import preset
-from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
 from controlplane.common.errors import (
     ApplicationError,
     Forbidden,
@@ -39,57 +34,14 @@ from controlplane.common.errors import (
     NotFound,
     TooLarge,
     Unauthenticated,
-    Unavailable,
 )
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
 from controlplane.serving import ratelimit
+from controlplane.serving.model_facts import BYTE_CHAT, BYTE_TOKENIZER, ModelFacts, model_facts
 from controlplane.tenants import selectors as tenant_selectors
 from controlplane.tenants import services as tenant_services
-
-_TOKENIZER = ByteTokenizer()
-_CHAT = ChatTemplate(_TOKENIZER)
-_FACTS_MAX = 64  # checkpoint revisions whose tokenizers this process keeps
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """How a deployment's active revision tokenizes, and its limits."""
-
-    tokenizer: object  # ByteTokenizer | cachecore.model.hf_tokenizer.HFTokenizer
-    chat: object  # ChatTemplate | cachecore.model.chat_template.JinjaChatTemplate
-    vocab_size: int
-    max_seq_len: int
-
-
-_facts: dict[tuple, ModelFacts] = {}
-_facts_lock = threading.Lock()
-
-
-def model_facts(deployment: ModelDeployment) -> ModelFacts:
-    """Tokenizer, template and limits of ``deployment``'s active revision. A checkpoint directory that
-    can no longer be read is 503 (the operator's files, not the request, are at fault)."""
-    rev = deployment.active_revision
-    if not rev.checkpoint_path:
-        config = preset(deployment.preset)
-        return ModelFacts(_TOKENIZER, _CHAT, config.vocab_size, config.max_seq_len)
-    key = (rev.pk, rev.checkpoint_path, rev.digest)
-    facts = _facts.get(key)
-    if facts is None:
-        from cachecore.model.checkpoint import inspect_checkpoint
-        from cachecore.model.hf_config import CheckpointError
-
-        try:
-            info = inspect_checkpoint(rev.checkpoint_path, digest=False)
-        except CheckpointError as exc:
-            raise Unavailable(f"model '{deployment.name}' cannot be served: {exc}", retry_after=30) from None
-        facts = ModelFacts(info.tokenizer, info.chat, info.config.model.vocab_size, info.config.model.max_seq_len)
-        with _facts_lock:
-            if len(_facts) >= _FACTS_MAX:
-                _facts.pop(next(iter(_facts)))
-            _facts[key] = facts
-    return facts
 
 
 class BadRequest(ApplicationError):
@@ -162,7 +114,7 @@ def resolve_model(tenant, name: str) -> ModelDeployment:
 
 
 def tokenize(body: BaseModel, facts: ModelFacts | None = None) -> list[int]:
-    tokenizer, chat = (facts.tokenizer, facts.chat) if facts is not None else (_TOKENIZER, _CHAT)
+    tokenizer, chat = (facts.tokenizer, facts.chat) if facts is not None else (BYTE_TOKENIZER, BYTE_CHAT)
     try:
         if hasattr(body, "messages"):
             return chat.render([m.model_dump() for m in body.messages])

@@ -1,0 +1,61 @@
+"""What the serving API needs to know about a deployment's active revision: how it tokenizes and
+renders chats, and its limits.
+
+Preset revisions: the byte tokenizer, ChatML and the preset's sizes. Checkpoint revisions: the
+checkpoint's own tokenizer, chat template and ``config.json`` sizes, loaded from its directory by the
+same code the worker uses (``cachecore.model.checkpoint.inspect_checkpoint``) and cached per revision
+(a new revision, even of unchanged weights, is read anew: its template may have changed).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from cachecore.model.config import preset
+from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
+from controlplane.common.errors import Unavailable
+from controlplane.registry.models import ModelDeployment
+
+BYTE_TOKENIZER = ByteTokenizer()
+BYTE_CHAT = ChatTemplate(BYTE_TOKENIZER)
+_FACTS_MAX = 64  # checkpoint revisions whose tokenizers this process keeps
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """How a deployment's active revision tokenizes, and its limits."""
+
+    tokenizer: object  # ByteTokenizer | cachecore.model.hf_tokenizer.HFTokenizer
+    chat: object  # ChatTemplate | cachecore.model.chat_template.JinjaChatTemplate
+    vocab_size: int
+    max_seq_len: int
+
+
+_facts: dict[tuple, ModelFacts] = {}
+_facts_lock = threading.Lock()
+
+
+def model_facts(deployment: ModelDeployment) -> ModelFacts:
+    """Tokenizer, template and limits of ``deployment``'s active revision. A checkpoint directory that
+    can no longer be read is 503 (the operator's files, not the request, are at fault)."""
+    rev = deployment.active_revision
+    if not rev.checkpoint_path:
+        config = preset(deployment.preset)
+        return ModelFacts(BYTE_TOKENIZER, BYTE_CHAT, config.vocab_size, config.max_seq_len)
+    key = (rev.pk, rev.checkpoint_path, rev.digest)
+    facts = _facts.get(key)
+    if facts is None:
+        from cachecore.model.checkpoint import inspect_checkpoint
+        from cachecore.model.hf_config import CheckpointError
+
+        try:
+            info = inspect_checkpoint(rev.checkpoint_path, digest=False)
+        except CheckpointError as exc:
+            raise Unavailable(f"model '{deployment.name}' cannot be served: {exc}", retry_after=30) from None
+        facts = ModelFacts(info.tokenizer, info.chat, info.config.model.vocab_size, info.config.model.max_seq_len)
+        with _facts_lock:
+            if len(_facts) >= _FACTS_MAX:
+                _facts.pop(next(iter(_facts)))
+            _facts[key] = facts
+    return facts
