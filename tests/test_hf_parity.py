@@ -182,3 +182,21 @@ def test_attention_bias_checkpoints_paged_forward_equals_transformers(tmp_path, 
     ref = _hf_logits(hf, ids)
     torch.testing.assert_close(paged, ref, atol=ATOL, rtol=ATOL)
     torch.testing.assert_close(loaded.model.forward_dense(torch.tensor(ids)), ref, atol=ATOL, rtol=ATOL)
+
+
+def test_bf16_logits_differ_from_transformers_by_no_more_than_bf16_rounding(tmp_path):
+    """In bf16 the two implementations round differently; Strata's distance to transformers' bf16
+    logits stays within twice transformers' own bf16-vs-fp32 error (and within it of fp32)."""
+    hf, tok = build_checkpoint("qwen3", tmp_path, seed=5, dtype=torch.bfloat16)
+    loaded = load_model("bf16", "", RevisionSpec(label="r1", checkpoint_path=str(tmp_path)), device="cpu",
+                        dtype="bfloat16")
+    ids = _ids(tok, 48)
+    pages = KVPages(loaded.layout, num_blocks=4, device="cpu")
+    ours = loaded.model.forward(torch.tensor(ids), 0, torch.arange(4), pages)
+    ref32 = _hf_logits(hf, ids)
+    ref16 = _hf_logits(hf.to(torch.bfloat16), ids)
+    bf16_error = (ref16 - ref32).abs().max()
+    assert 0 < bf16_error < 0.5
+    assert (ours - ref16).abs().max() <= 2 * bf16_error
+    assert (ours - ref32).abs().max() <= 2 * bf16_error
+    assert (ours.argmax(-1) == ref32.argmax(-1)).float().mean() > 0.9
