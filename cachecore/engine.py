@@ -47,7 +47,8 @@ from cachecore.engine_kv import KVApiMixin
 from cachecore.engine_loads import LoadsMixin
 from cachecore.engine_writes import WritesMixin
 from cachecore.errors import InflightLimit, InvalidPrompt
-from cachecore.events import EventLog, wire_engine
+from cachecore.event_recorders import wire_engine
+from cachecore.events import EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.layout import KVLayout
 from cachecore.loadcost import LoadCost

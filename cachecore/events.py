@@ -14,9 +14,8 @@ same scope. The JSON form (``to_dict`` / ``from_dict``) is documented in ``docs/
 :class:`EventLog` is the replica's side: a bounded ring buffer of batches that a router reads with
 ``since(seq)`` (a consumer that fell behind the buffer gets ``gap=True`` and reconciles from
 ``snapshot()``), and a mirror of what every tier holds according to the events so far, so the
-snapshot is exactly the state after its ``seq``. :class:`PoolRecorder` and :class:`L3Recorder` turn
-the stores' listener hooks into batches (one per store operation), so the cache's hot path does no
-per-block work beyond appending a hash to a list.
+snapshot is exactly the state after its ``seq``. The tiers publish into it through
+:mod:`cachecore.event_recorders` (one batch per store operation).
 """
 
 from __future__ import annotations
@@ -24,15 +23,15 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachecore.hashing import HASH_BYTES
 
 __all__ = [
-    "REMOVAL_REASONS", "TIERS", "AllCleared", "BlockRemoved", "BlockStored", "EventBatch", "EventLog",
-    "InvalidEvent", "L3Recorder", "PoolRecorder", "event_from_dict", "wire_engine",
+    "REMOVAL_REASONS", "TIERS", "AllCleared", "BlockRemoved", "BlockStored", "Event", "EventBatch", "EventLog",
+    "InvalidEvent", "event_from_dict",
 ]
 
 TIERS = ("l1", "l2", "l3")
@@ -43,7 +42,6 @@ REMOVAL_REASONS = ("evicted", "flushed", "capped", "corrupt", "expired", "untrac
 
 DEFAULT_CAPACITY = 4096  # batches kept for consumers that poll
 DEFAULT_SINCE_LIMIT = 512  # batches one ``since`` call returns at most
-DEFAULT_L3_CHUNKS = 4096  # L3 chunks one replica keeps vouching for
 
 
 class InvalidEvent(ValueError):
@@ -250,102 +248,3 @@ class EventLog:
             return {"replica_id": self.replica_id, "seq": self._seq, "capacity": self.capacity,
                     "buffered": len(self._buf), "oldest_seq": self._buf[0].seq if self._buf else None,
                     "held": {t: len(s) for t, s in self._state.items()}, **self.counts}
-
-
-class PoolRecorder:
-    """One pool-backed tier's events: the pool's drop announcements (``pool.listeners``) and the
-    ``stored`` calls of whoever caches blocks in it become one batch per pool operation, published
-    when the pool says the operation is over (``pool.batch_listeners``; a ``pool.batch()`` block
-    makes one operation of several). A flush that leaves the tier empty is announced as
-    ``AllCleared(tier)``.
-
-    Called under the lock that guards the pool (the engine's for L1, the host store's for L2), which
-    also guards this recorder's pending lists."""
-
-    def __init__(self, log: EventLog, tier: str, pool) -> None:
-        if tier not in TIERS:
-            raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
-        self.log = log
-        self.tier = tier
-        self.pool = pool
-        self._removed: dict[str, list[bytes]] = {}
-        self._stored: list[bytes] = []
-        pool.listeners.append(self.on_drop)
-        pool.batch_listeners.append(self.flush)
-
-    def on_drop(self, block, reason: str) -> None:
-        pending = self._removed.get(reason)
-        if pending is None:
-            self._removed[reason] = [block.block_hash]
-        else:
-            pending.append(block.block_hash)
-
-    def stored(self, hashes: Iterable[bytes]) -> None:
-        """These blocks were newly cached in the tier (published at once outside a ``pool.batch()``)."""
-        self._stored.extend(hashes)
-        if not self.pool.in_batch:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._removed and not self._stored:
-            return
-        removed, stored = self._removed, self._stored
-        self._removed, self._stored = {}, []
-        if list(removed) == ["flushed"] and self.pool.num_cached == len(stored):
-            events: list[Event] = [AllCleared(self.tier)]
-        else:
-            events = [BlockRemoved(self.tier, tuple(hs), reason) for reason, hs in removed.items()]
-        if stored:
-            events.append(BlockStored(self.tier, tuple(stored)))
-        self.log.publish(*events)
-
-
-class L3Recorder:
-    """L3's events. An L3 object is a chunk of consecutive blocks named by its last block's hash, so
-    ``BlockStored("l3")`` lists every block of a chunk this replica wrote, and a removal of the chunk
-    (by name) is announced with the hashes remembered for it. The replica vouches for at most
-    ``max_chunks`` chunks (the most recently written); older ones are announced ``"untracked"``.
-    Chunks this replica did not write (another replica's, or its own before a restart) are never
-    announced by it. Thread-safe (its own lock, taken outside the store's)."""
-
-    def __init__(self, log: EventLog, *, max_chunks: int = DEFAULT_L3_CHUNKS) -> None:
-        if isinstance(max_chunks, bool) or not isinstance(max_chunks, int) or max_chunks < 1:
-            raise ValueError(f"max_chunks must be an int >= 1, got {max_chunks!r}")
-        self.log = log
-        self.max_chunks = max_chunks
-        self._chunks: OrderedDict[bytes, tuple[bytes, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def attach(self, store) -> None:
-        store.put_listeners.append(self.on_put)
-        store.drop_listeners.append(self.on_drop)
-
-    def on_put(self, hashes: Sequence[bytes]) -> None:
-        chunk = tuple(hashes)
-        with self._lock:
-            self._chunks[chunk[-1]] = chunk
-            self._chunks.move_to_end(chunk[-1])
-            old: list[bytes] = []
-            while len(self._chunks) > self.max_chunks:
-                old.extend(self._chunks.popitem(last=False)[1])
-            self.log.publish(BlockRemoved("l3", tuple(old), "untracked"), BlockStored("l3", chunk))
-
-    def on_drop(self, keys: Sequence[bytes], reason: str) -> None:
-        with self._lock:
-            gone: list[bytes] = []
-            for key in keys:
-                chunk = self._chunks.pop(key, None)
-                if chunk is not None:
-                    gone.extend(chunk)
-            self.log.publish(BlockRemoved("l3", tuple(gone), reason))
-
-
-def wire_engine(log: EventLog, engine) -> PoolRecorder:
-    """Connect ``log`` to an engine's tiers (L1 pool, L2 host store, L3 remote store when present);
-    returns L1's recorder, whose ``stored`` the engine calls when it caches blocks in L1."""
-    l1 = PoolRecorder(log, "l1", engine.pool)
-    if engine.l2 is not None:
-        engine.l2.stored_listeners.append(PoolRecorder(log, "l2", engine.l2.pool).stored)
-    if engine.l3 is not None:
-        L3Recorder(log).attach(engine.l3)
-    return l1

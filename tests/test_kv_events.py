@@ -277,7 +277,7 @@ def test_the_kv_events_benchmark_core_runs_and_sees_its_events():
 
 
 def test_l3_evictions_for_capacity_and_expiry_by_retention_are_announced(tmp_path):
-    from cachecore.events import L3Recorder
+    from cachecore.event_recorders import L3Recorder
     from cachecore.tiers.base import Tag
 
     ring = crypto.Keyring()
