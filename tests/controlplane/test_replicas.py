@@ -117,6 +117,8 @@ def test_a_dead_replica_leaves_routing_and_the_request_is_served_by_another(flee
     assert served == ["r1"] * 4  # every request succeeded, none on the dead replica
     assert len(dead.collect.calls) == 1  # tried once, then out of routing
     assert rs.replica(0).failures == 1 and rs.replica(0).dead
+    assert rs.describe(0) == {"state": "dead", "inflight": 0, "failures": 1, "revivals": 0}
+    assert rs.describe(1) == {"state": "ready", "inflight": 0, "failures": 0, "revivals": 0}
 
 
 def test_a_dead_replica_is_revived_and_put_back(fleet, monkeypatch):
@@ -307,6 +309,7 @@ def test_stats_list_every_replica_and_metrics_label_them(two_replicas, admin_cli
     monkeypatch.setattr(gateway, "call", call)
     snap = stats.cluster_stats()
     assert [(w["replica"], w["status"]) for w in snap["workers"]] == [(0, "ok"), (1, "unreachable")]
+    assert [w["routing"]["state"] for w in snap["workers"]] == ["unknown", "unknown"]  # never routed to here
     assert snap["totals"]["query_tokens"] == 10
     text = admin_client.get("/metrics").content.decode()
     up = {s.labels["replica"]: s.value for f in text_string_to_metric_families(text) for s in f.samples

@@ -169,15 +169,13 @@ class ReplicaSet:
         if start:
             threading.Thread(target=self._revive, args=(rep,), name=f"revive-{rep.name}", daemon=True).start()
 
-    def describe(self) -> list[dict]:
-        """Plain data for stats: each configured replica's routing state in this process."""
-        out = []
-        for i in self.indices():
-            rep = self.replica(i)
-            state = "draining" if rep.draining else "dead" if rep.dead else "ready" if rep.handle else "unknown"
-            out.append({"replica": i, "name": rep.name, "state": state, "inflight": rep.inflight,
-                        "failures": rep.failures, "revivals": rep.revivals})
-        return out
+    def describe(self, index: int) -> dict:
+        """Plain data for stats: replica ``index``'s routing state as this process sees it (``ready``,
+        ``dead``, ``draining`` or ``unknown``: not called yet), its requests in flight from here,
+        and how often this process saw it fail and put it back."""
+        rep = self.replica(index)
+        state = "draining" if rep.draining else "dead" if rep.dead else "ready" if rep.handle else "unknown"
+        return {"state": state, "inflight": rep.inflight, "failures": rep.failures, "revivals": rep.revivals}
 
     # ------------------------------------------------------------------ Ray (blocking)
     def handle(self, index: int, *, create: bool) -> Any:

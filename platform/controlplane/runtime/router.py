@@ -286,11 +286,3 @@ def _ensure_poller() -> None:
             if _poller is None or not _poller.is_alive():
                 _poller = threading.Thread(target=_poll_forever, name="strata-router-poll", daemon=True)
                 _poller.start()
-
-
-def routing_state(replicas: ReplicaSet) -> dict[str, Any]:
-    """Plain data for stats: the router's mode and decision counts of this process."""
-    router = _routers.get(replicas.deployment)
-    if router is None:
-        return {"mode": "idle"}
-    return {"mode": router.mode, "decisions": dict(router.decisions)}

@@ -1,7 +1,8 @@
 """Gather engine snapshots from every deployment's worker and label tenants by slug.
 
 Every replica of every deployment is one entry of ``workers`` (``model``, ``replica`` index, actor
-``name``), addressed through the gateway's ``ReplicaSet``; the cluster and tenant figures sum them.
+``name``, and ``routing``: the replica's state in this process's ``ReplicaSet``), addressed through
+the gateway's ``ReplicaSet``; the cluster and tenant figures sum them.
 Workers know tenants only by id (their cache owner key); the slug is attached here. A replica that
 does not answer is listed as unreachable; it never fails the whole call.
 
@@ -107,7 +108,8 @@ def cluster_stats() -> dict:
         spec = gateway.spec_for(deployment)
         replicas += [(deployment.name, spec, i) for i in gateway.replica_set(spec).indices()]
     for model, spec, replica in replicas:
-        ident = {"model": model, "replica": replica, "name": actor_name(model, replica)}
+        ident = {"model": model, "replica": replica, "name": actor_name(model, replica),
+                 "routing": gateway.replica_set(spec).describe(replica)}
         try:
             snap = gateway.call(spec, "stats", create=False, timeout=5, replica=replica)
         except Unavailable:
