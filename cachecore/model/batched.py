@@ -88,7 +88,8 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
         offsets.append(offsets[-1] + n)
     decode = [i for i, n in enumerate(lens) if n == 1]
     chunks = [i for i, n in enumerate(lens) if n > 1]
-    dec = _decode_index(items, decode, bs, dev) if decode else None
+    dec = _decode_index(items, decode, bs, len(model.layers), dev) if decode else None
+    kv_rows = pages.kv.view(-1, pages.layout.num_kv_heads * pages.layout.head_dim)  # one row per token slot
     chunk_meta = []
     for i in chunks:
         it = items[i]
@@ -106,9 +107,10 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
         pages.write_layer(li, slots, k, v)
         out = torch.empty_like(q)
         if dec is not None:
-            rows, blk, off, valid = dec
-            kd = pages.kv[blk, li, 0, off]  # [B, L, kv_heads, hd]
-            vd = pages.kv[blk, li, 1, off]
+            rows, base, valid = dec
+            k_rows = base.flatten() + li * 2 * bs  # row of (block, layer li, K, offset); V: bs rows on
+            kd = kv_rows.index_select(0, k_rows).view(*base.shape, *k.shape[1:])  # [B, L, kv_heads, hd]
+            vd = kv_rows.index_select(0, k_rows + bs).view(*base.shape, *k.shape[1:])
             attn = F.scaled_dot_product_attention(
                 q[rows][:, :, None, :],  # [B, heads, 1, hd]
                 kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=valid, enable_gqa=True,
@@ -128,25 +130,24 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
     return F.linear(model._rms(x[last], model.norm), model.lm_head).float()
 
 
-def _decode_index(items: list[BatchItem], decode: list[int], bs: int, dev):
-    """Row of each decode item in the flat batch, and per item the (block, offset) of every position
-    ``0..start`` padded to the longest with the item's own position 0, plus the validity mask."""
+def _decode_index(items: list[BatchItem], decode: list[int], bs: int, layers: int, dev):
+    """Row of each decode item in the flat batch; per item the page-tensor row (layer 0, K) of every
+    position ``0..start``, padded to the longest with the item's own position 0; the validity mask.
+
+    Rows follow the page layout ``[block, layer, k|v, offset]``: ``((block * layers + layer) * 2 +
+    kv) * block_size + offset``."""
     width = max(items[i].start + 1 for i in decode)
-    rows, blk, off, valid = [], [], [], []
-    row = 0
-    flat_row = {}
+    flat_row, row = {}, 0
     for i, it in enumerate(items):
         flat_row[i] = row
         row += len(it.tokens)
+    rows, base, valid = [], [], []
     for i in decode:
         it = items[i]
         n = it.start + 1
-        b = [it.block_table[p // bs] for p in range(n)] + [it.block_table[0]] * (width - n)
-        o = [p % bs for p in range(n)] + [0] * (width - n)
-        blk.append(b)
-        off.append(o)
+        slots = [(it.block_table[p // bs] * layers * 2) * bs + p % bs for p in range(n)]
+        base.append(slots + [slots[0]] * (width - n))
         valid.append([True] * n + [False] * (width - n))
         rows.append(flat_row[i])
-    as_long = lambda v: torch.tensor(v, dtype=torch.long).to(dev)  # noqa: E731
     mask = torch.tensor(valid, dtype=torch.bool).to(dev)[:, None, None, :]  # [B, 1, 1, L]
-    return as_long(rows), as_long(blk), as_long(off), mask
+    return torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(base, dtype=torch.long).to(dev), mask

@@ -32,8 +32,9 @@ import threading
 import time
 from collections import Counter
 
-from cachecore.errors import InflightLimit, OutOfBlocks
+from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
+from cachecore.scheduler.admission import AdmissionMixin
 from cachecore.scheduler.batch import Plan, build_batch
 from cachecore.scheduler.events import Finished, Prefilled, TokenOut
 from cachecore.scheduler.queue import POLICIES, FairQueue, PrefixIndex
@@ -43,10 +44,9 @@ DEFAULT_TOKEN_BUDGET = 512
 DEFAULT_MAX_BATCH = 32
 DEFAULT_AGE_STEPS = 64
 DEFAULT_QUANTUM = 1024  # tokens of head start (bounded burst credit) a tenant that was idle gets
-_READMITS = 8  # re-admissions for a longer hit per request at most (the index is only an estimate)
 
 
-class Scheduler:
+class Scheduler(AdmissionMixin):
     """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
     ``submit``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
 
@@ -255,92 +255,6 @@ class Scheduler:
         self.engine.commit(seq)
         if seq.use_cache:
             self.index.add(seq.hashes[: seq.num_registered])
-
-    # ------------------------------------------------------------------ admission and preemption
-    @staticmethod
-    def _priority(req: Request) -> int:
-        """Smaller is more important: older. Only younger requests are preempted for a request, so
-        two requests never take blocks from each other in turn."""
-        return req.rid
-
-    def _try_start(self, req: Request, plan: Plan) -> bool:
-        if req.seq is None and not self._admit(req, plan):
-            return False
-        seq = req.seq
-        if seq.pending is not None:
-            if not seq.pending.done() and time.perf_counter() - seq.load_started < self.engine.config.load_deadline_s:
-                return False  # its prefetch is still arriving: others go first
-            self.engine.finish_loads(seq)
-            if not req.prefilled:
-                req.cached_tokens = seq.num_cached_tokens
-        if seq.use_cache and seq.num_computed == seq.num_cached_tokens and req.extra.get("readmits", 0) < _READMITS:
-            limit = (len(seq.tokens) - 1) // self.block_size
-            if self.index.prefix_blocks(seq.hashes, limit) * self.block_size > seq.lookup_hit_tokens:
-                # another request committed more of this prefix since admission: admit again to hit it
-                req.extra["readmits"] = req.extra.get("readmits", 0) + 1
-                self.engine.release(seq)
-                req.seq = None
-                if not self._admit(req, plan):
-                    return False
-                if req.seq.pending is not None:
-                    return False
-        return True
-
-    def _admit(self, req: Request, plan: Plan) -> bool:
-        tokens = list(req.tokens)
-        planned = {id(r) for r, _, _ in plan.items}
-        while True:
-            try:
-                req.seq = self.engine.admit(req.ns, tokens, owner=req.owner, max_new_tokens=req.remaining_tokens(),
-                                            **req.admit_kwargs)
-                break
-            except InflightLimit:  # its tenant's own younger holders give way; older ones finish first
-                victim = self._victim(req, planned, owner=req.owner)
-                if victim is None:
-                    return False
-                self._preempt(victim)
-            except OutOfBlocks:
-                victim = self._victim(req, planned, need=-(-(len(tokens) + req.remaining_tokens()) // self.block_size))
-                if victim is None:
-                    holders = any(r.seq is not None for r in [*self.waiting, *self.running] if r is not req)
-                    if not holders and not self.engine.running():
-                        self._fail(req, OutOfBlocks("the KV pool cannot hold this request even with nothing else "
-                                                    "running; send a shorter prompt or fewer max_tokens"))
-                    return False
-                self._preempt(victim)
-        if not req.prefilled:
-            req.cached_tokens = req.seq.num_cached_tokens
-        return True
-
-    def _victim(self, req: Request, planned: set[int], owner: str | None = None,
-                need: int | None = None) -> Request | None:
-        """The holder to preempt for ``req``: younger, not in this step's plan, ``owner``'s when given;
-        None when there is none, or (``need``: blocks) when even all of them would not make room."""
-        mine = self._priority(req)
-        holders = [r for r in [*self.waiting, *self.running]
-                   if r is not req and r.seq is not None and id(r) not in planned and self._priority(r) > mine
-                   and owner in (None, r.owner)]
-        if not holders:
-            return None
-        if need is not None and self.engine.pool.num_free + sum(len(r.seq.blocks) for r in holders) < need:
-            return None  # preempting would not make room: keep everyone's progress
-        # a waiting holder gives back blocks it has not computed with; then the youngest running one
-        return max(holders, key=lambda r: (r.state is State.WAITING, self._priority(r)))
-
-    def _preempt(self, req: Request) -> None:
-        seq = req.seq
-        if req.state is State.RUNNING:
-            req.resume = list(seq.tokens)
-            self.running.remove(req)
-            self.waiting.append(req)
-            req.state = State.WAITING
-            req.requeued_step = self.step_no
-            req.preemptions += 1
-            self.counters["preemptions"] += 1
-        self.engine.release(seq)  # commits what it computed: the recompute mostly hits
-        if seq.use_cache:
-            self.index.add(seq.hashes[: seq.num_registered])
-        req.seq = None
 
     # ------------------------------------------------------------------ endings
     def _detach(self, req: Request) -> None:
