@@ -140,6 +140,7 @@ def router(spec: WorkerSpec) -> Router:
 
 
 def router_of(rs: ReplicaSet) -> Router:
+    """The router of ``rs``'s deployment in this process (its poller joins Ray through ``join``)."""
     return router_for(rs, join=join)
 
 
@@ -154,6 +155,7 @@ def forget(deployment: str) -> None:
 
 
 def unavailable(spec: WorkerSpec, exc: BaseException) -> Unavailable:
+    """The 503 for a worker that could not be found or started (``exc`` is logged, not shown)."""
     logger.warning("worker for %s unavailable: %r", spec.deployment, exc)
     return Unavailable("cache workers are unavailable; retry shortly", retry_after=5)
 

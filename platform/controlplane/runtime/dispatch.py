@@ -57,20 +57,13 @@ def _pick(spec: WorkerSpec, rs: ReplicaSet, method: str, args: tuple, exclude: f
 
 
 def unreachable(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, exc: BaseException, *, revive: bool) -> None:
+    """A call to ``rep`` failed without an answer: its handle is dropped (looked up again next time);
+    if it is gone (``replicas.gone``) it also leaves routing and the router's index, and with
+    ``revive`` is re-launched in the background."""
     rs.forget(rep.index)
     if gone(exc):
         rs.mark_dead(rep, revive=revive)
         router_of(rs).dropped(rep)
-
-
-def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
-    """Finding or starting ``rep`` failed. A replica that died or never came up leaves routing (and
-    another one is tried); no Ray at all is the caller's plain ``Unavailable``."""
-    cause = exc.__cause__
-    if cause is not None and (gone(cause) or isinstance(cause, TimeoutError)):
-        rs.mark_dead(rep, revive=True)
-        raise _Retry(exc) from cause
-    raise exc
 
 
 def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
