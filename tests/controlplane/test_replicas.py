@@ -315,3 +315,57 @@ def test_stats_list_every_replica_and_metrics_label_them(two_replicas, admin_cli
     up = {s.labels["replica"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
           if s.name == "strata_worker_up" and s.labels["model"] == "tiny-two"}
     assert up == {"0": 1.0, "1": 0.0}
+
+
+# ---------------------------------------------------------------------- the router over its index
+FIELDS = {"model_id": "m", "weight_digest": "w" * 8, "tokenizer_digest": "t" * 8,
+          "layout": {"layers": 2, "block_size": 16}, "rope": {"theta": 10000}, "block_size": 16}
+
+
+def _router_with(replica_ids):
+    from controlplane.runtime.router import Router, _ReplicaView
+
+    rs = ReplicaSet("routed", join=lambda: None, actor_api=FakeActors())
+    rs.update(gateway.WorkerSpec(deployment="routed", preset="tiny", revision={}, replicas=len(replica_ids)))
+    router = Router(rs)
+    for i, rid in enumerate(replica_ids):
+        rs.install(i, FakeHandle(rid))
+        view = router._views[i] = _ReplicaView()
+        view.replica_id, view.namespace_fields = rid, dict(FIELDS)
+    return router
+
+
+def _store(router, replica_id: str, hashes, seq: int = 1) -> None:
+    from cachecore.events import BlockStored, EventBatch
+
+    assert router.index.apply(EventBatch(replica_id=replica_id, seq=seq, ts=0.0,
+                                         events=(BlockStored(tier="l1", hashes=tuple(hashes)),)))
+
+
+def test_the_router_chooses_the_replica_holding_the_prefix_and_only_in_the_tenants_scope():
+    from cachecore.routing.hashes import request_hashes
+
+    router = _router_with(["a", "b"])
+    prompt = list(range(1, 200))
+    acme, globex = b"a" * 32, b"g" * 32
+    _store(router, "b", request_hashes(FIELDS, acme, prompt)[:10])
+    for turn in range(3):
+        req = {"tenant": "1", "scope_salt": acme, "prompt": prompt + [turn], "request_id": f"q{turn}"}
+        assert router.choose(req).index == 1  # b holds ten blocks of it; a holds nothing
+    # The same tokens in another scope hash differently: no hit anywhere, so the index does not pull it to b.
+    assert router.index.match(request_hashes(FIELDS, globex, prompt), 16) == {}
+    assert router.decisions["policy"] == 3
+
+
+def test_a_served_miss_corrects_the_index():
+    from cachecore.routing.hashes import request_hashes
+
+    router = _router_with(["a", "b"])
+    prompt = list(range(1, 100))
+    hashes = request_hashes(FIELDS, b"a" * 32, prompt)
+    _store(router, "b", hashes)
+    req = {"tenant": "1", "scope_salt": b"a" * 32, "prompt": prompt}
+    rep = router.choose(req)
+    assert rep.index == 1 and router.index.match(hashes, 16)
+    router.served(rep, req, 0)  # b re-checked and had none of it (evicted since its events)
+    assert router.index.match(hashes, 16) == {}

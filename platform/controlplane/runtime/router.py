@@ -208,7 +208,10 @@ class Router:
         except Exception:  # Ray is not reachable (shut down, not configured): nothing to poll
             return
         events = self._mods.get("events")
-        for rep in self.replicas.routable():
+        routable = self.replicas.routable()
+        for index in set(self._views) - {r.index for r in routable}:  # scaled away or dead: forget it
+            self.dropped(self.replicas.replica(index))
+        for rep in routable:
             handle = rep.handle
             if handle is None:
                 continue
