@@ -99,7 +99,7 @@ def test_two_replicas_on_two_nodes(asgi_url, transactional_db, actor, admin_clie
         assert [a.status_code for a in answers] == [200] * len(prompts), [a.text[:200] for a in answers]
         served = _requests_per_replica()
         assert set(served) == {0, 1} and all(n > 0 for n in served.values()), served
-        assert sum(served.values()) == len(prompts)
+        assert sum(served.values()) >= len(prompts)  # lookups: a re-admitted request counts again
 
         # ---- failover: a killed replica leaves routing, requests succeed, it comes back
         ray.kill(handles[1], no_restart=True)
