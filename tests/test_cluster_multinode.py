@@ -128,3 +128,12 @@ def test_replicas_on_a_two_node_cluster_serve_fail_over_and_take_jobs(cluster):
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
     assert " passed" in out.stdout and "skipped" not in out.stdout.splitlines()[-1], out.stdout[-2000:]
+
+
+def test_the_launcher_prints_how_a_node_joins_as_a_cache_worker_node():
+    from workers import actor, launcher
+
+    command = launcher.join_command("10.0.0.5", 6380, "/tmp/token", slots=4)
+    assert "ray start --address=10.0.0.5:6380" in command and "RAY_AUTH_TOKEN_PATH=/tmp/token" in command
+    assert f"--resources='{json.dumps({actor.WORKER_RESOURCE: 4})}'" in command
+    assert launcher.WORKER_RESOURCE == actor.WORKER_RESOURCE

@@ -25,13 +25,16 @@ to this terminal once, never written to a log (its stderr still goes to ``logs/d
 
 The local Ray head binds to ``127.0.0.1`` (``--node-ip-address``; dashboard off, and on 127.0.0.1
 if turned on). ``STRATA_RAY_BIND=<this node's address>`` makes it reachable for other nodes, which
-join with ``ray start --address=<address>:<port>`` and the token in ``$STRATA_HOME/ray_auth_token``.
+join with ``ray start --address=<address>:<port>`` and the token in ``$STRATA_HOME/ray_auth_token``
+(the banner prints the command, with the ``strata_worker`` resource that keeps cache workers off
+this head; docs/cluster.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -49,6 +52,7 @@ from workers.supervisor import Supervisor, private_dir, private_files, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
+WORKER_RESOURCE = "strata_worker"  # workers.actor.WORKER_RESOURCE (not imported: that pulls in torch)
 DEFAULT_RAY_PORT = 6380  # not 6379: that is Redis's port
 HOST = "127.0.0.1"
 PRIVATE_UMASK = 0o077  # files the launcher and its children create: owner only
@@ -93,6 +97,14 @@ def ray_bind_env(bind: str) -> dict[str, str]:
     if bind in {"127.0.0.1", "localhost", "::1"}:
         return {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     return {}
+
+
+def join_command(host: str, port: int, auth_file: str = "/path/to/ray_auth_token", slots: int = 8) -> str:
+    """The command another machine runs to join this head as a cache-worker node (``slots`` replicas
+    at most; ``auth_file``: its copy of ``$STRATA_HOME/ray_auth_token``)."""
+    resources = json.dumps({WORKER_RESOURCE: slots})
+    return (f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH={auth_file} "
+            f"ray start --address={host}:{port} --resources='{resources}' --block")
 
 
 def tail(path: Path | None, lines: int = 20) -> str:
@@ -330,6 +342,8 @@ class Launcher:
         ]
         if self.ray_port:
             lines.append(f"  Ray head:                   {self.ray_host}:{self.ray_port} (RAY_ADDRESS for clients)")
+            if self.ray_host not in {"127.0.0.1", "localhost", "::1"}:
+                lines.append(f"  add a worker node:          {join_command(self.ray_host, self.ray_port)}")
         if not self.cfg.demo:
             lines += [
                 "",
