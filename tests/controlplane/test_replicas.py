@@ -75,6 +75,7 @@ class FakeActors:
     def __init__(self) -> None:
         self.alive: dict[int, FakeHandle] = {}
         self.launched: list[int] = []
+        self.revisions: list[str] = []
 
     actor_name = staticmethod(worker_actor.actor_name)
 
@@ -83,6 +84,7 @@ class FakeActors:
 
     def launch(self, deployment, preset, revision, *, replica=0):
         self.launched.append(replica)
+        self.revisions.append(revision["label"])
         self.alive[replica] = FakeHandle(f"r{replica}-new")
         return self.alive[replica]
 
@@ -132,6 +134,18 @@ def test_a_dead_replica_is_revived_and_put_back(fleet, monkeypatch):
     assert rs._actor.launched == [0] and rs.replica(0).revivals == 1
     assert [r.index for r in rs.routable()] == [0, 1]
     assert rs.cached(0).name == "r0-new"
+
+
+def test_a_replica_revived_after_a_rollout_comes_back_on_the_registrys_revision(fleet, monkeypatch):
+    spec, rs, _ = fleet
+    monkeypatch.setattr("controlplane.runtime.replicas.REVIVE_BACKOFF_S", (0.05, 0.05))
+    rolled = gateway.WorkerSpec(deployment=spec.deployment, preset="tiny", revision={"label": "r2", "seed": 2},
+                                replicas=2)
+    rs._refresh = lambda: rolled  # the registry switched to r2; no request brought the new spec here
+    rs.install(1, FakeHandle("r1"))
+    rs.mark_dead(rs.replica(0), revive=True)
+    _wait_for(lambda: not rs.replica(0).dead)
+    assert rs._actor.revisions == ["r2"] and rs.spec.revision["label"] == "r2"
 
 
 def test_with_every_replica_dead_the_request_is_503(fleet):

@@ -118,6 +118,21 @@ def worker_error(spec: WorkerSpec, exc: BaseException) -> ApplicationError | Non
     return WorkerError("the cache worker failed on this request", code="worker_failed")
 
 
+def registry_spec(deployment: str) -> WorkerSpec | None:
+    """The registry's current spec of ``deployment`` (None: gone or no active revision), read on this
+    thread's own database connection, closed after (revival threads call it)."""
+    from django.db import connection
+
+    from controlplane.registry.models import ModelDeployment
+
+    try:
+        row = (ModelDeployment.objects.select_related("active_revision")
+               .filter(name=deployment, active_revision__isnull=False).first())
+        return spec_for(row) if row is not None else None
+    finally:
+        connection.close()
+
+
 def replica_set(spec: WorkerSpec) -> ReplicaSet:
     """This process's directory of ``spec``'s replicas, updated to ``spec`` (count, revision)."""
     rs = _sets.get(spec.deployment)
@@ -125,7 +140,9 @@ def replica_set(spec: WorkerSpec) -> ReplicaSet:
         with _lock:
             rs = _sets.get(spec.deployment)
             if rs is None:
-                rs = _sets[spec.deployment] = ReplicaSet(spec.deployment, join=join, create_timeout=CREATE_TIMEOUT_S)
+                rs = _sets[spec.deployment] = ReplicaSet(
+                    spec.deployment, join=join, create_timeout=CREATE_TIMEOUT_S,
+                    refresh=lambda name=spec.deployment: registry_spec(name))
     return rs.update(spec)
 
 

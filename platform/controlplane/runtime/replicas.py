@@ -67,16 +67,19 @@ class ReplicaSet:
     """The replicas of one deployment. Thread-safe; cheap non-blocking reads for the event loop.
 
     ``join`` returns the ``ray`` module joined to the cluster (the gateway's ``_ray``); ``actor_api``
-    is ``workers.actor`` (``actor_name``, ``find``, ``launch``), injectable for tests.
+    is ``workers.actor`` (``actor_name``, ``find``, ``launch``), injectable for tests; ``refresh``
+    returns the registry's current spec (or None): a revival launches with it, so a replica that
+    died after a rollout comes back on the new revision even if no request brought the new spec.
     """
 
     def __init__(self, deployment: str, *, join: Callable[[], Any], actor_api: Any = None,
-                 create_timeout: float = 120.0) -> None:
+                 create_timeout: float = 120.0, refresh: Callable[[], Any] | None = None) -> None:
         if actor_api is None:
             from workers import actor as actor_api
         self.deployment = deployment
         self.spec: Any = None  # the latest WorkerSpec seen (count, preset, revision)
         self._join, self._actor, self._create_timeout = join, actor_api, create_timeout
+        self._refresh = refresh
         self._lock = threading.RLock()
         self._replicas: dict[int, Replica] = {}
         self._start_lock = threading.Lock()
@@ -220,6 +223,7 @@ class ReplicaSet:
         try:
             for delay in REVIVE_BACKOFF_S:
                 time.sleep(delay)
+                self._refresh_spec()
                 if self.closed or rep.index >= self.count or rep.draining:
                     return
                 try:
@@ -238,6 +242,17 @@ class ReplicaSet:
         finally:
             with self._lock:
                 rep.reviving = False
+
+    def _refresh_spec(self) -> None:
+        if self._refresh is None:
+            return
+        try:
+            spec = self._refresh()
+        except Exception as exc:  # the registry is briefly away: keep the last spec seen
+            logger.info("could not re-read the spec of %s: %r", self.deployment, exc)
+            return
+        if spec is not None:
+            self.spec = spec
 
     def drain(self, index: int, *, deadline_s: float) -> dict:
         """Scale replica ``index`` away: out of routing now, wait (up to ``deadline_s``) until neither
