@@ -225,3 +225,15 @@ def test_decode_refuses_ids_outside_the_vocabulary(llama_dir):
         tok.decode([tok.vocab_size])
     with pytest.raises(InvalidPrompt):
         tok.encode(b"bytes")
+
+
+def test_serving_a_checkpoint_never_imports_transformers(llama_dir):
+    import subprocess
+    import sys
+
+    code = ("import sys; from cachecore.model.loader import RevisionSpec, load_model; "
+            f"m = load_model('m', '', RevisionSpec(label='r1', checkpoint_path={str(llama_dir)!r}), device='cpu'); "
+            "m.chat.render([{'role': 'user', 'content': 'hi'}]); "
+            "print('transformers' in sys.modules, 'tokenizers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True"]
