@@ -67,6 +67,7 @@ def test_worker_stops_at_a_stop_sequence(setup):
     assert cut["text"] == whole["text"][:whole["text"].index(stop)]
     assert cut["finish_reason"] == "stop"
     assert len(cut["token_ids"]) == cut["usage"]["completion_tokens"] <= len(whole["token_ids"])
+    assert not worker.engine.running()  # the stopped generation released its blocks
     worker.check_integrity()
 
 
