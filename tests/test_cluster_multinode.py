@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -118,6 +119,8 @@ def cluster():
         yield c.start()
     finally:
         left = c.stop()
+        for path in (*c.dirs, c.l3):
+            shutil.rmtree(path, ignore_errors=True)
         assert left == [], f"processes of the test cluster outlived it: {left}"
 
 
