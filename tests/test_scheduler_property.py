@@ -115,7 +115,9 @@ def _drive(layout, reqs_spec, *, num_blocks, budget, max_batch, age_steps, polic
         sched.step()
         engine.check_integrity()
         step += 1
-        assert step < 5000, "the scheduler stopped making progress"
+        assert step < 5000, ("the scheduler stopped making progress", sched.snapshot(), engine.pool.num_free,
+                             [(r.rid, r.owner, r.state.value, r.seq is not None, len(r.tokens), r.max_tokens,
+                               r.seq.num_computed if r.seq else None) for r in sched.waiting + sched.running])
     return engine, sched, reqs
 
 

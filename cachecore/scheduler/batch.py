@@ -65,8 +65,7 @@ def build_batch(
         fair.grant(req.owner)
         fair.charge(req.owner, end - start)
 
-    overdue = sorted((r for r in waiting if is_overdue(r, step, age_steps)),
-                     key=lambda r: (r.requeued_step, r.rid))
+    overdue = sorted((r for r in waiting if is_overdue(r, step, age_steps)), key=lambda r: r.rid)
     # overdue requests are admitted before anything is planned, so they may preempt any younger
     # running request (planned ones are safe from preemption)
     room = max_batch - len(running)
@@ -83,7 +82,7 @@ def build_batch(
             prefilling.append(req)
     left = token_budget - len(plan.items)
     slots = max_batch - len(running)
-    blocked = False  # an overdue request could not start: keep what frees up for it
+    blocked = None  # rid of the oldest overdue request that could not start: younger ones wait for it
 
     def take(req: Request) -> None:
         nonlocal left, slots, blocked
@@ -91,8 +90,9 @@ def build_batch(
             return
         if req.state is State.WAITING:
             overdue = is_overdue(req, step, age_steps)
-            if blocked or slots <= 0 or not try_start(req, plan):
-                blocked = blocked or overdue
+            if (blocked is not None and req.rid > blocked) or slots <= 0 or not try_start(req, plan):
+                if overdue and req.state is State.WAITING:
+                    blocked = req.rid if blocked is None else min(blocked, req.rid)
                 return
             seq = req.seq
             nxt = seq.num_computed // bs

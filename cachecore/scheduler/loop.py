@@ -76,6 +76,8 @@ class Scheduler(AdmissionMixin):
         self.max_wait_seconds = 0.0
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
+        # prompt blocks running requests will compute and have not committed yet (replaced each step)
+        self._computing: frozenset[bytes] = frozenset()
         self._weights: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._rids = 0
@@ -89,23 +91,32 @@ class Scheduler(AdmissionMixin):
             self._cond.notify_all()
 
     def submit(self, req: Request) -> Request:
-        """Queue ``req`` (admitting it now when the pool has room). Raises ``OutOfBlocks`` when it
-        needs more blocks than the pool holds and ``InflightLimit`` when its tenant holds its
-        in-flight share; nothing is held then."""
+        """Queue ``req``, admitting it now when the pool has room (so its prefetch overlaps the wait)
+        unless a running request is computing part of its prefix (then the loop admits it later, to
+        hit that). Raises ``OutOfBlocks`` when it needs more blocks than the pool holds and
+        ``InflightLimit`` when admitted now while its tenant holds its in-flight share; nothing is
+        held then."""
         bs, pool = self.block_size, self.engine.pool
         need = -(-(len(req.prompt) + req.max_tokens) // bs)
         if need > pool.num_blocks:
             raise OutOfBlocks(f"this request needs {need} blocks of KV but the pool holds {pool.num_blocks}; "
                               "send a shorter prompt or fewer max_tokens")
-        try:
-            req.seq = self.engine.admit(req.ns, req.prompt, owner=req.owner, max_new_tokens=req.max_tokens,
-                                        **req.admit_kwargs)
-            req.cached_tokens = req.seq.num_cached_tokens
-        except OutOfBlocks:  # waits unadmitted; the loop admits it (preempting if it must) when picked
-            req.seq = None
-            if req.admit_kwargs.get("use_cache", True):
-                req.extra["hashes"] = chain_hashes(req.ns, req.prompt, bs,
-                                                   request_salt=req.admit_kwargs.get("request_salt", b""))
+        hashes = []
+        if req.admit_kwargs.get("use_cache", True):
+            hashes = chain_hashes(req.ns, req.prompt, bs, request_salt=req.admit_kwargs.get("request_salt", b""))
+        limit = (len(req.prompt) - 1) // bs
+        if any(h in self._computing for h in hashes[:limit]):
+            # a running request is computing part of this prefix: admitting now would miss what it is
+            # about to commit, so the loop admits this one when it is picked (and it hits)
+            req.extra["hashes"] = hashes
+        else:
+            try:
+                req.seq = self.engine.admit(req.ns, req.prompt, owner=req.owner, max_new_tokens=req.max_tokens,
+                                            **req.admit_kwargs)
+                req.cached_tokens = req.seq.num_cached_tokens
+            except OutOfBlocks:  # waits unadmitted; the loop admits it (preempting if it must) when picked
+                req.seq = None
+                req.extra["hashes"] = hashes
         with self._cond:
             self._rids += 1
             req.rid = self._rids
@@ -187,6 +198,8 @@ class Scheduler(AdmissionMixin):
                 self.max_wait_seconds = max(self.max_wait_seconds, now - req.arrival_time)
         self._compute(plan)
         self.step_no += 1
+        self._computing = frozenset(h for r in self.running if r.seq is not None and r.seq.use_cache
+                                    for h in r.seq.hashes[r.seq.num_registered:])
         self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]})
         return True
 

@@ -115,7 +115,7 @@ def order_key(req: Request, *, step: int, age_steps: int, policy: str, index: Pr
               block_size: int) -> tuple:
     """Sort key of a waiting request within its tenant (smaller goes first)."""
     if is_overdue(req, step, age_steps):
-        return (0, req.requeued_step, req.rid)
+        return (0, req.rid)
     if policy == "fcfs":
         return (1, req.requeued_step, req.rid)
     hashes = req.seq.hashes if req.seq is not None else req.extra.get("hashes", [])
