@@ -165,6 +165,33 @@ def test_a_tenant_first_seen_while_its_worker_was_sampled_counts_from_zero_and_a
     assert series.scope("tenant", "absent") == (None, None)
 
 
+def test_two_replicas_of_one_deployment_are_two_workers_whose_deltas_add_up():
+    t1 = T0 + timedelta(seconds=30)
+    rows = [(T0, "model", "m", "m", 0, {"query_tokens": 100}), (T0, "model", "m", "m", 1, {"query_tokens": 900}),
+            (t1, "model", "m", "m", 0, {"query_tokens": 130}), (t1, "model", "m", "m", 1, {"query_tokens": 20})]
+    series = series_from_rows(rows)
+    # replica 1 restarted (900 -> 20): its delta is what it counted since, replica 0's is +30
+    assert series.scope("model", "m") == ({"query_tokens": 50},)
+    # keyed by deployment alone, the replicas would overwrite each other: one row per interval survives
+    assert series_from_rows([(at, k, n, m, v) for at, k, n, m, _r, v in rows[::2]]).scope("model", "m") == (
+        {"query_tokens": 30},)
+
+
+def test_sample_take_keeps_one_row_per_replica(cluster, monkeypatch):
+    from controlplane.timeseries import services
+
+    real = services.cluster_stats
+
+    def two_replicas():
+        stats = real()
+        extra = [dict(w, replica=1) for w in stats["workers"] if w.get("status") == "ok"]
+        return {**stats, "workers": [dict(w, replica=0) for w in stats["workers"]] + extra}
+
+    monkeypatch.setattr(services, "cluster_stats", two_replicas)
+    sample_take(now=T0)
+    assert set(StatSample.objects.filter(kind="model", name="tiny-llama").values_list("replica", flat=True)) == {0, 1}
+
+
 def test_series_for_one_tenant_leaves_other_tenants_out(cluster):
     ids, snaps, answer = cluster
     sample_take(now=T0)

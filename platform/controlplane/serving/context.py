@@ -174,6 +174,7 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "seed": body.seed,
         "logprobs": logprobs,
         "stop": body.stop,
+        "user": body.user,  # the router's stickiness key (scoped to the tenant there); never hashed into KV
         "max_cached_tokens": tenant.max_cached_tokens,
         "max_l3_bytes": tenant.max_l3_bytes,
         # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's

@@ -1,5 +1,7 @@
 """One row per (sample time, scope, worker): the counters one worker reported for that scope.
 
+A worker is one replica of a deployment: ``(model, replica)``.
+
 Scopes: ``tenant`` (name = slug), ``model`` (name = deployment: the worker's totals and its
 load-vs-recompute decisions) and ``tier`` (name = l1/l2/l3). ``model`` is the deployment whose worker
 counted the row, so a worker restart (its counters back to zero) is detected and handled per worker;
@@ -32,15 +34,17 @@ class StatSample(models.Model):
     kind = models.CharField(max_length=8, choices=Kind.choices)
     name = models.CharField(max_length=100)
     model = models.CharField(max_length=100)  # the deployment whose worker reported these counters
+    replica = models.PositiveSmallIntegerField(default=0)  # which of the deployment's replicas
     values = models.JSONField(default=dict)
 
     class Meta:
         constraints = [
             # Two samplers (two web processes) writing one interval: the second one's rows are dropped.
             # Its index (leading ``at``) also serves the time-range reads and the pruning.
-            models.UniqueConstraint(fields=["at", "kind", "name", "model"], name="timeseries_sample_scope"),
+            models.UniqueConstraint(fields=["at", "kind", "name", "model", "replica"],
+                                    name="timeseries_sample_scope"),
         ]
-        ordering = ["at", "kind", "name", "model"]
+        ordering = ["at", "kind", "name", "model", "replica"]
 
     def __str__(self) -> str:
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}:{self.name}@{self.model}"
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind}:{self.name}@{self.model}/{self.replica}"

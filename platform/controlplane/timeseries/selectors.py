@@ -1,8 +1,8 @@
 """Per-interval deltas of the sampled counters, for charts.
 
 A worker's counters are cumulative since it started, so what happened between two consecutive
-samples is the difference of their values. Deltas are taken per worker (the row's ``model``) and
-then summed per scope; the ``total`` scope is the sum of the ``model`` scopes. Ratios over an
+samples is the difference of their values. Deltas are taken per worker (the row's ``model`` and
+``replica``) and then summed per scope; the ``total`` scope is the sum of the ``model`` scopes. Ratios over an
 interval are ratios of these deltas (``ratio``), never of request counts.
 
 Counter resets: a worker that restarted (or rolled out a new engine) starts again from zero. When
@@ -68,27 +68,29 @@ def _add(into: Values, values: Values) -> None:
         into[key] = into.get(key, 0) + value
 
 
-def series_from_rows(rows: Iterable[tuple[datetime, str, str, str, Values]]) -> Series:
-    """:class:`Series` from ``(at, kind, name, model, values)`` rows (any order)."""
-    rows = list(rows)
+def series_from_rows(rows: Iterable[tuple]) -> Series:
+    """:class:`Series` from ``(at, kind, name, model, values)`` or ``(at, kind, name, model, replica,
+    values)`` rows (any order; without a replica a row is replica 0's)."""
+    rows = [row if len(row) == 6 else (*row[:4], 0, row[4]) for row in rows]
     times = sorted({row[0] for row in rows})
     index = {t: i for i, t in enumerate(times)}
-    samples: dict[tuple[str, str, str], dict[int, Values]] = defaultdict(dict)
-    for at, kind, name, model, values in rows:
-        samples[(kind, name, model)][index[at]] = values
+    samples: dict[tuple[str, str, tuple[str, int]], dict[int, Values]] = defaultdict(dict)
+    for at, kind, name, model, replica, values in rows:
+        samples[(kind, name, (model, replica))][index[at]] = values
 
-    seen: dict[str, list[int]] = {}  # model -> sample indices at which its worker answered
-    resets: dict[str, list[int]] = {}  # model -> sample indices at which its worker had restarted
-    for (kind, name, model), by_index in samples.items():
-        if kind == StatSample.Kind.MODEL and name == model:
+    # A worker is one replica of a deployment: (model, replica).
+    seen: dict[tuple[str, int], list[int]] = {}  # worker -> sample indices at which it answered
+    resets: dict[tuple[str, int], list[int]] = {}  # worker -> sample indices at which it had restarted
+    for (kind, name, worker), by_index in samples.items():
+        if kind == StatSample.Kind.MODEL and name == worker[0]:
             order = sorted(by_index)
-            seen[model] = order
-            resets[model] = [i for j, i in zip(order, order[1:], strict=False)
-                             if _decreased(by_index[j], by_index[i])]
+            seen[worker] = order
+            resets[worker] = [i for j, i in zip(order, order[1:], strict=False)
+                              if _decreased(by_index[j], by_index[i])]
 
     out: dict[tuple[str, str], list[Values | None]] = defaultdict(lambda: [None] * (len(times) - 1))
-    for (kind, name, model), by_index in samples.items():
-        worker_seen, worker_resets = seen.get(model, []), resets.get(model, [])
+    for (kind, name, worker), by_index in samples.items():
+        worker_seen, worker_resets = seen.get(worker, []), resets.get(worker, [])
         before: int | None = None
         for i in sorted(by_index):
             current = by_index[i]
@@ -119,7 +121,7 @@ def series_for(*, since: datetime, tenant: str | None = None) -> Series:
     rows = StatSample.objects.filter(at__gte=since)
     if tenant is not None:
         rows = rows.filter(Q(kind=StatSample.Kind.TENANT, name=tenant) | Q(kind=StatSample.Kind.MODEL))
-    return series_from_rows(rows.values_list("at", "kind", "name", "model", "values"))
+    return series_from_rows(rows.values_list("at", "kind", "name", "model", "replica", "values"))
 
 
 def sample_latest() -> datetime | None:

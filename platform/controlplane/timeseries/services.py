@@ -2,7 +2,7 @@
 samples older than the retention.
 
 A sample's time is floored to the interval, and rows are inserted ignoring conflicts on (time,
-scope, worker): a second sampler writing the same interval (two web processes) adds nothing.
+scope, worker replica): a second sampler writing the same interval (two web processes) adds nothing.
 Workers that do not answer contribute no rows; their counters are picked up again at the next
 sample they answer (the delta then spans the gap).
 """
@@ -78,7 +78,8 @@ def sample_take(*, now: datetime | None = None) -> SampleResult:
     now = now or timezone.now()
     at = sample_time(now, cfg.interval_seconds)
     stats = cluster_stats()  # Ray calls: outside the transaction, so no write lock is held meanwhile
-    rows = [StatSample(at=at, kind=kind, name=name, model=worker["model"], values=values)
+    rows = [StatSample(at=at, kind=kind, name=name, model=worker["model"], replica=worker.get("replica", 0),
+                       values=values)
             for worker in stats["workers"] if worker.get("status") == "ok"
             for kind, name, values in worker_rows(worker)]
     with transaction.atomic():
