@@ -191,7 +191,7 @@ class EventLog:
     def publish(self, *events: Event) -> int | None:
         """Publish ``events`` as one batch; returns its seq, or None (nothing published) when every
         event is empty. Events with no hashes are left out."""
-        kept = tuple(e for e in events if isinstance(e, AllCleared) or e.hashes)
+        kept = tuple([e for e in events if type(e) is AllCleared or e.hashes])  # a list is built faster
         if not kept:
             return None
         ts = self._clock()
@@ -199,10 +199,10 @@ class EventLog:
             state = self._state
             n = 0
             for e in kept:
-                if isinstance(e, BlockStored):
+                if type(e) is BlockStored:
                     state[e.tier].update(e.hashes)
                     n += len(e.hashes)
-                elif isinstance(e, BlockRemoved):
+                elif type(e) is BlockRemoved:
                     state[e.tier].difference_update(e.hashes)
                     n += len(e.hashes)
                 else:
