@@ -4,9 +4,12 @@
 waiting queue and ``try_start`` (admission, preemption, lower-tier loads), and gets back the items to
 compute. Order of the prefill budget: overdue waiting requests first (oldest first), then chunks by
 the fair queue between tenants, and within a tenant its requests already prefilling, then waiting
-ones by ``queue.order_key``. Under ``cache_aware`` a waiting request whose next block is being
-computed in this very batch by another request is held back one step: it will hit that block instead
-of computing it twice (requests sharing a prefix are grouped behind the one that computes it).
+ones by ``queue.order_key``. A step in which a tenant behind its fair share (an idle tenant that just
+sent a request, under a tenant's burst) starts a request carries no other tenant's prefill chunks:
+its time to first token is one short step, not a full budget's. Under ``cache_aware`` a waiting
+request whose next block is being computed in this very batch by another request is held back one
+step: it will hit that block instead of computing it twice (requests sharing a prefix are grouped
+behind the one that computes it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class Plan:
     items: list[Item] = field(default_factory=list)
     started: list[Request] = field(default_factory=list)  # waiting requests that start this step
     deferred: int = 0  # waiting requests held back behind a shared prefix computed this step
+    lean: bool = False  # kept short for a request of a tenant behind its share (its time to first token)
 
     @property
     def tokens(self) -> int:
@@ -118,8 +122,12 @@ def build_batch(
     for req in sorted((r for r in waiting if id(r) not in taken), key=lambda r: order_key(r, **key)):
         per_tenant.setdefault(req.owner, []).append(req)
     cursor = {owner: 0 for owner in per_tenant}
+    lean = None  # a tenant behind its share started a request: the step carries no one else's prefill
     while left > 0 and cursor:
         owner = min(cursor, key=lambda o: (fair.vtime(o), o))
+        if lean is not None and owner != lean:
+            break
+        behind = all(fair.vtime(owner) < fair.vtime(o) for o in cursor if o != owner) and len(cursor) > 1
         queue = per_tenant[owner]
         req = queue[cursor[owner]]
         cursor[owner] += 1
@@ -127,5 +135,9 @@ def build_batch(
             del cursor[owner]
         # still where it was at the start of the step (a request preempted this step waits for the next)
         if (req.state is State.WAITING) == (id(req) in was_waiting) and req.state is not State.DONE:
+            before = len(plan.started)
             take(req)
+            if behind and len(plan.started) > before:
+                lean = owner  # its first token comes after this step: keep the step short
+    plan.lean = lean is not None
     return plan

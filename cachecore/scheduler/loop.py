@@ -182,6 +182,7 @@ class Scheduler(AdmissionMixin):
             index=self.index, block_size=self.block_size, try_start=self._try_start,
         )
         self.counters["deferred"] += plan.deferred
+        self.counters["lean_steps"] += int(plan.lean)
         if not plan.items:
             return False
         now = time.perf_counter()
