@@ -149,5 +149,8 @@ def _decode_index(items: list[BatchItem], decode: list[int], bs: int, layers: in
         base.append(slots + [slots[0]] * (width - n))
         valid.append([True] * n + [False] * (width - n))
         rows.append(flat_row[i])
-    mask = torch.tensor(valid, dtype=torch.bool).to(dev)[:, None, None, :]  # [B, 1, 1, L]
+    if all(all(v) for v in valid):
+        mask = None  # no padding: every query sees all its positions (the unmasked kernel)
+    else:
+        mask = torch.tensor(valid, dtype=torch.bool).to(dev)[:, None, None, :]  # [B, 1, 1, L]
     return torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(base, dtype=torch.long).to(dev), mask

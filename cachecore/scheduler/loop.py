@@ -17,9 +17,13 @@ holds blocks fails with it too. ``InflightLimit`` at submit is raised to the cal
 scheduler); a requeued request waits for its tenant's other requests instead.
 
 A request whose prefix was committed (by another request) after it was admitted is re-admitted when
-it starts, so it hits that prefix. Cancellation (``cancel``, or ``should_abort`` polled every step)
-releases the request's blocks at the next step. A forward that raises fails the requests in it
-(``Failed``, blocks freed without registering partial KV); the loop keeps serving the others.
+it starts, so it hits that prefix; a request whose prefix a running request is computing is not
+admitted at submit at all (the loop admits it when picked). A re-admitted or preempted request is
+admitted again, so the engine's query metrics count it once per admission.
+
+Cancellation (``cancel``, or ``should_abort`` polled every step) releases the request's blocks at
+the next step. A forward that raises fails the requests in it (``Failed``, blocks freed without
+registering partial KV); the loop keeps serving the others.
 
 The thread starts on the first submission and exits after ``idle_exit_s`` without work (restarted by
 the next one), so an unused scheduler holds no thread. With ``start_thread=False`` nothing runs but
@@ -71,7 +75,7 @@ class Scheduler(AdmissionMixin):
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.step_no = 0
-        # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, max_wait_steps
+        # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, lean_steps, max_wait_steps
         self.counters: Counter[str] = Counter()
         self.max_wait_seconds = 0.0
         self._cond = threading.Condition()
