@@ -184,6 +184,25 @@ def test_attention_bias_checkpoints_paged_forward_equals_transformers(tmp_path, 
     torch.testing.assert_close(loaded.model.forward_dense(torch.tensor(ids)), ref, atol=ATOL, rtol=ATOL)
 
 
+def test_attention_bias_checkpoints_serve_transformers_greedy_tokens_through_the_batched_runner(tmp_path):
+    """The scheduler's batched forward applies the output-projection bias too (``_attn_out``), cold and
+    with the prompt's prefix cached, alone and batched with another request."""
+    hf, tok = build_checkpoint("llama", tmp_path, seed=14, attention_bias=True)
+    loaded = load_model("bias", "", RevisionSpec(label="r1", checkpoint_path=str(tmp_path)), device="cpu")
+    assert loaded.config.o_bias
+    ids = _ids(tok, 35)
+    with torch.no_grad():
+        expected = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, 35:].tolist()
+    engine = CacheEngine(loaded.layout, num_blocks=128, device="cpu")
+    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="bias", revision="r1")
+    ns = loaded.namespace(secrets.token_bytes(32))
+    params = SamplingParams(max_tokens=12)
+    cold = gen.complete(ns, ids, owner="t", params=params)
+    warm = gen.complete(ns, ids, owner="t", params=params)
+    assert cold.token_ids == expected and cold.cached_tokens == 0
+    assert warm.token_ids == expected and warm.cached_tokens == 32
+
+
 def test_bf16_logits_differ_from_transformers_by_no_more_than_bf16_rounding(tmp_path):
     """In bf16 the two implementations round differently; Strata's distance to transformers' bf16
     logits stays within twice transformers' own bf16-vs-fp32 error (and within it of fp32)."""

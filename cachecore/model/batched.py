@@ -124,7 +124,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
                 attn_mask=mask, is_causal=mask is None, enable_gqa=True,
             )
             out[a:b] = attn[0].transpose(0, 1)
-        x = x + F.linear(out.reshape(x.shape[0], -1), layer.wo)
+        x = x + model._attn_out(layer, out.reshape(x.shape[0], -1))
         x = x + model._mlp(layer, x)
     last = torch.tensor([o - 1 for o in offsets[1:]], dtype=torch.long).to(dev)
     return F.linear(model._rms(x[last], model.norm), model.lm_head).float()
