@@ -42,6 +42,22 @@ def test_checkpoint_model_takes_its_architecture_and_digest_from_the_directory(a
     assert audit_actions()[-1] == "model.create"
 
 
+def test_workers_get_the_recorded_digest_and_refuse_a_checkpoint_changed_since(admin_client, dirs, tmp_path):
+    from cachecore.model.hf_config import CheckpointError
+    from cachecore.model.loader import RevisionSpec, load_model
+    from controlplane.registry.models import ModelDeployment
+    from controlplane.runtime.gateway import spec_for
+
+    shutil.copytree(dirs / "a", tmp_path / "c")
+    assert _create(admin_client, tmp_path / "c", name="changing").status_code == 201
+    spec = spec_for(ModelDeployment.objects.get(name="changing"))
+    assert spec.revision["digest"] == ModelDeployment.objects.get(name="changing").active_revision.digest
+    assert load_model("changing", "", RevisionSpec(**spec.revision), device="cpu").weight_digest == spec.revision["digest"]
+    shutil.copy(dirs / "b" / "model.safetensors", tmp_path / "c" / "model.safetensors")  # weights swapped on disk
+    with pytest.raises(CheckpointError, match="changed since revision"):
+        load_model("changing", "", RevisionSpec(**spec.revision), device="cpu")
+
+
 def test_revision_with_the_same_layout_is_added_and_another_layout_is_422(admin_client, dirs):
     assert _create(admin_client, dirs / "a").status_code == 201
     added = post(admin_client, f"{URL}/qwen/revisions", {"label": "r2", "path": str(dirs / "b")})

@@ -46,9 +46,10 @@ class WorkerSpec:
 
 
 def revision_source(rev) -> dict:
-    """The worker's ``revision`` dict of a registry ``ModelRevision``."""
+    """The worker's ``revision`` dict of a registry ``ModelRevision``. A checkpoint revision carries the
+    digest recorded at its creation: a worker refuses a directory whose bytes changed since."""
     if rev.checkpoint_path:
-        return {"label": rev.label, "checkpoint_path": rev.checkpoint_path}
+        return {"label": rev.label, "checkpoint_path": rev.checkpoint_path, "digest": rev.digest}
     if rev.weights_path:
         return {"label": rev.label, "weights_path": rev.weights_path}
     return {"label": rev.label, "seed": rev.seed}
