@@ -165,8 +165,13 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--output", type=int, default=None, help="generated tokens per request")
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=256)
+    ap.add_argument("--levels", default=None, help="comma-separated stream counts (default 1,4,16,64; quick 1,4,16)")
     args = ap.parse_args(argv)
     levels = (1, 4, 16) if args.quick else (1, 4, 16, 64)
+    if args.levels:
+        levels = tuple(int(x) for x in args.levels.split(","))
+        if 16 not in levels:
+            ap.error("--levels must include 16 (the throughput goal is stated at 16 streams)")
     system = args.system or (128 if args.quick else 256)
     output = args.output or (8 if args.quick else 24)
     loaded = load_model("bench-throughput", args.preset, RevisionSpec(label="r1", seed=11), device=args.device)
