@@ -107,6 +107,8 @@ def test_a_light_tenant_starts_within_a_chunk_of_a_bursting_tenants_queue(loaded
     sched.step()
     assert light.state is State.RUNNING  # it did not wait for the 8 x 6 chunks queued before it
     assert light.started_step <= 2
+    assert sched.counters["lean_steps"] == 1  # the step that started it carried no heavy prefill
+    assert sum(1 for r in burst if r.state is State.RUNNING) < len(burst)
     _run(sched, [*burst, light])
     assert all(r.done.is_set() for r in burst)
 
@@ -126,6 +128,24 @@ def test_cache_aware_ordering_groups_a_shared_prefix_and_hits_more_than_fcfs(loa
             assert sched.counters["deferred"] > 0
     assert hits["cache_aware"] == 4 * 64  # every follower hit the whole system prompt
     assert hits["fcfs"] < hits["cache_aware"]
+
+
+def test_a_request_whose_prefix_is_being_computed_is_admitted_later_and_counted_once(loaded, ns):
+    engine = CacheEngine(loaded.layout, num_blocks=200, device="cpu")
+    sched = Scheduler(engine, token_budget=40, max_batch=8, start_thread=False)
+    runner = FakeRunner()
+    system = [(7 * i) % 11 for i in range(96)]
+    leader = sched.submit(_req(runner, ns, "a", system + [1, 2], 2, chunk=32))
+    sched.step()  # the leader computed its first chunk; the rest of the system prompt is in flight
+    follower = sched.submit(_req(runner, ns, "a", system + [3, 4], 2, chunk=32))
+    assert follower.seq is None  # not admitted while its prefix is being computed
+    solo = sched.submit(_req(runner, ns, "a", [5] * 40, 2))
+    assert solo.seq is not None  # an unrelated prompt is admitted (and prefetches) at once
+    _run(sched, [leader, follower, solo])
+    assert follower.cached_tokens == 96 and leader.cached_tokens == 0
+    usage = engine.metrics.usage("a", "sched-llama")
+    assert usage.query_tokens == 3 * 98 - 58  # each request counted once (solo's prompt is 40 tokens)
+    assert usage.effective_hit_tokens == 96
 
 
 def test_aging_bounds_the_wait_of_a_request_that_never_has_the_longest_hit(loaded, ns):

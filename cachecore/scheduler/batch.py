@@ -39,6 +39,17 @@ def _block_range(start: int, end: int, bs: int) -> range:
     return range(start // bs, -(-end // bs))
 
 
+def _follows(req: Request, computing: set[bytes] | frozenset[bytes], index: PrefixIndex, bs: int) -> bool:
+    """Whether the first block of ``req``'s prompt that is neither held nor known committed is one
+    another request is computing now (uncommitted blocks of running requests, or this step's)."""
+    seq = req.seq
+    hashes = seq.hashes if seq is not None else req.extra.get("hashes", [])
+    limit = (len(req.tokens) - 1) // bs
+    done = seq.num_computed // bs if seq is not None else 0
+    nxt = max(done, index.prefix_blocks(hashes, limit))
+    return nxt < min(limit, len(hashes)) and hashes[nxt] in computing
+
+
 def build_batch(
     running: list[Request],
     waiting: list[Request],
@@ -52,11 +63,14 @@ def build_batch(
     index: PrefixIndex,
     block_size: int,
     try_start: Callable[[Request, Plan], bool],
+    computing: frozenset[bytes] = frozenset(),
 ) -> Plan:
     """Plan one step. ``try_start(req, plan)`` makes a waiting request computable (admitted, its
     loads landed) or returns False (no blocks even after preemption, or its prefetch still in
     flight); it may preempt requests that have no item in ``plan`` yet (they leave ``running`` and
-    rejoin ``waiting``, and are not taken again this step)."""
+    rejoin ``waiting``, and are not taken again this step). ``computing``: prompt blocks running
+    requests will compute and have not committed (a waiting request that needs one next waits for
+    it, under ``cache_aware``, until it is overdue)."""
     plan = Plan()
     inflight: set[bytes] = set()
     bs = block_size
@@ -94,6 +108,9 @@ def build_batch(
             return
         if req.state is State.WAITING:
             overdue = is_overdue(req, step, age_steps)
+            if policy == "cache_aware" and not overdue and _follows(req, computing | inflight, index, bs):
+                plan.deferred += 1  # another request is computing its next block: it will hit it
+                return
             if (blocked is not None and req.rid > blocked) or slots <= 0 or not try_start(req, plan):
                 if overdue and req.state is State.WAITING:
                     blocked = req.rid if blocked is None else min(blocked, req.rid)

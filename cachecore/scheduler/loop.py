@@ -180,10 +180,11 @@ class Scheduler(AdmissionMixin):
         if not (self.waiting or self.running):
             self.fair.forget_idle(set())
             return False
+        self._computing = self._uncommitted()  # the running set changed (aborts, finishes)
         plan = build_batch(
             self.running, self.waiting, step=self.step_no, token_budget=self.token_budget,
             max_batch=self.max_batch, fair=self.fair, policy=self.policy, age_steps=self.age_steps,
-            index=self.index, block_size=self.block_size, try_start=self._try_start,
+            index=self.index, block_size=self.block_size, try_start=self._try_start, computing=self._computing,
         )
         self.counters["deferred"] += plan.deferred
         self.counters["lean_steps"] += int(plan.lean)
@@ -203,10 +204,13 @@ class Scheduler(AdmissionMixin):
                 self.max_wait_seconds = max(self.max_wait_seconds, now - req.arrival_time)
         self._compute(plan)
         self.step_no += 1
-        self._computing = frozenset(h for r in self.running if r.seq is not None and r.seq.use_cache
-                                    for h in r.seq.hashes[r.seq.num_registered:])
+        self._computing = self._uncommitted()
         self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]})
         return True
+
+    def _uncommitted(self) -> frozenset[bytes]:
+        return frozenset(h for r in self.running if r.seq is not None and r.seq.use_cache
+                         for h in r.seq.hashes[r.seq.num_registered:])
 
     def _compute(self, plan: Plan) -> None:
         by_runner: dict[int, list] = {}
