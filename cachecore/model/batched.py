@@ -8,7 +8,7 @@ indistinguishable. Decode items (one new token) are attended together in one pad
 padding points at the sequence's own first slot and is masked, so poisoned free pages are never
 read); prefill chunks are attended one SDPA call per sequence (causal within the chunk).
 
-Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_mlp``, ``_rms``,
+Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_attn_out``, ``_mlp``, ``_rms``,
 ``norm``, ``lm_head``, ``cos``/``sin``), so it follows whatever those pieces compute. Each item's logits
 equal what ``model.forward`` returns for it alone, within fp32 rounding (the batched matmuls sum in
 another order).
