@@ -32,8 +32,10 @@ explicit ``step`` calls (tests drive it step by step).
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from collections import Counter
 
 from cachecore.errors import OutOfBlocks
@@ -48,6 +50,23 @@ DEFAULT_TOKEN_BUDGET = 512
 DEFAULT_MAX_BATCH = 32
 DEFAULT_AGE_STEPS = 64
 DEFAULT_QUANTUM = 1024  # tokens of head start (bounded burst credit) a tenant that was idle gets
+
+
+_EXITING = threading.Event()  # the interpreter is shutting down: loop threads stop after their step
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_loops() -> None:
+    """Let every loop thread finish its step before the interpreter goes away (a daemon thread killed
+    inside a torch kernel aborts the process)."""
+    _EXITING.set()
+    for sched in list(_LIVE):
+        with sched._cond:
+            sched._cond.notify_all()
+            thread = sched._thread
+        if thread is not None:
+            thread.join(timeout=10)
 
 
 class Scheduler(AdmissionMixin):
@@ -126,9 +145,10 @@ class Scheduler(AdmissionMixin):
             req.rid = self._rids
             req.arrival_time = time.perf_counter()
             self._incoming.append(req)
-            if self._thread is None and self.start_thread:
+            if self._thread is None and self.start_thread and not _EXITING.is_set():
                 self._thread = threading.Thread(target=self._run, name="strata-scheduler", daemon=True)
                 self._thread.start()
+                _LIVE.add(self)
             self._cond.notify_all()
         return req
 
@@ -149,8 +169,9 @@ class Scheduler(AdmissionMixin):
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._incoming or self.waiting or self.running):
-                    if not self._cond.wait(self.idle_exit_s) and not (self._incoming or self.waiting or self.running):
+                while not (self._incoming or self.waiting or self.running) or _EXITING.is_set():
+                    if _EXITING.is_set() or (not self._cond.wait(self.idle_exit_s)
+                                             and not (self._incoming or self.waiting or self.running)):
                         self._thread = None
                         return
             try:
