@@ -37,7 +37,7 @@ class CacheWorkerActor:
 _DELEGATED = (
     "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve", "flush",
     "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks", "cancel",
-    "drop_data_key",
+    "drop_data_key", "kv_events", "kv_snapshot",
 )
 
 
@@ -79,7 +79,7 @@ def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **
         num_cpus=0,
         **placement(ray.cluster_resources()),
         max_concurrency=MAX_CONCURRENCY,
-    ).remote(deployment=deployment, preset=preset, revision=revision, **worker_kwargs)
+    ).remote(deployment=deployment, preset=preset, revision=revision, replica=replica, **worker_kwargs)
 
 
 def find(deployment: str, replica: int = 0):

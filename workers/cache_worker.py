@@ -5,7 +5,8 @@ active revision, and hands them in with each request. All inputs and outputs are
 lists, bytes) so the same calls work in-process (tests) and through Ray.
 
 Concurrency: many requests may stream at once (threads, ``MAX_CONCURRENCY`` per actor); the engine's
-lock guards the bookkeeping and ``FairTurns`` hands model forwards out fairly among tenants. Each tenant
+lock guards the bookkeeping and one ``Scheduler`` loop owns the model: it batches every running
+request's forwards (continuous batching, chunked prefill, fair between tenants). Each tenant
 may run at most ``max_concurrent_requests`` requests at once on a worker (default a quarter of the
 slots; over it: ``tenant_busy``, retryable), so one tenant's queue cannot fill every slot. A failing or
 cancelled request releases its blocks in ``finally`` and leaves the pool intact (``check_integrity``
@@ -14,8 +15,8 @@ holds after every call).
 
 from __future__ import annotations
 
-import hashlib
 import os
+import secrets
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -26,13 +27,17 @@ import torch
 
 from cachecore.engine import CacheEngine, Tag
 from cachecore.errors import CacheError, Cancelled, InvalidKV, TenantBusy
+from cachecore.events import EventLog
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
+from cachecore.routing.hashes import namespace_fields, request_salt
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
-from cachecore.turns import FairTurns
+from cachecore.scheduler import Scheduler
 from workers.config import WorkerConfig
 from workers.remote_tier import RemoteTier
+from workers.router_stats import DecodeClock, router_section
+from workers.stops import apply_stops
 
-MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); forwards are taken in fair turns
+MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); the scheduler batches their forwards
 DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
 _CANCEL_MEMORY = 4096  # cancelled request ids remembered (a cancel may arrive before its request)
@@ -50,11 +55,10 @@ class _Active:
     generator: Generator
 
 
-def request_salt(cache_salt: str | None) -> bytes:
-    """A client's ``cache_salt`` narrows sharing inside its scope; it never replaces the scope salt."""
-    if not cache_salt:
-        return b""
-    return hashlib.sha256(b"strata.cache_salt\x00" + cache_salt.encode()).digest()
+def replica_id(deployment: str, replica: int) -> str:
+    """``<deployment>:<replica index>:<boot id>``: the boot id is random per process start, so a
+    restarted replica is a new id whose KV events start over (seq 1) from an empty cache."""
+    return f"{deployment}:{int(replica)}:{secrets.token_hex(4)}"
 
 
 class CacheWorker:
@@ -72,8 +76,13 @@ class CacheWorker:
         block_size: int = 16,
         test_hooks: bool = False,
         config: WorkerConfig | None = None,
+        replica: int = 0,
     ) -> None:
         self.deployment = deployment
+        self.replica = int(replica)
+        self.replica_id = replica_id(deployment, self.replica)
+        self.events = EventLog(self.replica_id)  # KV events of every tier (kv_events, kv_snapshot)
+        self.decode = DecodeClock()
         self.preset = preset
         cfg = config or WorkerConfig.from_env()
         if l1_mb is not None or l2_mb is not None:
@@ -89,8 +98,8 @@ class CacheWorker:
         self.l3 = RemoteTier.build(cfg, layout)
         self.engine = CacheEngine(layout, num_blocks, loaded.model.device,
                                   config=cfg.engine(bytes_per_block=layout.bytes_per_block),
-                                  l3=self.l3.store if self.l3 is not None else None)
-        self.turns = FairTurns()
+                                  l3=self.l3.store if self.l3 is not None else None, events=self.events)
+        self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch)
         self.test_hooks = test_hooks
         self._active = _Active(loaded, self._generator(loaded))
         self._staged: dict[str, _Active] = {}
@@ -103,7 +112,8 @@ class CacheWorker:
 
     def _generator(self, loaded: LoadedModel) -> Generator:
         return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
-                         revision=loaded.revision.label, turns=self.turns, prefill_chunk=self.config.prefill_chunk)
+                         revision=loaded.revision.label, scheduler=self.scheduler,
+                         prefill_chunk=self.config.prefill_chunk)
 
     # ------------------------------------------------------------------ introspection
     def info(self) -> dict:
@@ -125,6 +135,10 @@ class CacheWorker:
             "max_concurrency": MAX_CONCURRENCY,
             "cancelled": self.counters["cancelled"],
             "tenant_busy": self.counters["tenant_busy"],
+            "replica_id": self.replica_id,
+            # any salt will do: the fields read back from the namespace leave the salt out
+            "namespace_fields": namespace_fields(a.namespace(bytes(32)), self.block_size),
+            "router": router_section(self.engine, self.decode),
         }
 
     def ping(self) -> bool:
@@ -134,7 +148,26 @@ class CacheWorker:
         snap = self.engine.snapshot()
         snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
+        snap["router"] = router_section(self.engine, self.decode)
+        snap["kv_events"] = self.events.stats()
         return snap
+
+    # ------------------------------------------------------------------ KV events (for routers)
+    def kv_events(self, since_seq: int) -> dict:
+        """KV event batches of this replica from ``since_seq`` on (inclusive: pass the next seq you
+        expect, ``PrefixIndex.expected_seq``; 1 for everything still buffered): ``{"replica_id",
+        "seq" (the last published), "gap", "batches": [EventBatch.to_dict()...]}``. ``gap`` True
+        (no batches) means batch ``since_seq`` is no longer buffered: reconcile from
+        ``kv_snapshot()``. Raises ``ValueError`` for a ``since_seq`` that is not an int >= 1."""
+        if isinstance(since_seq, bool) or not isinstance(since_seq, int) or since_seq < 1:
+            raise ValueError(f"since_seq must be an int >= 1, got {since_seq!r}")
+        batches, gap = self.events.since(since_seq - 1)
+        return {"replica_id": self.replica_id, "seq": self.events.seq, "gap": gap,
+                "batches": [b.to_dict() for b in batches]}
+
+    def kv_snapshot(self) -> dict:
+        """Every tier's block hashes (hex) as of ``seq``: ``{"replica_id", "seq", "tiers"}``."""
+        return self.events.snapshot()
 
     def check_integrity(self) -> bool:
         self.engine.check_integrity()
@@ -148,7 +181,9 @@ class CacheWorker:
         ``temperature``, ``seed``, ``logprobs``, ``max_cached_tokens`` (tenant cap or None),
         ``expected_revision`` (optional: fail with ``revision_changed`` if another is active),
         ``request_id`` (optional: ``cancel`` stops it), ``max_inflight_tokens`` and
-        ``max_concurrent_requests`` (tenant bounds or None for the defaults).
+        ``max_concurrent_requests`` (tenant bounds or None for the defaults), ``stop`` (optional: a
+        string or up to 4; see ``workers.stops``: token texts are decoded incrementally and generation
+        ends at a stop sequence, which is not returned).
         Yields plain-dict events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
         tenant = str(req["tenant"])
         rid = req.get("request_id")
@@ -164,7 +199,8 @@ class CacheWorker:
             yield self._error(TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly"))
             return
         try:
-            yield from self._stream(req, tenant, rid)
+            active = self._active  # one revision's tokenizer decodes what its model generates
+            yield from apply_stops(self._stream(req, tenant, rid, active), active.loaded.tokenizer, req.get("stop"))
         finally:
             with self._lock:
                 self._per_tenant[tenant] -= 1
@@ -191,8 +227,7 @@ class CacheWorker:
     def _error(exc: CacheError) -> dict:
         return {"type": "error", "code": exc.code, "message": str(exc), "retryable": exc.code in RETRYABLE}
 
-    def _stream(self, req: dict, tenant: str, rid: str | None) -> Iterator[dict]:
-        active = self._active
+    def _stream(self, req: dict, tenant: str, rid: str | None, active: _Active) -> Iterator[dict]:
         revision = active.loaded.revision.label
         try:
             if req.get("expected_revision") not in (None, revision):
@@ -214,13 +249,17 @@ class CacheWorker:
                 retention_seconds=self.l3.retention(tenant) if self.l3 is not None else None,
                 should_abort=lambda: revision in self._aborting or (rid is not None and rid in self._cancelled),
             )
+            resumed = None  # when the consumer handed control back after the last token
             for ev in events:
                 if isinstance(ev, Prefilled):
                     yield {"type": "prefilled", "prompt_tokens": ev.prompt_tokens,
                            "cached_tokens": ev.cached_tokens, "revision": revision}
                 elif isinstance(ev, TokenOut):
+                    if resumed is not None:  # one decode step (its wait for the model included)
+                        self.decode.observe(time.perf_counter() - resumed)
                     yield {"type": "token", "id": ev.token_id, "text": ev.text, "logprob": ev.logprob,
                            "top_logprobs": ev.top_logprobs}
+                    resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
                         if rid is not None and rid in self._cancelled:
