@@ -26,13 +26,15 @@ from dataclasses import dataclass, replace
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError, Cancelled, InvalidKV, TenantBusy
+from cachecore.errors import CacheError, Cancelled, TenantBusy
 from cachecore.events import EventLog
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.routing.hashes import namespace_fields, request_salt
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 from workers.config import WorkerConfig
+from workers.kv_api import KVApiMixin
+from workers.operations import OperationsMixin
 from workers.remote_tier import RemoteTier
 from workers.router_stats import DecodeClock, router_section
 from workers.stops import apply_stops
@@ -61,8 +63,9 @@ def replica_id(deployment: str, replica: int) -> str:
     return f"{deployment}:{int(replica)}:{secrets.token_hex(4)}"
 
 
-class CacheWorker:
-    """One model deployment: the active revision, one L1 engine, and revisions being rolled out."""
+class CacheWorker(KVApiMixin, OperationsMixin):
+    """One model deployment: the active revision, one L1 engine, and revisions being rolled out.
+    The KV API lives in ``workers/kv_api.py``, flush/probe/rollout in ``workers/operations.py``."""
 
     def __init__(
         self,
@@ -101,7 +104,7 @@ class CacheWorker:
                                   l3=self.l3.store if self.l3 is not None else None, events=self.events)
         self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch)
         self.test_hooks = test_hooks
-        self._active = _Active(loaded, self._generator(loaded))
+        self._active = self._bundle(loaded)
         self._staged: dict[str, _Active] = {}
         self._aborting: set[str] = set()  # revisions whose running requests must stop now
         self._lock = threading.Lock()
@@ -109,6 +112,9 @@ class CacheWorker:
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._running_ids: set[str] = set()
         self.counters: Counter[str] = Counter()  # cancelled, tenant_busy (reported by info/stats)
+
+    def _bundle(self, loaded: LoadedModel) -> _Active:
+        return _Active(loaded, self._generator(loaded))
 
     def _generator(self, loaded: LoadedModel) -> Generator:
         return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
@@ -301,173 +307,6 @@ class CacheWorker:
             elif ev["type"] in ("finished", "error"):
                 out.update(ev)
         return out
-
-    # ------------------------------------------------------------------ KV API for external engines
-    def kv_layout(self) -> dict:
-        a = self._active.loaded
-        layout = a.layout
-        return {**layout.canonical(), "page_shape": list(layout.page_shape),
-                "bytes_per_block": layout.bytes_per_block, "vocab_size": a.config.vocab_size,
-                "max_seq_len": a.config.max_seq_len}
-
-    # KV uploaded through the API is untrusted (origin "upload"): keyed under the uploading tenant's own
-    # salt (never its share group's) and read back only by the KV API, never by a completion. KV the
-    # model computed (origin "model", the tenant's scope) can be looked up and retrieved as well.
-    def _kv_namespaces(self, req: dict):
-        a = self._active.loaded
-        return a.namespace(req["scope_salt"]), a.namespace(req["tenant_salt"], origin="upload")
-
-    def _kv_tokens(self, req: dict) -> list[int]:
-        config = self._active.loaded.config
-        tokens = req.get("tokens")
-        if not isinstance(tokens, list):
-            raise InvalidKV("tokens must be a list of token ids")
-        if len(tokens) > config.max_seq_len:
-            raise InvalidKV(f"{len(tokens)} tokens exceed the model's context length of {config.max_seq_len}")
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < config.vocab_size:
-                raise InvalidKV(f"token ids must be integers in [0, {config.vocab_size})")
-        return tokens
-
-    def kv_lookup(self, req: dict) -> dict:
-        """``{"hit_tokens", "origin"}``: the longer contiguous hit of the model's KV and the tenant's uploads."""
-        tokens = self._kv_tokens(req)
-        salt = request_salt(req.get("cache_salt"))
-        best = {"hit_tokens": 0, "origin": None}
-        for ns in self._kv_namespaces(req):
-            hit = self.engine.lookup(ns, tokens, request_salt=salt)
-            if hit > best["hit_tokens"]:
-                best = {"hit_tokens": hit, "origin": ns.origin}
-        return best
-
-    def kv_store(self, req: dict, kv: torch.Tensor) -> int:
-        """Store untrusted KV for the full blocks of ``tokens`` under the tenant's upload namespace.
-        Raises ``InvalidKV`` unless ``kv`` has exactly the layout's shape and dtype and only finite
-        values. Counts against the tenant's cap like any cached block."""
-        tokens = self._kv_tokens(req)
-        layout = self._active.loaded.layout
-        n_blocks = len(tokens) // self.block_size
-        if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != (n_blocks, *layout.page_shape):
-            raise InvalidKV(f"kv must have shape [{n_blocks}, {', '.join(map(str, layout.page_shape))}]")
-        if kv.dtype != layout.torch_dtype:
-            raise InvalidKV(f"kv must be {layout.dtype}")
-        if n_blocks and not bool(torch.isfinite(kv).all()):
-            raise InvalidKV("kv holds NaN or infinite values")
-        tenant = str(req["tenant"])
-        self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
-        _, upload_ns = self._kv_namespaces(req)
-        return self.engine.store(upload_ns, tokens, kv, owner=tenant, request_salt=request_salt(req.get("cache_salt")),
-                                 model=self.deployment, revision=self._active.loaded.revision.label)
-
-    def kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
-        """KV of the longer contiguous hit (model or the tenant's uploads), its mask and origin."""
-        tokens = self._kv_tokens(req)
-        found = self.kv_lookup(req)
-        if not found["hit_tokens"]:
-            layout = self._active.loaded.layout
-            empty = torch.empty((0, *layout.page_shape), dtype=layout.torch_dtype)
-            return empty, torch.zeros(len(tokens), dtype=torch.bool), None
-        model_ns, upload_ns = self._kv_namespaces(req)
-        ns = upload_ns if found["origin"] == "upload" else model_ns
-        kv, mask = self.engine.retrieve(ns, tokens, request_salt=request_salt(req.get("cache_salt")))
-        return kv.cpu(), mask, ns.origin
-
-    # ------------------------------------------------------------------ operations (flush, rollout)
-    @staticmethod
-    def _matcher(scope: dict):
-        kind = scope.get("scope")
-        if kind == "tenant":
-            tenant = str(scope["tenant"])
-            return lambda t: t.owner == tenant
-        if kind == "revision":
-            return lambda t: t.revision == scope["revision"]
-        if kind in ("model", "all"):
-            return lambda t: True
-        raise ValueError(f"unknown flush scope {kind!r}")
-
-    def _l3_scope(self, scope: dict) -> dict:
-        kind = scope.get("scope")
-        if kind == "tenant":
-            return {"tenant": str(scope["tenant"])}
-        if kind == "key_version":
-            return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
-        if kind == "revision":
-            return {"model": self.deployment, "revision": scope["revision"]}
-        return {"model": self.deployment}
-
-    def flush(self, scope: dict) -> dict:
-        """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all)
-        in every tier, L3 objects included. Idempotent: a second call frees nothing more."""
-        t0 = time.perf_counter()
-        if scope.get("scope") == "key_version":  # a shred flushes only L3 objects of that version
-            result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
-            if self.l3 is not None:
-                n, b = self.l3.store.delete_scope(**self._l3_scope(scope))
-                result["tiers"]["l3"], result["l3_bytes"] = n, b
-        else:
-            result = self.engine.flush(self._matcher(scope), l3_scope=self._l3_scope(scope))
-        result["seconds"] = round(time.perf_counter() - t0, 6)
-        result["bytes"] = (result["tiers"]["l1"] + result["tiers"]["l2"]) * self.engine.layout.bytes_per_block \
-            + result.get("l3_bytes", 0)
-        return result
-
-    def probe(self, scope: dict) -> dict:
-        """Verification after a flush or shred: cached blocks (L3: objects) left in ``scope`` in any
-        tier (0 means it misses everywhere)."""
-        if scope.get("scope") == "key_version":
-            remaining = self.l3.store.count_scope(**self._l3_scope(scope))[0] if self.l3 is not None else 0
-        else:
-            remaining = self.engine.count_cached(self._matcher(scope), l3_scope=self._l3_scope(scope))
-        return {"remaining_blocks": remaining, "ok": remaining == 0}
-
-    def stage_revision(self, revision: dict) -> dict:
-        """Load a new revision's weights beside the active one (no effect on serving yet)."""
-        spec = RevisionSpec(**revision)
-        loaded = load_model(self.deployment, self.preset, spec, device=str(self.engine.pages.device),
-                            block_size=self.block_size)
-        with self._lock:
-            self._staged[spec.label] = _Active(loaded, self._generator(loaded))
-        return {"revision": spec.label, "weight_digest": loaded.weight_digest}
-
-    def switch_revision(self, label: str, *, drain_seconds: float = 10.0) -> dict:
-        """Rollout: stop hits for the old revision, switch atomically, drain the old revision's running
-        requests until the deadline, abort the rest (retryable error), then free the old pages."""
-        with self._lock:
-            if self._active.loaded.revision.label == label:
-                return {"switched": False, "revision": label, "aborted": 0, "blocks_freed": 0}
-            new = self._staged.pop(label, None)
-            if new is None:
-                raise ValueError(f"revision {label!r} is not staged on this worker")
-            old = self._active.loaded.revision.label
-            retired = self.engine.retire(self.deployment, old)  # no more hits or stores for the old namespace
-            self.engine.unretire(self.deployment, label)  # a rollback to an earlier label caches again
-            self._active = new  # new requests now run on the new revision
-        deadline = time.monotonic() + drain_seconds
-        while time.monotonic() < deadline and self._running_of(old):
-            time.sleep(0.01)
-        aborted = len(self._running_of(old))
-        if aborted:
-            self._aborting.add(old)
-            while self._running_of(old):
-                time.sleep(0.01)
-            self._aborting.discard(old)
-        freed = self.engine.flush(lambda t: t.revision == old)  # anything registered while draining
-        self.engine.check_integrity()
-        return {"switched": True, "from": old, "revision": label, "aborted": aborted,
-                "blocks_freed": retired["blocks_freed"] + freed["blocks_freed"]}
-
-    def _running_of(self, revision: str) -> list:
-        return [s for s in self.engine.running() if s.tag.revision == revision]
-
-    def poison_free_blocks(self) -> int:
-        """Test hook: fill every unheld block with NaN, so any read of a freed page shows in outputs.
-        Refused unless the worker was built with ``test_hooks=True`` (never in production)."""
-        if not self.test_hooks:
-            raise PermissionError("test hooks are disabled on this worker")
-        with self.engine._lock:
-            ids = [b.block_id for b in self.engine.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
-            self.engine.pages.poison(torch.tensor(ids, dtype=torch.long))
-            return len(ids)
 
 
 __all__ = ["CacheWorker", "RevisionChanged", "Tag", "request_salt"]

@@ -1,0 +1,85 @@
+"""The KV API of a cache worker, for external inference engines (``/v1/kv/...``).
+
+A mixin of :class:`workers.cache_worker.CacheWorker` (it uses the worker's engine, active revision and
+block size). KV uploaded through the API is untrusted (origin ``upload``): keyed under the uploading
+tenant's own salt (never its share group's) and read back only by the KV API, never by a completion.
+KV the model computed (origin ``model``, the tenant's scope) can be looked up and retrieved as well.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cachecore.errors import InvalidKV
+from cachecore.routing.hashes import request_salt
+
+
+class KVApiMixin:
+    def kv_layout(self) -> dict:
+        a = self._active.loaded
+        layout = a.layout
+        return {**layout.canonical(), "page_shape": list(layout.page_shape),
+                "bytes_per_block": layout.bytes_per_block, "vocab_size": a.config.vocab_size,
+                "max_seq_len": a.config.max_seq_len}
+
+    # KV uploaded through the API is untrusted (origin "upload"): keyed under the uploading tenant's own
+    # salt (never its share group's) and read back only by the KV API, never by a completion. KV the
+    # model computed (origin "model", the tenant's scope) can be looked up and retrieved as well.
+    def _kv_namespaces(self, req: dict):
+        a = self._active.loaded
+        return a.namespace(req["scope_salt"]), a.namespace(req["tenant_salt"], origin="upload")
+
+    def _kv_tokens(self, req: dict) -> list[int]:
+        config = self._active.loaded.config
+        tokens = req.get("tokens")
+        if not isinstance(tokens, list):
+            raise InvalidKV("tokens must be a list of token ids")
+        if len(tokens) > config.max_seq_len:
+            raise InvalidKV(f"{len(tokens)} tokens exceed the model's context length of {config.max_seq_len}")
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < config.vocab_size:
+                raise InvalidKV(f"token ids must be integers in [0, {config.vocab_size})")
+        return tokens
+
+    def kv_lookup(self, req: dict) -> dict:
+        """``{"hit_tokens", "origin"}``: the longer contiguous hit of the model's KV and the tenant's uploads."""
+        tokens = self._kv_tokens(req)
+        salt = request_salt(req.get("cache_salt"))
+        best = {"hit_tokens": 0, "origin": None}
+        for ns in self._kv_namespaces(req):
+            hit = self.engine.lookup(ns, tokens, request_salt=salt)
+            if hit > best["hit_tokens"]:
+                best = {"hit_tokens": hit, "origin": ns.origin}
+        return best
+
+    def kv_store(self, req: dict, kv: torch.Tensor) -> int:
+        """Store untrusted KV for the full blocks of ``tokens`` under the tenant's upload namespace.
+        Raises ``InvalidKV`` unless ``kv`` has exactly the layout's shape and dtype and only finite
+        values. Counts against the tenant's cap like any cached block."""
+        tokens = self._kv_tokens(req)
+        layout = self._active.loaded.layout
+        n_blocks = len(tokens) // self.block_size
+        if not isinstance(kv, torch.Tensor) or tuple(kv.shape) != (n_blocks, *layout.page_shape):
+            raise InvalidKV(f"kv must have shape [{n_blocks}, {', '.join(map(str, layout.page_shape))}]")
+        if kv.dtype != layout.torch_dtype:
+            raise InvalidKV(f"kv must be {layout.dtype}")
+        if n_blocks and not bool(torch.isfinite(kv).all()):
+            raise InvalidKV("kv holds NaN or infinite values")
+        tenant = str(req["tenant"])
+        self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
+        _, upload_ns = self._kv_namespaces(req)
+        return self.engine.store(upload_ns, tokens, kv, owner=tenant, request_salt=request_salt(req.get("cache_salt")),
+                                 model=self.deployment, revision=self._active.loaded.revision.label)
+
+    def kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+        """KV of the longer contiguous hit (model or the tenant's uploads), its mask and origin."""
+        tokens = self._kv_tokens(req)
+        found = self.kv_lookup(req)
+        if not found["hit_tokens"]:
+            layout = self._active.loaded.layout
+            empty = torch.empty((0, *layout.page_shape), dtype=layout.torch_dtype)
+            return empty, torch.zeros(len(tokens), dtype=torch.bool), None
+        model_ns, upload_ns = self._kv_namespaces(req)
+        ns = upload_ns if found["origin"] == "upload" else model_ns
+        kv, mask = self.engine.retrieve(ns, tokens, request_salt=request_salt(req.get("cache_salt")))
+        return kv.cpu(), mask, ns.origin
