@@ -67,7 +67,8 @@ def _manifest_digest(config_sha: str, file_shas: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes, streamed in 1 MiB reads."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         while chunk := fh.read(1 << 20):
@@ -78,7 +79,7 @@ def _sha256_file(path: Path) -> str:
 def checkpoint_digest(root: Path) -> str:
     """The checkpoint's digest (see the module docstring), streaming each file once."""
     files = weight_files(root)
-    return _manifest_digest(_sha256_file(root / "config.json"), {f: _sha256_file(root / f) for f in files})
+    return _manifest_digest(sha256_file(root / "config.json"), {f: sha256_file(root / f) for f in files})
 
 
 def check_checkpoint_tensors(root: Path, ckpt: CheckpointConfig) -> None:
@@ -133,7 +134,7 @@ def load_checkpoint_weights(
     tensors that do not fit the config (missing, unexpected, wrong shape).
     """
     target = DTYPES[dtype]
-    config_sha = _sha256_file(root / "config.json")
+    config_sha = sha256_file(root / "config.json")
     file_shas: dict[str, str] = {}
     weights: dict[str, torch.Tensor] = {}
     for fname in weight_files(root):

@@ -13,7 +13,6 @@ checkpoint's, and every revision must keep the KV layout of the deployment's fir
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from cachecore.model.hf_weights import sha256_file
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
@@ -55,14 +55,6 @@ def _weights_file(weights_path: str) -> Path:
     if not path.is_file():
         raise InvalidInput(f"weights_path {weights_path!r} is not a readable file", code="invalid_weights_path")
     return path
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _checkpoint(path: Any):
@@ -105,7 +97,7 @@ def _revision_source(
 
         return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
     file = _weights_file(str(weights_path))
-    return None, str(file), None, _sha256_file(file)
+    return None, str(file), None, sha256_file(file)
 
 
 def _revision_view(revision: ModelRevision) -> dict[str, Any]:
