@@ -366,6 +366,14 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
         with self._lock:
             self.pool.set_cap(owner, max_tokens)
 
+    def set_weight(self, owner: str, weight: int | None) -> None:
+        """Weight of ``owner``'s fair share of L1 and L2 (``None``: 1, an equal share). ``ValueError``
+        unless an int >= 1."""
+        with self._lock:
+            for pool in (self.pool, getattr(self.l2, "pool", None)):
+                if pool is not None:
+                    pool.set_weight(owner, 1 if weight is None else weight)
+
     def set_inflight_limit(self, owner: str, max_tokens: int | None) -> None:
         """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool)."""
         with self._lock:

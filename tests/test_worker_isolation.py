@@ -159,3 +159,25 @@ def test_test_hooks_are_refused_on_production_workers(worker):
     prod = CacheWorker(deployment="prod-llama", preset="tiny", revision={"label": "r1", "seed": 1}, l1_mb=1)
     with pytest.raises(PermissionError):
         prod.poison_free_blocks()
+
+
+@pytest.mark.parametrize("weight", [3, None])
+def test_a_tenants_share_weight_protects_more_of_its_cache_from_another_tenants_flood(weight):
+    """``share_weight`` (a tenant quota, in every worker request) weights the fair share of the pool:
+    with 3 against 1, tenant A keeps 80 of 128 blocks through B's flood (its share is 96); with equal
+    weights its share is 64 and the flood takes it down to that."""
+    worker = CacheWorker(deployment="weights-llama", preset="tiny", revision={"label": "r1", "seed": 11},
+                         l1_mb=1, l2_mb=0)
+    assert worker.engine.pool.num_blocks == 128
+    a, b = secrets.token_bytes(32), secrets.token_bytes(32)
+    a_prompts = [_prompt(160, 100 + i) for i in range(8)]  # 10 full blocks each: 80 blocks
+    for p in a_prompts:
+        _run(worker, _req("A", a, p, share_weight=weight))
+    for i in range(20):
+        _run(worker, _req("B", b, _prompt(160, 500 + i)))
+    held = sum(worker.kv_lookup({"tenant": "A", "scope_salt": a, "tenant_salt": a, "tokens": p})["hit_tokens"]
+               for p in a_prompts) // BS
+    if weight == 3:
+        assert held == 80
+    else:
+        assert 60 <= held <= 64

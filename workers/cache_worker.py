@@ -216,6 +216,11 @@ class CacheWorker(KVApiMixin, OperationsMixin):
                     self._cancelled.pop(rid, None)
                     self._running_ids.discard(rid)
 
+    def _set_weight(self, tenant: str, weight: int | None) -> None:
+        """The tenant's fair-share weight (its quota; ``None`` = 1) in the cache pools and the scheduler."""
+        self.engine.set_weight(tenant, weight)
+        self.scheduler.set_weight(tenant, weight or 1)
+
     def _learn(self, tenant: str, req: dict) -> None:
         """The tenant's wrapped data keys and retention, as the control plane sent them (for L3)."""
         if self.l3 is not None:
@@ -242,6 +247,7 @@ class CacheWorker(KVApiMixin, OperationsMixin):
             self._learn(tenant, req)
             self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
             self.engine.set_inflight_limit(tenant, req.get("max_inflight_tokens"))
+            self._set_weight(tenant, req.get("share_weight"))
             ns = active.loaded.namespace(req["scope_salt"])
             params = SamplingParams(
                 max_tokens=int(req.get("max_tokens", 16)),

@@ -67,6 +67,7 @@ class KVApiMixin:
             raise InvalidKV("kv holds NaN or infinite values")
         tenant = str(req["tenant"])
         self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
+        self.engine.set_weight(tenant, req.get("share_weight"))
         _, upload_ns = self._kv_namespaces(req)
         return self.engine.store(upload_ns, tokens, kv, owner=tenant, request_salt=request_salt(req.get("cache_salt")),
                                  model=self.deployment, revision=self._active.loaded.revision.label)

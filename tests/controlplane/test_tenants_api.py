@@ -15,7 +15,7 @@ def test_admin_creates_tenant_201_and_reads_it_back(admin_client):
     assert body["slug"] == "acme" and body["status"] == "active"
     assert body["quotas"] == {"requests_per_minute": 60, "tokens_per_minute": None, "max_cached_tokens": None,
                               "max_prompt_tokens": None, "max_l3_bytes": None, "max_inflight_tokens": None,
-                              "max_concurrent_requests": None}
+                              "max_concurrent_requests": None, "share_weight": None}
     assert len(body["scope_fingerprint"]) == 16
     fetched = admin_client.get(f"{URL}/acme")
     assert fetched.status_code == 200 and fetched.json() == body
@@ -57,6 +57,16 @@ def test_patch_quota_null_means_unlimited_and_omitted_quotas_are_kept(admin_clie
     body = patch(admin_client, f"{URL}/acme", {"quotas": {"requests_per_minute": None}}).json()
     assert body["quotas"]["requests_per_minute"] is None
     assert body["quotas"]["max_prompt_tokens"] == 100
+
+
+@pytest.mark.parametrize("bad", [0, 101, -1, "3", True])
+def test_share_weight_quota_is_1_to_100_and_anything_else_is_422_and_changes_nothing(admin_client, tenant, bad):
+    from controlplane.tenants.models import Tenant
+
+    assert patch(admin_client, f"{URL}/acme", {"quotas": {"share_weight": bad}}).status_code == 422
+    assert Tenant.objects.get(slug="acme").share_weight is None
+    body = patch(admin_client, f"{URL}/acme", {"quotas": {"share_weight": 3}}).json()
+    assert body["quotas"]["share_weight"] == 3 and Tenant.objects.get(slug="acme").share_weight == 3
 
 
 def test_patch_without_changes_records_nothing(admin_client, tenant):

@@ -32,6 +32,8 @@ class QuotasIn(StrictIn):
     max_l3_bytes: int | None = Count
     max_inflight_tokens: int | None = Count
     max_concurrent_requests: int | None = Count
+    share_weight: int | None = Field(default=None, ge=1, le=100, description=(
+        "weight of the tenant's fair share of each worker's cache and compute (1-100; null = 1)"))
 
 
 class QuotasOut(Schema):
@@ -42,6 +44,7 @@ class QuotasOut(Schema):
     max_l3_bytes: int | None
     max_inflight_tokens: int | None
     max_concurrent_requests: int | None
+    share_weight: int | None
 
 
 class CachePolicyIn(StrictIn):

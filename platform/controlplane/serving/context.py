@@ -184,6 +184,7 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
         "data_key": tenant_selectors.data_key_for_worker(tenant),
         "max_inflight_tokens": tenant.max_inflight_tokens,
         "max_concurrent_requests": tenant.max_concurrent_requests,
+        "share_weight": tenant.share_weight,
         "expected_revision": spec.revision["label"],
         "request_id": uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
     }
@@ -226,6 +227,7 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel], *, store: bool = 
         "tokens": tokens,
         "max_cached_tokens": tenant.max_cached_tokens,
         "max_l3_bytes": tenant.max_l3_bytes,
+        "share_weight": tenant.share_weight,
         "persist": persist_allowed(tenant, None),
         "retention_seconds": retention_for(tenant, None),
         "data_key": tenant_selectors.data_key_for_worker(tenant),

@@ -14,7 +14,7 @@ SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 slug_validator = RegexValidator(SLUG_PATTERN, "use 1-63 characters a-z, 0-9 and '-' (not at either end)")
 QUOTA_FIELDS = (
     "requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes",
-    "max_inflight_tokens", "max_concurrent_requests",
+    "max_inflight_tokens", "max_concurrent_requests", "share_weight",
 )
 
 
@@ -61,6 +61,9 @@ class Tenant(models.Model):
     # request slots), never unlimited.
     max_inflight_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
+    # Weight of the tenant's fair share of every worker's cache (eviction protection) and compute
+    # (the scheduler's fair queue); NULL = 1, an equal share.
+    share_weight = models.PositiveSmallIntegerField(null=True, blank=True)
     # Cache policy: may this tenant's KV be persisted beyond host memory (L3), and for how long.
     persist_kv = models.BooleanField(default=True)
     retention_seconds = models.PositiveIntegerField(default=RETENTION_DEFAULT_SECONDS)

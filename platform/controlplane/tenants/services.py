@@ -35,7 +35,9 @@ KEY_KIND = "sk-st-"
 # Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
 QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens", "max_concurrent_requests")} | {
     name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens")
-}
+} | {"share_weight": 100}
+QUOTA_MIN = {"share_weight": 1}
+QUOTA_NULL = {"share_weight": "1, an equal share"}  # what null means where it is not "unlimited"
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
@@ -52,9 +54,11 @@ def clean_quotas(quotas: Mapping[str, Any]) -> dict[str, int | None]:
         raise InvalidInput(f"unknown quota(s): {', '.join(unknown)}; known: {', '.join(QUOTA_FIELDS)}")
     cleaned: dict[str, int | None] = {}
     for name, value in quotas.items():
+        low = QUOTA_MIN.get(name, 0)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 0 <= value <= QUOTA_MAX[name]):
-            raise InvalidInput(f"quota {name} must be null (unlimited) or an integer in [0, {QUOTA_MAX[name]}]")
+                                  or not low <= value <= QUOTA_MAX[name]):
+            raise InvalidInput(f"quota {name} must be null ({QUOTA_NULL.get(name, 'unlimited')}) or an integer "
+                               f"in [{low}, {QUOTA_MAX[name]}]")
         cleaned[name] = value
     return cleaned
 

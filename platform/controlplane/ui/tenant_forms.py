@@ -17,7 +17,7 @@ from controlplane.tenants.models import (
     Tenant,
     slug_validator,
 )
-from controlplane.tenants.services import QUOTA_MAX
+from controlplane.tenants.services import QUOTA_MAX, QUOTA_MIN
 
 REASON_MAX = 1000  # the admin API's limit (``TenantPatchIn.reason``)
 QUOTA_LABELS = {
@@ -28,6 +28,7 @@ QUOTA_LABELS = {
     "max_l3_bytes": ("Max L3 bytes", "blank = unlimited"),
     "max_inflight_tokens": ("In-flight tokens", "per worker; blank = worker default"),
     "max_concurrent_requests": ("Concurrent requests", "per worker; blank = worker default"),
+    "share_weight": ("Share weight", "of each worker's cache and compute, 1-100; blank = 1 (equal shares)"),
 }
 
 
@@ -61,7 +62,8 @@ class QuotaPolicyMixin(forms.Form):
         for name in QUOTA_FIELDS:
             label, hint = QUOTA_LABELS[name]
             self.fields[name] = forms.IntegerField(
-                required=False, min_value=0, max_value=QUOTA_MAX[name], label=label, help_text=hint,
+                required=False, min_value=QUOTA_MIN.get(name, 0), max_value=QUOTA_MAX[name], label=label,
+                help_text=hint,
                 widget=forms.NumberInput(attrs={"class": "num-input", "placeholder": "—"}))
         self.order_fields(self.field_order)
 
