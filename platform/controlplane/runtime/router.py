@@ -1,7 +1,7 @@
 """The gateway's router: which replica of a deployment serves a request.
 
 One ``Router`` per deployment (``router_for``). With one routable replica it returns it at once (no
-hashing, no lookups). With several, and the routing modules present (``cachecore.routing``):
+hashing, no lookups). With several (unless ``STRATA_ROUTING=round_robin``):
 
 - a background thread polls every routable replica; one found dead leaves routing at once (and is
   revived in the background) even with no traffic;
@@ -19,10 +19,8 @@ hashing, no lookups). With several, and the routing modules present (``cachecore
 - after the replica served it: ``index.correct`` with the served ``cached_tokens`` (what the replica
   re-checked), so a stale hit is not trusted again.
 
-Until the routing modules exist (or when ``STRATA_ROUTING=round_robin``) the choice is round robin over
-the routable replicas; with the policy but no index yet, the policy chooses with no hits (load and
-stickiness only). Routing never fails a request: any error inside the router falls back to round
-robin and is logged.
+With ``STRATA_ROUTING=round_robin`` the choice is round robin over the routable replicas. Routing never
+fails a request: any error inside the router falls back to round robin and is logged.
 """
 
 from __future__ import annotations
@@ -33,8 +31,10 @@ import logging
 import os
 import threading
 import time
-from typing import Any
 
+from cachecore import events
+from cachecore.routing import cost, hashes, policies
+from cachecore.routing import index as prefix_index
 from controlplane.runtime.replicas import Replica, ReplicaSet, gone
 
 logger = logging.getLogger("controlplane.runtime")
@@ -42,26 +42,7 @@ logger = logging.getLogger("controlplane.runtime")
 POLL_INTERVAL_S = 0.2
 POLL_TIMEOUT_S = 2.0
 SESSION_PREFIX_TOKENS = 64  # the prompt's first tokens that name a session without a ``user``
-
-
-def _routing_modules() -> dict[str, Any]:
-    """The routing modules present: ``cost``/``policies`` (the choice) and ``events``/``index``/
-    ``hashes`` (the prefix index); a missing group is left out."""
-    mods: dict[str, Any] = {}
-    try:
-        from cachecore.routing import cost, policies
-
-        mods.update(cost=cost, policies=policies)
-    except ImportError:
-        return mods
-    try:
-        from cachecore import events
-        from cachecore.routing import hashes, index
-
-        mods.update(events=events, hashes=hashes, index=index)
-    except ImportError:
-        pass
-    return mods
+_MODULES = {"cost": cost, "policies": policies, "events": events, "hashes": hashes, "index": prefix_index}
 
 
 def session_key(req: dict) -> str:
@@ -95,7 +76,7 @@ class Router:
         self.replicas = replicas
         self._rr = itertools.count()
         self._join = join
-        self._mods = {} if os.environ.get("STRATA_ROUTING") == "round_robin" else _routing_modules()
+        self._mods = {} if os.environ.get("STRATA_ROUTING") == "round_robin" else dict(_MODULES)
         self._views: dict[int, _ReplicaView] = {}
         self.index = None
         self.policy = None
@@ -112,9 +93,9 @@ class Router:
     def use(self, name: str, **params) -> None:
         """Route with ``cachecore.routing.policies.POLICIES[name](**params)`` from now on (the
         benchmark compares policies on one deployment). Raises KeyError for an unknown name and
-        RuntimeError when the routing modules are not there."""
+        RuntimeError when routing is switched off (``STRATA_ROUTING=round_robin``)."""
         if "policies" not in self._mods:
-            raise RuntimeError("the routing policies (cachecore.routing) are not available")
+            raise RuntimeError("routing policies are switched off (STRATA_ROUTING=round_robin)")
         policies = self._mods["policies"]
         if name == policies.ExpectedTTFT.name:
             params.setdefault("cost", self._mods["cost"].CostModel())
