@@ -9,13 +9,18 @@ Two levels of keys:
   deletes its wrapped key and drops it from every keyring, after which every object sealed with it is
   unreadable, even to someone holding the master key and the database.
 
-An object is sealed with AES-256-GCM under a fresh random 96-bit nonce. The frame::
+An object is sealed with AES-256-GCM under a fresh random 96-bit nonce. The frame (format 2)::
 
-    format version (u8) | key version (u32 LE) | nonce (12) | ciphertext | tag (16)
+    format version (u8) | key version (u32 LE) | expires (u64 LE, epoch s; 0 = none) | nonce (12)
+    | ciphertext | tag (16)
 
-The associated data (:func:`associated_data`) binds object key, namespace digest, KV layout, tenant,
-key version and format version, so an object copied or moved to another key, tenant, model or
-revision, or whose header was edited, fails to decrypt. Every failure to decrypt or verify raises
+``expires`` is the object's own expiry (the writer's retention: the minimum of the request's and the
+tenant's), readable without the key so that sweeps need no decryption, and authenticated: the
+associated data (:func:`associated_data`) binds object key, namespace digest, KV layout, tenant,
+key version, format version and expiry, so an object copied or moved to another key, tenant, model
+or revision, or whose header (its expiry included) was edited, fails to decrypt. Format 1 frames
+(no expiry) are no longer opened: :func:`frame_header` reports their version and the L3 store
+treats them as expired. Every failure to decrypt or verify raises
 :class:`~cachecore.errors.DecryptError` (a version the keyring does not hold raises its subclass
 :class:`~cachecore.errors.KeyUnavailable`). Nothing here logs or formats key material.
 """
@@ -26,6 +31,7 @@ import secrets
 import struct
 import threading
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -41,6 +47,7 @@ __all__ = [
     "KEY_BYTES",
     "NONCE_BYTES",
     "TAG_BYTES",
+    "FrameHeader",
     "Keyring",
     "associated_data",
     "frame_header",
@@ -52,7 +59,7 @@ __all__ = [
 ]
 
 #: Format version of an object frame (and of the plaintext layout inside it). Bump on any change.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 #: Format version of a wrapped data key.
 WRAP_FORMAT_VERSION = 1
 KEY_BYTES = 32
@@ -60,13 +67,24 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 MAX_KEY_VERSION = 2**32 - 1
 
-_HEADER = struct.Struct("<BI")  # format version, key version
+_HEADER = struct.Struct("<BIQ")  # format version, key version, expires
 HEADER_BYTES = _HEADER.size
+_V1_HEADER = struct.Struct("<BI")  # format 1: no expiry
+MAX_EXPIRES = 2**64 - 1
 #: Bytes a frame adds to its plaintext.
 FRAME_OVERHEAD = HEADER_BYTES + NONCE_BYTES + TAG_BYTES
 
 _OBJECT_DOMAIN = b"strata/l3/object"
 _WRAP_DOMAIN = b"strata/l3/wrapped-data-key"
+
+
+class FrameHeader(NamedTuple):
+    """The clear header of a frame: unauthenticated until the frame is opened (every field is part
+    of the associated data). ``expires`` is 0 for format 1 frames and for objects without one."""
+
+    format_version: int
+    key_version: int
+    expires: int
 
 
 def generate_key() -> bytes:
@@ -210,9 +228,12 @@ def associated_data(
     tenant: str,
     key_version: int,
     format_version: int,
+    expires: int = 0,
 ) -> bytes:
     """Canonical (type-tagged, length-prefixed, mapping keys sorted) encoding of everything an
-    object is bound to. Computed by the reader from its own request, never read from the object."""
+    object is bound to. Computed by the reader from its own request, never read from the object,
+    except the header fields (key version, format version, expiry), which a reader takes from the
+    frame and which therefore only open the frame if nobody changed them."""
     return canonical_encode(
         _OBJECT_DOMAIN,
         ("format_version", format_version),
@@ -221,6 +242,7 @@ def associated_data(
         ("layout", dict(layout)),
         ("tenant", tenant),
         ("key_version", key_version),
+        ("expires", expires),
     )
 
 
@@ -231,14 +253,17 @@ def seal(
     aad: bytes,
     plaintext: bytes | bytearray | memoryview,
     out: bytearray | memoryview | None = None,
+    expires: int = 0,
 ) -> bytearray | memoryview:
-    """Encrypt ``plaintext`` under data key ``key`` (its ``version`` goes into the frame) with a
-    fresh random nonce; returns the frame (see the module docstring), encrypted in place into one
-    buffer: a new one, or ``out`` (writable, exactly ``len(plaintext) + FRAME_OVERHEAD`` bytes).
-    ``aad`` must have been built by :func:`associated_data` with the same ``version`` and
-    :data:`FORMAT_VERSION`."""
+    """Encrypt ``plaintext`` under data key ``key`` (its ``version`` and ``expires`` go into the
+    frame) with a fresh random nonce; returns the frame (see the module docstring), encrypted in
+    place into one buffer: a new one, or ``out`` (writable, exactly ``len(plaintext) +
+    FRAME_OVERHEAD`` bytes). ``aad`` must have been built by :func:`associated_data` with the same
+    ``version``, ``expires`` and :data:`FORMAT_VERSION`."""
     key = _check_key(key, "data key")
     version = _check_version(version)
+    if isinstance(expires, bool) or not isinstance(expires, int) or not 0 <= expires <= MAX_EXPIRES:
+        raise ValueError(f"expires must be an int in 0..{MAX_EXPIRES}, got {expires!r}")
     nonce = secrets.token_bytes(NONCE_BYTES)
     size = FRAME_OVERHEAD + len(memoryview(plaintext).cast("B"))
     if out is None:
@@ -247,19 +272,21 @@ def seal(
         frame = memoryview(out).cast("B")
         if len(frame) != size:
             raise ValueError(f"seal: out must be {size} bytes, got {len(frame)}")
-    _HEADER.pack_into(frame, 0, FORMAT_VERSION, version)
+    _HEADER.pack_into(frame, 0, FORMAT_VERSION, version, expires)
     frame[HEADER_BYTES : HEADER_BYTES + NONCE_BYTES] = nonce
     AESGCM(key).encrypt_into(nonce, plaintext, aad, memoryview(frame)[HEADER_BYTES + NONCE_BYTES :])
     return out if out is not None else frame
 
 
-def frame_header(frame: bytes | bytearray | memoryview) -> tuple[int, int]:
-    """``(format_version, key_version)`` of a frame, unauthenticated (they are checked through the
-    associated data when the frame is opened). Raises :class:`DecryptError` if the frame is too short
-    to be one."""
-    if len(frame) < FRAME_OVERHEAD:
+def frame_header(frame: bytes | bytearray | memoryview) -> FrameHeader:
+    """The header of a frame (or of its first :data:`HEADER_BYTES` bytes, as a sweep reads them),
+    unauthenticated (checked through the associated data when the frame is opened). A format 1
+    header is reported with ``expires=0``. Raises :class:`DecryptError` if it is too short."""
+    if len(frame) >= 1 and frame[0] == 1 and len(frame) >= _V1_HEADER.size:
+        return FrameHeader(*_V1_HEADER.unpack_from(frame, 0), 0)
+    if len(frame) < HEADER_BYTES:
         raise DecryptError("object is too short to be a frame")
-    return _HEADER.unpack_from(frame, 0)
+    return FrameHeader(*_HEADER.unpack_from(frame, 0))
 
 
 def open_frame(
@@ -279,7 +306,9 @@ def open_frame(
     for a frame of another format version, a torn or truncated frame, a flipped bit, a wrong key or
     associated data that differs from the writer's.
     """
-    fmt, version = frame_header(frame)
+    if len(frame) < FRAME_OVERHEAD:
+        raise DecryptError("object is too short to be a frame")
+    fmt, version, _ = frame_header(frame)
     if fmt != FORMAT_VERSION:
         raise DecryptError(f"unknown frame format version {fmt}")
     if isinstance(key, Keyring):

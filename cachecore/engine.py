@@ -139,6 +139,8 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
         them (call ``finish_loads`` before computing). The last prompt token is never served from cache
         (its logits are needed), so the hit is at most ``len(tokens) - 1`` rounded down to a block
         boundary; ``recompute_last=False`` lifts that rule for callers that only move KV (``store``).
+        ``persist=False``: the request neither reads nor writes L3. ``retention_seconds``: L3 serves
+        it nothing older, and the L3 chunks it writes expire after it (their own, authenticated expiry).
 
         Raises ``OutOfBlocks`` (nothing held) when the pool cannot fit the request now without
         evicting another owner's protected share, and ``InflightLimit`` when ``owner``'s running
@@ -165,8 +167,10 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                 self.metrics.tier("l2").fallbacks_to_recompute += 1
                 l2_items = []
             total = -(-(len(tokens) + max_new_tokens) // bs)
-            held = self._inflight.get(owner, 0)
-            if held and held + total > self.inflight_limit(owner):
+            held, allowed = self._inflight.get(owner, 0), self.inflight_limit(owner)
+            # One request may exceed the limit alone (else a long prompt could never run); a limit
+            # of 0 admits nothing.
+            if (held or not allowed) and held + total > allowed:
                 raise InflightLimit("this tenant has too many tokens in flight; retry when a request finishes")
             self.pool.hit(usable)
             try:
@@ -187,9 +191,11 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
             self._inflight[owner] = held + len(seq.blocks)
             if hit_tokens:
                 self.metrics.observe_load("l1", tokens=hit_tokens, nbytes=0, seconds=time.perf_counter() - t0)
-            # L3 may hold chunks after the L1+L2 prefix (unless L2 already stops short of it).
+            # L3 may hold chunks after the L1+L2 prefix (unless L2 already stops short of it). A
+            # request that may not persist (the tenant turned persistence off, or "in_memory") never
+            # reads L3 either: what a tenant withdrew from L3 must stop being served at once.
             covered = len(usable) + len(l2_items)
-            try_l3 = (self.l3 is not None and use_cache and covered < limit
+            try_l3 = (self.l3 is not None and use_cache and persist and covered < limit
                       and (covered // self.l3.chunk_blocks + 1) * self.l3.chunk_blocks <= len(hashes)
                       and len(l2_items) == l2_found)
             if l2_items or try_l3:
@@ -375,12 +381,14 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                     pool.set_weight(owner, 1 if weight is None else weight)
 
     def set_inflight_limit(self, owner: str, max_tokens: int | None) -> None:
-        """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool)."""
+        """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool;
+        0: none, never the default; any other value at least one block)."""
         with self._lock:
             if max_tokens is None:
                 self._inflight_limits.pop(owner, None)
             else:
-                self._inflight_limits[owner] = max(1, int(max_tokens) // self.block_size)
+                tokens = int(max_tokens)
+                self._inflight_limits[owner] = max(1, tokens // self.block_size) if tokens > 0 else 0
 
     def inflight_limit(self, owner: str) -> int:
         """Blocks ``owner``'s running requests may hold at once."""

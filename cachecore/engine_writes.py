@@ -75,7 +75,8 @@ class WritesMixin:
     def _write_chunks(self, seq: CachedSequence) -> None:
         """Under the lock: submit every L3 chunk of ``seq`` that is now wholly registered and not
         written yet. Its blocks stay held until the writer thread has sealed and stored them; a flush
-        that matches the chunk while it is being written deletes it again afterwards."""
+        that matches the chunk while it is being written deletes it again afterwards. Each chunk carries
+        the request's retention as its own expiry (see :mod:`cachecore.tiers.remote`)."""
         cb, bs = self.l3.chunk_blocks, self.block_size
         while (seq.l3_chunks + 1) * cb <= seq.num_registered:
             if self._l3_writer.backlog() >= MAX_L3_BACKLOG:  # L3 is slower than traffic: do not pin L1 for it
@@ -88,16 +89,16 @@ class WritesMixin:
             hashes = seq.hashes[c * cb : (c + 1) * cb]
             tokens = seq.tokens[c * cb * bs : (c + 1) * cb * bs]
             self.pool.touch(blocks)
-            gen, tag = seq.flush_gen, seq.tag
+            gen, tag, retention = seq.flush_gen, seq.tag, seq.retention_seconds
             self._gens_in_use[gen] += 1
 
-            def job(blocks=blocks, hashes=hashes, tokens=tokens, gen=gen, tag=tag) -> None:
+            def job(blocks=blocks, hashes=hashes, tokens=tokens, gen=gen, tag=tag, retention=retention) -> None:
                 try:
                     kv = self.l1.read(blocks).cpu()
                     with self._lock:
                         if self._flushed_since(gen, tag) or (tag.model, tag.revision) in self._retired:
                             return
-                    if self.l3.put_chunk(hashes, tokens, tag, kv):
+                    if self.l3.put_chunk(hashes, tokens, tag, kv, retention_seconds=retention):
                         with self._lock:
                             undo = self._flushed_since(gen, tag) or (tag.model, tag.revision) in self._retired
                             tier = self.metrics.tier("l3")

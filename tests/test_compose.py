@@ -150,7 +150,7 @@ def test_the_migrate_job_runs_before_web_serves_and_celery_runs_the_worker():
     assert command_of("migrate") == "python manage.py migrate --noinput"
     assert SERVICES["migrate"]["restart"] == "no"  # one shot
     assert "migrate" not in command_of("web")
-    assert "uvicorn controlplane.asgi:application" in command_of("web")
+    assert "python -m workers.webserver" in command_of("web")
     assert "celery -A controlplane.celery_app worker" in command_of("celery")
     for service in ("web", "celery"):
         needs = SERVICES[service]["depends_on"]
@@ -185,6 +185,17 @@ def test_migrations_run_as_the_schema_owner_and_the_app_connects_with_row_access
     assert privileges == {"TABLES": {"SELECT", "INSERT", "UPDATE", "DELETE"}, "SEQUENCES": {"USAGE", "SELECT"}}
     assert sql.count("ALTER DEFAULT PRIVILEGES FOR ROLE :\"migrate_role\"") == 2  # tables the migrations create
     assert not re.search(r"(TRUNCATE|TRIGGER|REFERENCES|CREATE|ALL PRIVILEGES)[^;]*TO :\"app_role\"", sql)
+
+
+def test_web_runs_with_connection_limits_and_timeouts_and_does_not_trust_proxy_headers():
+    command = command_of("web")
+    for flag, name in (("--limit-concurrency", "STRATA_WEB_MAX_CONNECTIONS"),
+                       ("--timeout-keep-alive", "STRATA_WEB_KEEPALIVE_S"),
+                       ("--timeout-header", "STRATA_WEB_HEADER_TIMEOUT_S"),
+                       ("--timeout-body", "STRATA_WEB_BODY_TIMEOUT_S")):
+        assert f'{flag} "$${name}"' in command and name in env_of("web")
+    assert "--proxy-headers" not in command and "--forwarded-allow-ips" not in command
+    assert env_of("web")["STRATA_TRUSTED_PROXIES"] == "${STRATA_TRUSTED_PROXIES:-}"
 
 
 def test_web_is_published_on_this_host_only_and_nothing_else_is_published():

@@ -250,7 +250,7 @@ def test_seal_open_frame_layout_and_failures():
     frame = crypto.seal(key, version=7, aad=aad, plaintext=b"hello world")
     assert frame[0] == crypto.FORMAT_VERSION and int.from_bytes(frame[1:5], "little") == 7
     assert len(frame) == len(b"hello world") + crypto.FRAME_OVERHEAD
-    assert crypto.frame_header(frame) == (crypto.FORMAT_VERSION, 7)
+    assert crypto.frame_header(frame) == (crypto.FORMAT_VERSION, 7, 0)
     assert crypto.open_frame(key, frame, aad) == b"hello world"
     kr = Keyring()
     kr.add("t1", 7, key)
@@ -264,7 +264,9 @@ def test_seal_open_frame_layout_and_failures():
     with pytest.raises(DecryptError):
         crypto.open_frame(key, frame[:10], aad)
     with pytest.raises(DecryptError):
-        crypto.open_frame(key, bytes([2]) + frame[1:], aad)
+        crypto.open_frame(key, bytes([crypto.FORMAT_VERSION + 1]) + frame[1:], aad)
+    with pytest.raises(DecryptError):
+        crypto.open_frame(key, bytes([1]) + frame[1:], aad)  # format 1 frames are no longer opened
 
 
 def test_associated_data_is_canonical_and_binds_every_field():
@@ -272,7 +274,7 @@ def test_associated_data_is_canonical_and_binds_every_field():
     ad = crypto.associated_data(**base)
     assert crypto.associated_data(**{**base, "layout": {"b": "x", "a": 1}}) == ad  # mapping order irrelevant
     for field, other in [("object_key", b"k2"), ("ns_digest", b"n2"), ("layout", {"a": 2, "b": "x"}),
-                         ("tenant", "t2"), ("key_version", 2), ("format_version", 2)]:  # fmt: skip
+                         ("tenant", "t2"), ("key_version", 2), ("format_version", 2), ("expires", 1)]:  # fmt: skip
         assert crypto.associated_data(**{**base, field: other}) != ad, field
     # length-prefixed: moving bytes between fields changes the encoding
     assert crypto.associated_data(**{**base, "object_key": b"kn", "ns_digest": b""}) != ad
@@ -757,7 +759,8 @@ DAMAGES = {
     "empty": lambda f, other: b"",
     "torn": lambda f, other: f[: len(f) // 2] + other[len(f) // 2 :],  # two writes interleaved
     "bitflip_ciphertext": lambda f, other: _flip(len(f) // 2)(f),
-    "bitflip_nonce": lambda f, other: _flip(6)(f),
+    "bitflip_expiry": lambda f, other: _flip(6)(f),  # the expiry is authenticated with the frame
+    "bitflip_nonce": lambda f, other: _flip(crypto.HEADER_BYTES + 2)(f),
     "bitflip_tag": lambda f, other: _flip(len(f) - 1)(f),
     "wrong_format_version": lambda f, other: bytes([crypto.FORMAT_VERSION + 1]) + f[1:],
     "other_key_version": lambda f, other: f[:1] + (2).to_bytes(4, "little") + f[5:],

@@ -7,10 +7,11 @@ lists, bytes) so the same calls work in-process (tests) and through Ray.
 Concurrency: many requests may stream at once (threads, ``MAX_CONCURRENCY`` per actor); the engine's
 lock guards the bookkeeping and one ``Scheduler`` loop owns the model: it batches every running
 request's forwards (continuous batching, chunked prefill, fair between tenants). Each tenant
-may run at most ``max_concurrent_requests`` requests at once on a worker (default a quarter of the
-slots; over it: ``tenant_busy``, retryable), so one tenant's queue cannot fill every slot. A failing or
-cancelled request releases its blocks in ``finally`` and leaves the pool intact (``check_integrity``
-holds after every call).
+may run at most ``max_concurrent_requests`` requests at once on a worker (None: a quarter of the
+slots; 0: none; over it: ``tenant_busy``, retryable), counting its streams and its KV API calls alike,
+so one tenant's queue cannot fill every slot. ``cancel_tenant`` stops every request of a tenant (it
+was suspended, offboarded or its data key shredded). A failing or cancelled request releases its
+blocks in ``finally`` and leaves the pool intact (``check_integrity`` holds after every call).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -28,10 +30,17 @@ import torch
 from cachecore.engine import CacheEngine, Tag
 from cachecore.errors import CacheError, Cancelled, TenantBusy
 from cachecore.events import EventLog
+from cachecore.model.hf_config import weights_root
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.routing.hashes import namespace_fields, request_salt
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
+from workers.admission import (  # noqa: F401  (re-exported: callers import them from here too)
+    DEFAULT_TENANT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    AdmissionMixin,
+    tenant_concurrency,
+)
 from workers.config import WorkerConfig
 from workers.kv_api import KVApiMixin
 from workers.operations import OperationsMixin
@@ -39,10 +48,7 @@ from workers.remote_tier import RemoteTier
 from workers.router_stats import DecodeClock, router_section
 from workers.stops import apply_stops
 
-MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); the scheduler batches their forwards
-DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
-_CANCEL_MEMORY = 4096  # cancelled request ids remembered (a cancel may arrive before its request)
 
 
 class RevisionChanged(CacheError):
@@ -63,9 +69,10 @@ def replica_id(deployment: str, replica: int) -> str:
     return f"{deployment}:{int(replica)}:{secrets.token_hex(4)}"
 
 
-class CacheWorker(KVApiMixin, OperationsMixin):
+class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
     """One model deployment: the active revision, one L1 engine, and revisions being rolled out.
-    The KV API lives in ``workers/kv_api.py``, flush/probe/rollout in ``workers/operations.py``."""
+    The KV API lives in ``workers/kv_api.py``, flush/probe/rollout in ``workers/operations.py``,
+    concurrency slots and cancellation in ``workers/admission.py``."""
 
     def __init__(
         self,
@@ -80,6 +87,7 @@ class CacheWorker(KVApiMixin, OperationsMixin):
         test_hooks: bool = False,
         config: WorkerConfig | None = None,
         replica: int = 0,
+        dtype: str | None = None,
     ) -> None:
         self.deployment = deployment
         self.replica = int(replica)
@@ -95,22 +103,26 @@ class CacheWorker(KVApiMixin, OperationsMixin):
         # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread); prefill wants every core.
         torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         self.block_size = block_size
-        loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size)
+        self.dtype = dtype  # None: the preset's (or the checkpoint's serving) dtype; staged revisions use it too
+        with weights_root(cfg.weights_root):  # a checkpoint's files may not lead outside the root
+            loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size,
+                                dtype=dtype)
         layout = loaded.layout
         num_blocks = max(64, cfg.blocks(cfg.l1_mb, layout.bytes_per_block))
         self.l3 = RemoteTier.build(cfg, layout)
         self.engine = CacheEngine(layout, num_blocks, loaded.model.device,
                                   config=cfg.engine(bytes_per_block=layout.bytes_per_block),
                                   l3=self.l3.store if self.l3 is not None else None, events=self.events)
-        self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch)
+        self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch,
+                                   lean_budget=cfg.lean_budget, contended_budget=cfg.contended_budget)
         self.test_hooks = test_hooks
         self._active = self._bundle(loaded)
         self._staged: dict[str, _Active] = {}
         self._aborting: set[str] = set()  # revisions whose running requests must stop now
         self._lock = threading.Lock()
-        self._per_tenant: Counter[str] = Counter()  # running requests per tenant
-        self._cancelled: OrderedDict[str, None] = OrderedDict()
-        self._running_ids: set[str] = set()
+        self._per_tenant: Counter[str] = Counter()  # running requests (streams and KV calls) per tenant
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # request key -> why it was cancelled
+        self._running: dict[str, str] = {}  # request key (request_id, or one of ours) -> tenant
         self.counters: Counter[str] = Counter()  # cancelled, tenant_busy (reported by info/stats)
 
     def _bundle(self, loaded: LoadedModel) -> _Active:
@@ -156,6 +168,7 @@ class CacheWorker(KVApiMixin, OperationsMixin):
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
         snap["router"] = router_section(self.engine, self.decode)
         snap["kv_events"] = self.events.stats()
+        snap["scheduler"] = self.scheduler.snapshot()
         return snap
 
     # ------------------------------------------------------------------ KV events (for routers)
@@ -192,40 +205,37 @@ class CacheWorker(KVApiMixin, OperationsMixin):
         ends at a stop sequence, which is not returned).
         Yields plain-dict events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
         tenant = str(req["tenant"])
-        rid = req.get("request_id")
-        limit = req.get("max_concurrent_requests") or DEFAULT_TENANT_CONCURRENCY
-        with self._lock:
-            busy = self._per_tenant[tenant] >= limit
-            if not busy:
-                self._per_tenant[tenant] += 1
-                if rid is not None:
-                    self._running_ids.add(rid)
-        if busy:
-            self.counters["tenant_busy"] += 1
-            yield self._error(TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly"))
+        key = req.get("request_id") or f"anon-{uuid.uuid4().hex}"
+        try:
+            self._acquire(tenant, key, req.get("max_concurrent_requests"))
+        except TenantBusy as exc:
+            yield self._error(exc)
             return
         try:
             active = self._active  # one revision's tokenizer decodes what its model generates
-            yield from apply_stops(self._stream(req, tenant, rid, active), active.loaded.tokenizer, req.get("stop"))
+            yield from apply_stops(self._stream(req, tenant, key, active), active.loaded.tokenizer, req.get("stop"))
         finally:
-            with self._lock:
-                self._per_tenant[tenant] -= 1
-                if not self._per_tenant[tenant]:
-                    del self._per_tenant[tenant]
-                if rid is not None:
-                    self._cancelled.pop(rid, None)
-                    self._running_ids.discard(rid)
+            self._release(tenant, key)
 
     def _set_weight(self, tenant: str, weight: int | None) -> None:
         """The tenant's fair-share weight (its quota; ``None`` = 1) in the cache pools and the scheduler."""
         self.engine.set_weight(tenant, weight)
-        self.scheduler.set_weight(tenant, weight or 1)
+        self.scheduler.set_weight(tenant, 1 if weight is None else weight)  # 0 is refused, never 1
 
     def _learn(self, tenant: str, req: dict) -> None:
-        """The tenant's wrapped data keys and retention, as the control plane sent them (for L3)."""
+        """The tenant's wrapped data keys and retention, as the control plane sent them (for L3):
+        ``tenant_retention_seconds`` is the tenant's own (the sweep's), ``retention_seconds`` this
+        request's (possibly narrowed), used for the tenant only when the former is absent."""
         if self.l3 is not None:
-            self.l3.learn(tenant, req.get("data_key"), req.get("retention_seconds"))
+            retention = req.get("tenant_retention_seconds", req.get("retention_seconds"))
+            self.l3.learn(tenant, req.get("data_key"), retention)
             self.l3.store.set_tenant_limit(tenant, req.get("max_l3_bytes"))
+
+    def _retention_of(self, tenant: str, req: dict) -> float | None:
+        if self.l3 is None:
+            return None
+        value = req.get("retention_seconds")
+        return float(value) if value is not None else self.l3.retention(tenant)
 
     def drop_data_key(self, req: dict) -> dict:
         """Crypto-shred ``{"tenant", "version"}`` on this worker: the key leaves memory at once, then
@@ -238,7 +248,7 @@ class CacheWorker(KVApiMixin, OperationsMixin):
     def _error(exc: CacheError) -> dict:
         return {"type": "error", "code": exc.code, "message": str(exc), "retryable": exc.code in RETRYABLE}
 
-    def _stream(self, req: dict, tenant: str, rid: str | None, active: _Active) -> Iterator[dict]:
+    def _stream(self, req: dict, tenant: str, key: str, active: _Active) -> Iterator[dict]:
         revision = active.loaded.revision.label
         try:
             if req.get("expected_revision") not in (None, revision):
@@ -258,8 +268,10 @@ class CacheWorker(KVApiMixin, OperationsMixin):
             events = active.generator.stream(
                 ns, tokens, owner=tenant, params=params, request_salt=request_salt(req.get("cache_salt")),
                 use_cache=req.get("use_cache", True), persist=bool(req.get("persist", True)),
-                retention_seconds=self.l3.retention(tenant) if self.l3 is not None else None,
-                should_abort=lambda: revision in self._aborting or (rid is not None and rid in self._cancelled),
+                # this request's own retention (the tenant's, narrowed by prompt_cache_retention): what
+                # L3 may serve it, and the expiry of every chunk it writes
+                retention_seconds=self._retention_of(tenant, req),
+                should_abort=lambda: revision in self._aborting or key in self._cancelled,
             )
             resumed = None  # when the consumer handed control back after the last token
             for ev in events:
@@ -274,9 +286,10 @@ class CacheWorker(KVApiMixin, OperationsMixin):
                     resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
-                        if rid is not None and rid in self._cancelled:
+                        why = self._cancelled.get(key)
+                        if why is not None:
                             self.counters["cancelled"] += 1
-                            raise Cancelled("the request was cancelled")
+                            raise Cancelled(why)
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
                     yield {"type": "finished", "finish_reason": ev.finish_reason, "revision": revision,
                            "usage": {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
@@ -284,16 +297,6 @@ class CacheWorker(KVApiMixin, OperationsMixin):
                                      "cached_tokens": ev.cached_tokens}}
         except CacheError as exc:
             yield self._error(exc)
-
-    def cancel(self, request_id: str) -> bool:
-        """Stop the request ``request_id`` at its next chunk or token (its client went away); its
-        blocks are released. Remembered for a while, so a cancel that overtakes its request works too.
-        Returns whether such a request is running now."""
-        with self._lock:
-            self._cancelled[str(request_id)] = None
-            while len(self._cancelled) > _CANCEL_MEMORY:
-                self._cancelled.popitem(last=False)
-            return str(request_id) in self._running_ids
 
     def collect(self, req: dict) -> list[dict]:
         """All events of ``stream`` at once (one round trip for non-streaming API calls)."""

@@ -13,8 +13,13 @@ worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | 
 prefill delays another's first token, larger computes long prompts faster), ``STRATA_TOKEN_BUDGET``
 (tokens one scheduler step computes at most, decode tokens and prefill chunks together, default
 512), ``STRATA_MAX_BATCH`` (requests running at once, default 32; the budget must exceed it),
+``STRATA_LEAN_BUDGET`` (tokens every other tenant shares in a step that carries the first-token prefill of
+a tenant below its share, default 32), ``STRATA_CONTENDED_BUDGET`` (tokens per step while two or more
+tenants had work in the last few steps, default 128; 0 = the full budget always; else it must exceed
+``STRATA_MAX_BATCH``),
 ``STRATA_TORCH_THREADS``
-(default: every core). Read in the worker's process (the Ray actor inherits
+(default: every core), ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
+resolve inside it, symlinks followed). Read in the worker's process (the Ray actor inherits
 the environment of the process that started Ray).
 """
 
@@ -58,10 +63,13 @@ class WorkerConfig:
     prefill_chunk: int = 256
     token_budget: int = 512
     max_batch: int = 32
+    lean_budget: int = 32
+    contended_budget: int = 128
     l3_url: str = "none"
     l3_mb: int = 4096
     l3_sweep_seconds: int = 300
     master_key_file: str = ""
+    weights_root: str | None = None  # STRATA_WEIGHTS_ROOT: checkpoints (and their files) must resolve inside it
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -76,15 +84,21 @@ class WorkerConfig:
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
             token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
             max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
+            lean_budget=_int("STRATA_LEAN_BUDGET", 32, minimum=1),
+            contended_budget=_int("STRATA_CONTENDED_BUDGET", 128),
             l3_url=_l3_url(),
             l3_mb=_int("STRATA_L3_MB", 4096),
             l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
             master_key_file=os.environ.get("STRATA_MASTER_KEY_FILE", "").strip() or str(_home() / "master.key"),
+            weights_root=os.environ.get("STRATA_WEIGHTS_ROOT", "").strip() or None,
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
         if cfg.token_budget <= cfg.max_batch:
             raise WorkerConfigError(f"STRATA_TOKEN_BUDGET ({cfg.token_budget}) must exceed STRATA_MAX_BATCH "
                                     f"({cfg.max_batch})")
+        if cfg.contended_budget and cfg.contended_budget <= cfg.max_batch:
+            raise WorkerConfigError(f"STRATA_CONTENDED_BUDGET ({cfg.contended_budget}) must be 0 (no bound) or "
+                                    f"exceed STRATA_MAX_BATCH ({cfg.max_batch})")
         return cfg
 
     def blocks(self, mb: int, bytes_per_block: int) -> int:

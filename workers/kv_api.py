@@ -4,6 +4,10 @@ A mixin of :class:`workers.cache_worker.CacheWorker` (it uses the worker's engin
 block size). KV uploaded through the API is untrusted (origin ``upload``): keyed under the uploading
 tenant's own salt (never its share group's) and read back only by the KV API, never by a completion.
 KV the model computed (origin ``model``, the tenant's scope) can be looked up and retrieved as well.
+
+Every call (lookup, store, retrieve) holds one of the tenant's concurrent-request slots while it runs
+(``CacheWorker._tenant_slot``: ``req["max_concurrent_requests"]``, the same count completions use), so
+a tenant capped at N requests runs at most N KV calls and completions together (``tenant_busy``, 429).
 """
 
 from __future__ import annotations
@@ -12,6 +16,11 @@ import torch
 
 from cachecore.errors import InvalidKV
 from cachecore.routing.hashes import request_salt
+
+
+def _weight(share_weight: int | None) -> int:
+    """``None`` is an equal share (1); any other value is used as given, so 0 is refused, never 1."""
+    return 1 if share_weight is None else share_weight
 
 
 class KVApiMixin:
@@ -43,6 +52,10 @@ class KVApiMixin:
 
     def kv_lookup(self, req: dict) -> dict:
         """``{"hit_tokens", "origin"}``: the longer contiguous hit of the model's KV and the tenant's uploads."""
+        with self._tenant_slot(req):
+            return self._kv_lookup(req)
+
+    def _kv_lookup(self, req: dict) -> dict:
         tokens = self._kv_tokens(req)
         salt = request_salt(req.get("cache_salt"))
         best = {"hit_tokens": 0, "origin": None}
@@ -55,7 +68,12 @@ class KVApiMixin:
     def kv_store(self, req: dict, kv: torch.Tensor) -> int:
         """Store untrusted KV for the full blocks of ``tokens`` under the tenant's upload namespace.
         Raises ``InvalidKV`` unless ``kv`` has exactly the layout's shape and dtype and only finite
-        values. Counts against the tenant's cap like any cached block."""
+        values. Counts against the tenant's cap like any cached block. The value check and the page writes
+        run on the scheduler's loop between forwards (``Scheduler.submit_work``), charged to the tenant."""
+        with self._tenant_slot(req):
+            return self._kv_store(req, kv)
+
+    def _kv_store(self, req: dict, kv: torch.Tensor) -> int:
         tokens = self._kv_tokens(req)
         layout = self._active.loaded.layout
         n_blocks = len(tokens) // self.block_size
@@ -63,19 +81,32 @@ class KVApiMixin:
             raise InvalidKV(f"kv must have shape [{n_blocks}, {', '.join(map(str, layout.page_shape))}]")
         if kv.dtype != layout.torch_dtype:
             raise InvalidKV(f"kv must be {layout.dtype}")
-        if n_blocks and not bool(torch.isfinite(kv).all()):
-            raise InvalidKV("kv holds NaN or infinite values")
         tenant = str(req["tenant"])
-        self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
-        self.engine.set_weight(tenant, req.get("share_weight"))
         _, upload_ns = self._kv_namespaces(req)
-        return self.engine.store(upload_ns, tokens, kv, owner=tenant, request_salt=request_salt(req.get("cache_salt")),
-                                 model=self.deployment, revision=self._active.loaded.revision.label)
+        revision = self._active.loaded.revision.label
+
+        def store() -> int:
+            if n_blocks and not bool(torch.isfinite(kv).all()):
+                raise InvalidKV("kv holds NaN or infinite values")
+            self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
+            self.engine.set_weight(tenant, req.get("share_weight"))
+            return self.engine.store(upload_ns, tokens, kv, owner=tenant, model=self.deployment, revision=revision,
+                                     request_salt=request_salt(req.get("cache_salt")))
+
+        # the value scan and page writes run on the scheduler's loop between two forwards, charged to the
+        # tenant as the tokens they cover, so an uploader waits behind a tenant below its share (scheduler/work.py)
+        work = self.scheduler.submit_work(tenant, n_blocks * self.block_size, store,
+                                          weight=_weight(req.get("share_weight")))
+        return work.result()
 
     def kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
         """KV of the longer contiguous hit (model or the tenant's uploads), its mask and origin."""
+        with self._tenant_slot(req):
+            return self._kv_retrieve(req)
+
+    def _kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
         tokens = self._kv_tokens(req)
-        found = self.kv_lookup(req)
+        found = self._kv_lookup(req)
         if not found["hit_tokens"]:
             layout = self._active.loaded.layout
             empty = torch.empty((0, *layout.page_shape), dtype=layout.torch_dtype)

@@ -4,8 +4,9 @@ Steps: create ``$STRATA_HOME`` (default ``.strata``); make sure the L3 master ke
 (``$STRATA_HOME/master.key``, 32 random bytes, mode 0600, created on first run, unless
 ``STRATA_MASTER_KEY``/``STRATA_MASTER_KEY_FILE`` name one) and point every child at it; ``manage.py
 migrate``; with ``STRATA_DEMO=1`` or ``--demo`` run ``manage.py strata_demo``; start a local Ray
-head unless ``RAY_ADDRESS`` names a cluster; start a Celery worker and uvicorn
-(``controlplane.asgi:application``, which also samples the cache counters every 30 s for the
+head unless ``RAY_ADDRESS`` names a cluster; start a Celery worker and the web server
+(``workers.webserver``: uvicorn serving ``controlplane.asgi:application`` with a connection cap, header
+and body timeouts and no trust in proxy headers; the app also samples the cache counters every 30 s for the
 dashboard's charts: ``STRATA_SAMPLER=1``) on ``127.0.0.1:$PORT`` (default 8000); print the URL and how to
 log in; wait. Ctrl-C, SIGTERM or the death of any child stops every process it started (SIGTERM to
 each child's process group, a grace period, then SIGKILL to the group and to any descendant that
@@ -123,6 +124,22 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
         return exc.code
     except (OSError, ValueError):
         return None
+
+
+def web_argv(python: str, port: int, environ: dict[str, str]) -> list[str]:
+    """The web server's command line (``workers.webserver``: uvicorn with no proxy-header handling, a
+    connection cap, keep-alive, header and body timeouts; values from ``STRATA_WEB_*`` in
+    ``environ``, spelled out so ``ps`` and the log show what the server runs with)."""
+    from controlplane import env as envmod  # light: no Django
+
+    try:
+        web = envmod.load(environ)
+    except envmod.EnvError as exc:
+        raise LaunchError(str(exc)) from None
+    return [python, "-m", "workers.webserver", "--host", HOST, "--port", str(port), "--lifespan", "off",
+            "--timeout-graceful-shutdown", "5", "--limit-concurrency", str(web.web_max_connections),
+            "--timeout-keep-alive", str(web.web_keepalive_s), "--timeout-header", f"{web.web_header_timeout_s:g}",
+            "--timeout-body", f"{web.web_body_timeout_s:g}"]
 
 
 @dataclass
@@ -308,8 +325,7 @@ class Launcher:
 
     def start_web(self) -> None:
         say(f"starting the web server on http://{HOST}:{self.cfg.port}")
-        argv = [self._bin("uvicorn"), "controlplane.asgi:application", "--host", HOST,
-                "--port", str(self.cfg.port), "--lifespan", "off", "--timeout-graceful-shutdown", "5"]
+        argv = web_argv(self.cfg.python, self.cfg.port, self.env)
         # The web process also runs the stats sampler (controlplane.timeseries; STRATA_SAMPLER=0 turns it off).
         env = {"STRATA_SAMPLER": "1", **self.env}
         child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"))

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from cachecore.model.hf_config import weights_root
 from cachecore.model.loader import RevisionSpec, load_model
 
 
@@ -33,15 +34,26 @@ class OperationsMixin:
             return {"tenant": str(scope["tenant"])}
         if kind == "key_version":
             return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
+        if kind == "tenant_l3":
+            return {"tenant": str(scope["tenant"])}
         if kind == "revision":
             return {"model": self.deployment, "revision": scope["revision"]}
         return {"model": self.deployment}
 
     def flush(self, scope: dict) -> dict:
         """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all)
-        in every tier, L3 objects included. Idempotent: a second call frees nothing more."""
+        in every tier, L3 objects included. L3 only: ``key_version`` (a shred), ``tenant_l3`` (the
+        tenant turned persistence off: every L3 object of it; L1/L2 keep serving it) and
+        ``l3_expire`` (``{"tenant", "retention_seconds"}``: the tenant's retention was lowered; it
+        applies on this worker from now on, and what is now too old is deleted). Idempotent: a second
+        call frees nothing more."""
         t0 = time.perf_counter()
-        if scope.get("scope") == "key_version":  # a shred flushes only L3 objects of that version
+        if scope.get("scope") == "l3_expire":
+            result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
+            if self.l3 is not None:
+                n, b = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
+                result["tiers"]["l3"], result["l3_bytes"] = n, b
+        elif scope.get("scope") in ("key_version", "tenant_l3"):  # only L3 objects of the scope
             result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
             if self.l3 is not None:
                 n, b = self.l3.store.delete_scope(**self._l3_scope(scope))
@@ -56,7 +68,11 @@ class OperationsMixin:
     def probe(self, scope: dict) -> dict:
         """Verification after a flush or shred: cached blocks (L3: objects) left in ``scope`` in any
         tier (0 means it misses everywhere)."""
-        if scope.get("scope") == "key_version":
+        if scope.get("scope") == "l3_expire":
+            remaining = (self.l3.store.count_expired(tenant=str(scope["tenant"]),
+                                                     retention_seconds=int(scope["retention_seconds"]))
+                         if self.l3 is not None else 0)
+        elif scope.get("scope") in ("key_version", "tenant_l3"):
             remaining = self.l3.store.count_scope(**self._l3_scope(scope))[0] if self.l3 is not None else 0
         else:
             remaining = self.engine.count_cached(self._matcher(scope), l3_scope=self._l3_scope(scope))
@@ -65,8 +81,9 @@ class OperationsMixin:
     def stage_revision(self, revision: dict) -> dict:
         """Load a new revision's weights beside the active one (no effect on serving yet)."""
         spec = RevisionSpec(**revision)
-        loaded = load_model(self.deployment, self.preset, spec, device=str(self.engine.pages.device),
-                            block_size=self.block_size)
+        with weights_root(self.config.weights_root):
+            loaded = load_model(self.deployment, self.preset, spec, device=str(self.engine.pages.device),
+                                block_size=self.block_size, dtype=self.dtype)
         with self._lock:
             self._staged[spec.label] = self._bundle(loaded)
         return {"revision": spec.label, "weight_digest": loaded.weight_digest}

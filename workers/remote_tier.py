@@ -8,9 +8,11 @@ and the retention sweep.
   wrapped key) once with the master key and keeps it in the keyring, in memory only. ``drop``
   (crypto-shredding) removes a version from the keyring at once; a request never brings a shredded
   version back, because the control plane no longer holds it.
-- Retention: ``learn`` also records each tenant's retention; a daemon thread sweeps objects older
-  than it every ``STRATA_L3_SWEEP_SECONDS`` (the worker sweeps: no Celery beat process needed), and
-  reads never serve them in between (``RemoteStore.get`` checks the age).
+- Retention: ``learn`` also records each tenant's retention (the tenant's own, not a request's
+  narrowed one); a daemon thread sweeps every ``STRATA_L3_SWEEP_SECONDS`` (the worker sweeps: no
+  Celery beat process needed) the objects past their own expiry or older than their tenant's
+  retention, and reads never serve them in between (``RemoteStore.get`` checks both). ``expire``
+  applies a lowered retention at once (the control plane's ``l3_expire`` job).
 """
 
 from __future__ import annotations
@@ -105,6 +107,14 @@ class RemoteTier:
 
     def retention(self, tenant: str) -> float:
         return self._retention.get(tenant, DEFAULT_RETENTION_SECONDS)
+
+    def expire(self, tenant: str, retention_seconds: float) -> tuple[int, int]:
+        """The tenant's retention was lowered: record it (this worker's sweeps apply it from now on)
+        and delete now every object of the tenant that is older, or past its own expiry.
+        ``(objects, bytes)`` deleted. Raises ``BackendUnavailable`` (the job retries)."""
+        with self._lock:
+            self._retention[tenant] = float(retention_seconds)
+        return self.store.expire_tenant(tenant, float(retention_seconds))
 
     # ------------------------------------------------------------------ sweep
     def sweep(self) -> tuple[int, int]:

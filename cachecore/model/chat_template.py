@@ -8,6 +8,10 @@ code: no attribute escapes, no mutation of the inputs) with ``trim_blocks`` and 
 (``bos_token``, ``eos_token``, ...). The rendered text is encoded without adding special tokens (the
 template writes its own), as ``apply_chat_template(..., tokenize=True)`` does.
 
+Rendering is bounded (``cachecore.model.template_guard``): every loop item, call and lookup is
+counted against a step budget, the clock against a time budget, and every string, list and the output
+against a size cap; past any of them ``render`` raises ``RenderLimitExceeded`` (an ``InvalidPrompt``).
+
 Like transformers' default, special-token text inside a message is parsed as that special token: a
 tenant can shape the structure of its own prompt, never anyone else's (the cache key is the ids).
 """
@@ -21,9 +25,9 @@ from datetime import datetime
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from cachecore.errors import InvalidPrompt
+from cachecore.model.template_guard import GuardedEnvironment, RenderBudget, RenderLimitExceeded, render_bounded
 from cachecore.model.tokenizer import ChatTemplate
 
 TEMPLATE_NAME = "hf-jinja"
@@ -58,10 +62,10 @@ def _strftime_now(fmt):
 
 def compile_template(source: str) -> jinja2.Template:
     """The compiled template; ``ValueError`` when it is not valid Jinja."""
-    env = ImmutableSandboxedEnvironment(
+    env = GuardedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
     )
-    env.filters["tojson"] = _tojson
+    env.add_filter("tojson", _tojson)
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     try:
@@ -78,7 +82,8 @@ class JinjaChatTemplate:
     ``render`` raises ``InvalidPrompt``. Messages are checked as ``ChatTemplate`` checks them (roles,
     string or text-part content, joined) and handed to the template as ``{"role", "content"}``.
     Template errors (``raise_exception``, sandbox violations, undefined operations) are
-    ``InvalidPrompt`` too.
+    ``InvalidPrompt`` too; a render past its ``RenderBudget`` (the default one when none is given) is
+    ``RenderLimitExceeded``.
     """
 
     name = TEMPLATE_NAME
@@ -90,7 +95,8 @@ class JinjaChatTemplate:
         self.special_tokens = dict(special_tokens)
         self._template = compile_template(source) if source is not None else None
 
-    def render_text(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+    def render_text(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
+                    budget: RenderBudget | None = None) -> str:
         if self._template is None:
             raise InvalidPrompt("this model has no chat template; use /v1/completions")
         if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
@@ -99,18 +105,20 @@ class JinjaChatTemplate:
         for i, message in enumerate(messages):
             role, content = ChatTemplate._check(i, message)
             chat.append({"role": role, "content": content})
+        context = {"messages": chat, "add_generation_prompt": add_generation_prompt, "tools": None,
+                   "documents": None, **self.special_tokens}
         try:
-            return self._template.render(
-                messages=chat, add_generation_prompt=add_generation_prompt, tools=None, documents=None,
-                **self.special_tokens,
-            )
+            return render_bounded(self._template, context, budget or RenderBudget())
+        except RenderLimitExceeded:
+            raise
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidPrompt(f"chat template refused the messages: {exc}") from None
-        except (TypeError, ValueError, LookupError, ArithmeticError) as exc:
+        except (TypeError, ValueError, LookupError, ArithmeticError, RecursionError) as exc:
             raise InvalidPrompt(f"chat template failed on the messages: {exc}") from None
 
-    def render(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer.encode(self.render_text(messages, add_generation_prompt), add_bos=False)
+    def render(self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
+               budget: RenderBudget | None = None) -> list[int]:
+        return self.tokenizer.encode(self.render_text(messages, add_generation_prompt, budget), add_bos=False)
 
     @property
     def digest(self) -> str:

@@ -11,12 +11,20 @@ activation, MLP biases, a RoPE type other than default/linear/llama3) is refused
 Sliding-window attention (Mistral's ``sliding_window``, Qwen's ``use_sliding_window``) equals full
 attention while the context fits in the window, so such a model's ``max_seq_len`` is capped at the
 window rather than computed differently.
+
+Confinement: inside ``weights_root(root)`` (the control plane and the workers enter it with
+``STRATA_WEIGHTS_ROOT``) a checkpoint directory, and every file in it, must resolve inside ``root``
+with symlinks followed, or ``checkpoint_dir`` refuses it (``CheckpointError``): a checkpoint only
+opens files at its top level, so none of them can lead a reader outside the root.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,14 +75,49 @@ def read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+_WEIGHTS_ROOT: ContextVar[Path | None] = ContextVar("strata_weights_root", default=None)
+
+
+@contextmanager
+def weights_root(root: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Confine every checkpoint read in this context (thread or task) to ``root`` (``None``: no
+    confinement, the default)."""
+    token = _WEIGHTS_ROOT.set(Path(root).expanduser().resolve() if root else None)
+    try:
+        yield
+    finally:
+        _WEIGHTS_ROOT.reset(token)
+
+
+def _confine(directory: Path) -> None:
+    """``CheckpointError`` unless ``directory`` and each of its entries resolve inside the current
+    weights root. Names the entry, never where it points."""
+    root = _WEIGHTS_ROOT.get()
+    if root is None:
+        return
+    if not directory.is_relative_to(root):
+        raise CheckpointError(f"checkpoint path {str(directory)!r} is outside the weights root {str(root)!r}")
+    try:
+        entries = list(directory.iterdir())
+    except OSError as exc:
+        raise CheckpointError(f"cannot list the checkpoint directory: {exc.strerror or exc}") from None
+    for entry in entries:
+        if not entry.resolve().is_relative_to(root):
+            raise CheckpointError(f"checkpoint file {entry.name!r} resolves outside the weights root "
+                                  f"{str(root)!r} (a symlink out of it); refused")
+
+
 def checkpoint_dir(path: str | os.PathLike[str]) -> Path:
-    """``path`` resolved, or ``CheckpointError`` when it is not a directory with a ``config.json``."""
+    """``path`` resolved, or ``CheckpointError`` when it is not a directory with a ``config.json``, or
+    when it or a file in it resolves outside the current ``weights_root``."""
     p = Path(path).expanduser()
     if not p.is_dir():
         raise CheckpointError(f"checkpoint path {os.fspath(path)!r} is not a directory")
     if not (p / "config.json").is_file():
         raise CheckpointError(f"checkpoint path {os.fspath(path)!r} has no config.json")
-    return p.resolve()
+    resolved = p.resolve()
+    _confine(resolved)
+    return resolved
 
 
 def token_ids(value: Any, what: str) -> tuple[int, ...]:

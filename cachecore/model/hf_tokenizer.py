@@ -59,6 +59,7 @@ class HFTokenizer:
         except Exception as exc:  # tokenizers raises its own Exception type for malformed files
             raise CheckpointError(f"tokenizer.json cannot be loaded: {exc}") from None
         self._sha256 = hashlib.sha256(tokenizer_json).hexdigest()
+        self._max_token_chars: int | None = None
         self.special_tokens = dict(special_tokens)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         ids = {name: self._tok.token_to_id(text) for name, text in self.special_tokens.items()}
@@ -88,6 +89,15 @@ class HFTokenizer:
 
     def generatable_ids(self) -> tuple[int, ...]:
         return tuple(range(self.vocab_size))
+
+    @property
+    def max_token_chars(self) -> int:
+        """The longest token's text in characters (added tokens included; byte-level and byte-fallback
+        pieces count at least one character per byte they cover): a text of n characters is at least
+        n / max_token_chars tokens, which the serving API checks before tokenizing."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max((len(t) for t in self._tok.get_vocab(with_added_tokens=True)), default=1)
+        return self._max_token_chars
 
     @property
     def eos_ids(self) -> frozenset[int]:

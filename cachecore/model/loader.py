@@ -92,13 +92,16 @@ def load_model(
     """Build the weights of ``revision`` on ``device`` (CUDA when present unless told otherwise).
 
     A checkpoint revision ignores ``preset_name`` and runs in ``dtype`` (default: the checkpoint's on
-    CUDA, fp32 on CPU; see ``hf_config.serving_dtype``); preset revisions run in the preset's dtype.
+    CUDA, fp32 on CPU; see ``hf_config.serving_dtype``); preset revisions run in ``dtype`` when given,
+    else in the preset's dtype.
     Raises ``ValueError`` (``CheckpointError`` for checkpoints) with the reason.
     """
     dev = pick_device(str(device) if device is not None else None)
     if revision.checkpoint_path is not None:
         return load_checkpoint(name, revision, device=dev, block_size=block_size, dtype=dtype)
     config = preset(preset_name)
+    if dtype is not None:
+        config = replace(config, dtype=dtype)  # validated again by ModelConfig
     if revision.seed is not None:
         weights = seeded_weights(config, model_name=name, revision_label=revision.label, seed=revision.seed)
         digest = seeded_digest(config, model_name=name, revision_label=revision.label, seed=revision.seed)

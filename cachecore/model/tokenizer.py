@@ -69,6 +69,12 @@ class ByteTokenizer:
         return self.GENERATABLE_IDS
 
     @property
+    def max_token_chars(self) -> int:
+        """The most characters one token of ``encode`` covers: each character is at least one byte token,
+        so a text of n characters is at least n tokens (the serving API's bound before tokenizing)."""
+        return 1
+
+    @property
     def eos_ids(self) -> frozenset[int]:
         """Every id that ends generation (a checkpoint's generation config may name several)."""
         return frozenset({self.eos_id})
@@ -103,14 +109,21 @@ class ChatTemplate:
         self.tokenizer = tokenizer or ByteTokenizer()
 
     def render(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True, budget=None
     ) -> list[int]:
+        """``budget`` (a ``template_guard.RenderBudget``): its ``max_chars`` caps the rendered ids (one
+        byte each), checked before each message is encoded; ChatML's work is linear, so no step count."""
         tok = self.tokenizer
         if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
             raise InvalidPrompt("messages must be a non-empty list")
         ids = [tok.bos_id]
         for i, message in enumerate(messages):
             role, content = self._check(i, message)
+            if budget is not None and len(ids) + len(content) > budget.max_chars:
+                from cachecore.model.template_guard import RenderLimitExceeded
+
+                raise RenderLimitExceeded(f"the rendered chat is over the limit of {budget.max_chars} characters",
+                                          "chars")
             ids += [tok.im_start_id, *tok.encode(f"{role}\n{content}", add_bos=False), tok.im_end_id, 10]
         if add_generation_prompt:
             ids += [tok.im_start_id, *tok.encode("assistant\n", add_bos=False)]

@@ -1,10 +1,13 @@
 """The scheduler: one loop thread per engine (device) that owns the model forwards.
 
 Callers ``submit`` a ``Request`` and read its events; the loop keeps a waiting queue and a running
-set and, each step, computes one batch (``batch.build_batch``): every running request's next decode
-token plus prefill chunks of waiting or prefilling requests, within ``token_budget`` tokens and at most
-``max_batch`` running requests. Requests of different runners (revisions being rolled out) share the
-loop; each runner computes its own items of the step.
+set and, each step, computes one batch (``batch.build_batch``): running requests' next decode tokens
+plus prefill chunks of waiting or prefilling requests, within ``token_budget`` tokens and at most
+``max_batch`` running requests, split fairly between tenants (``fairness``). While two or more
+tenants had work within ``contended_window`` steps, a step carries at most ``contended_budget``
+tokens (a request arriving mid-step waits for the step in flight); a step carrying the first token of
+a tenant below its share carries at most ``lean_budget`` tokens of the others'. Requests of different
+runners (revisions being rolled out) share the loop; each runner computes its own items of the step.
 
 Admission happens at ``submit`` (``engine.admit``: the L1 hit is held and the L2/L3 prefetch starts
 while the request waits) when the pool has room; otherwise the request waits unadmitted and the loop
@@ -20,6 +23,10 @@ A request whose prefix was committed (by another request) after it was admitted 
 it starts, so it hits that prefix; a request whose prefix a running request is computing is not
 admitted at submit at all (the loop admits it when picked). A re-admitted or preempted request is
 admitted again, so the engine's query metrics count it once per admission.
+
+Work that is not a forward (``submit_work``: a KV upload's validation and page writes) runs on the
+loop thread between steps, never beside a forward, admitted and charged to its tenant by the fair
+queue like computed tokens (``work.py``): a tenant below the uploader's share has its step first.
 
 Cancellation (``cancel``, or ``should_abort`` polled every step) releases the request's blocks at
 the next step. A forward that raises fails the requests in it (``Failed``, blocks freed without
@@ -37,20 +44,22 @@ import threading
 import time
 import weakref
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
 
 from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
 from cachecore.scheduler.admission import AdmissionMixin
 from cachecore.scheduler.batch import Plan, build_batch
 from cachecore.scheduler.events import Finished, Prefilled, TokenOut
-from cachecore.scheduler.queue import POLICIES, FairQueue, PrefixIndex
+from cachecore.scheduler.fairness import RecentTenants, step_budget
+from cachecore.scheduler.queue import FairQueue, PrefixIndex
 from cachecore.scheduler.request import Failed, Logits, Request, State
+from cachecore.scheduler.settings import SchedulerSettings
+from cachecore.scheduler.stats import FirstTokenStats
+from cachecore.scheduler.work import Work, WorkQueue
 
-DEFAULT_TOKEN_BUDGET = 512
-DEFAULT_MAX_BATCH = 32
-DEFAULT_AGE_STEPS = 64
-DEFAULT_QUANTUM = 1024  # tokens of head start (bounded burst credit) a tenant that was idle gets
-
+_DEFAULTS = SchedulerSettings()
 
 _EXITING = threading.Event()  # the interpreter is shutting down: loop threads stop after their step
 _LIVE: weakref.WeakSet = weakref.WeakSet()
@@ -67,25 +76,26 @@ def _stop_loops() -> None:
             thread = sched._thread
         if thread is not None:
             thread.join(timeout=10)
+        sched.work.fail_all(RuntimeError("the scheduler stopped: the process is exiting"))
 
 
 class Scheduler(AdmissionMixin):
     """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
-    ``submit``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
+    ``submit``, ``submit_work``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
 
-    def __init__(self, engine, *, token_budget: int = DEFAULT_TOKEN_BUDGET, max_batch: int = DEFAULT_MAX_BATCH,
-                 age_steps: int = DEFAULT_AGE_STEPS, policy: str = "cache_aware", idle_exit_s: float = 5.0,
-                 start_thread: bool = True, quantum: int = DEFAULT_QUANTUM) -> None:
-        for name, value in (("max_batch", max_batch), ("age_steps", age_steps), ("token_budget", token_budget)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if token_budget <= max_batch:
-            raise ValueError(f"token_budget ({token_budget}) must exceed max_batch ({max_batch}): every step "
-                             "keeps room for a prefill chunk beside the decode tokens")
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    def __init__(self, engine, *, token_budget: int = _DEFAULTS.token_budget, max_batch: int = _DEFAULTS.max_batch,
+                 age_steps: int = _DEFAULTS.age_steps, policy: str = _DEFAULTS.policy, idle_exit_s: float = 5.0,
+                 start_thread: bool = True, quantum: int = _DEFAULTS.quantum,
+                 lean_budget: int = _DEFAULTS.lean_budget, contended_budget: int = _DEFAULTS.contended_budget,
+                 contended_window: int = _DEFAULTS.contended_window) -> None:
+        """Settings as in ``SchedulerSettings`` (``ValueError`` when one is invalid)."""
+        self.settings = SchedulerSettings(
+            token_budget=token_budget, max_batch=max_batch, age_steps=age_steps, policy=policy, quantum=quantum,
+            lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window)
         self.engine = engine
         self.token_budget, self.max_batch, self.age_steps, self.policy = token_budget, max_batch, age_steps, policy
+        self.lean_budget, self.contended_budget = lean_budget, contended_budget
+        self.recent = RecentTenants(contended_window)
         self.idle_exit_s = idle_exit_s
         self.start_thread = start_thread  # False: nobody runs the loop but explicit ``step`` calls
         self.block_size = engine.block_size
@@ -94,11 +104,15 @@ class Scheduler(AdmissionMixin):
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.step_no = 0
-        # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, lean_steps, max_wait_steps
+        # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, lean_steps, contended_steps,
+        # max_wait_steps, step_seconds (forward time of every step), work_jobs, work_tokens (charged),
+        # work_seconds (jobs run between steps: ``submit_work``)
         self.counters: Counter[str] = Counter()
+        self.first_tokens = FirstTokenStats()  # per tenant: scheduling delay vs step time of first tokens
         self.max_wait_seconds = 0.0
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
+        self.work = WorkQueue()  # jobs run between steps (``submit_work``)
         # prompt blocks running requests will compute and have not committed yet (replaced each step)
         self._computing: frozenset[bytes] = frozenset()
         self._weights: dict[str, float] = {}
@@ -145,12 +159,32 @@ class Scheduler(AdmissionMixin):
             req.rid = self._rids
             req.arrival_time = time.perf_counter()
             self._incoming.append(req)
-            if self._thread is None and self.start_thread and not _EXITING.is_set():
-                self._thread = threading.Thread(target=self._run, name="strata-scheduler", daemon=True)
-                self._thread.start()
-                _LIVE.add(self)
+            self._start_thread()
             self._cond.notify_all()
         return req
+
+    def submit_work(self, owner: str, tokens: int, fn: Callable[[], object], *,
+                    weight: float | None = None) -> Future:
+        """Run ``fn()`` on the loop thread between two steps (never while a forward runs) and charge
+        ``owner`` ``tokens`` in the fair queue when it runs; ``weight`` (optional) sets ``owner``'s
+        share as ``set_weight`` does. Returns a future of ``fn``'s result or exception. Order against
+        other tenants' requests and jobs: ``work.WorkQueue.take``. ``ValueError`` for a bad ``tokens``
+        or ``weight``; ``RuntimeError`` when the process is exiting."""
+        if weight is not None:
+            self.set_weight(owner, weight)
+        if _EXITING.is_set():
+            raise RuntimeError("the scheduler stopped: the process is exiting")
+        future = self.work.submit(Work(owner=owner, tokens=tokens, fn=fn))
+        with self._cond:
+            self._start_thread()
+            self._cond.notify_all()
+        return future
+
+    def _start_thread(self) -> None:  # caller holds self._cond
+        if self._thread is None and self.start_thread and not _EXITING.is_set():
+            self._thread = threading.Thread(target=self._run, name="strata-scheduler", daemon=True)
+            self._thread.start()
+            _LIVE.add(self)
 
     def cancel(self, req: Request, *, wait: bool = True, timeout: float | None = None) -> None:
         """Stop ``req`` at the next step (its blocks are released, computed KV committed). With
@@ -162,16 +196,19 @@ class Scheduler(AdmissionMixin):
             req.done.wait(timeout)
 
     def snapshot(self) -> dict:
+        """Counters as plain data; ``tenants``: each tenant's first-token latency sums (see ``latency``)."""
         return {"steps": self.step_no, "waiting": len(self.waiting), "running": len(self.running),
-                "max_wait_seconds": round(self.max_wait_seconds, 6), **self.counters}
+                "max_wait_seconds": round(self.max_wait_seconds, 6), "lean_budget": self.lean_budget,
+                "contended_budget": self.contended_budget, **self.counters,
+                "step_seconds": round(self.counters["step_seconds"], 6),
+                "work_seconds": round(self.counters["work_seconds"], 6), "tenants": self.first_tokens.snapshot()}
 
     # ------------------------------------------------------------------ the loop thread
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._incoming or self.waiting or self.running) or _EXITING.is_set():
-                    if _EXITING.is_set() or (not self._cond.wait(self.idle_exit_s)
-                                             and not (self._incoming or self.waiting or self.running)):
+                while not self._has_work() or _EXITING.is_set():
+                    if _EXITING.is_set() or (not self._cond.wait(self.idle_exit_s) and not self._has_work()):
                         self._thread = None
                         return
             try:
@@ -184,9 +221,13 @@ class Scheduler(AdmissionMixin):
                 with self._cond:
                     self._cond.wait(0.002)
 
+    def _has_work(self) -> bool:  # caller holds self._cond
+        return bool(self._incoming or self.waiting or self.running or self.work.pending())
+
     def step(self) -> bool:
-        """One step: take new requests, drop aborted ones, compute one batch. Returns whether a batch
-        ran (False: nothing to do, or every waiting request waits for its prefetch or blocks)."""
+        """One step: take new requests, drop aborted ones, run the jobs whose turn it is
+        (``submit_work``), compute one batch. Returns whether a batch or a job ran (False: nothing to
+        do, or every waiting request waits for its prefetch or blocks)."""
         with self._cond:
             new, self._incoming = self._incoming, []
             for owner, w in self._weights.items():
@@ -198,19 +239,28 @@ class Scheduler(AdmissionMixin):
         for req in [*self.waiting, *self.running]:
             if req.cancelled or (req.should_abort is not None and req.should_abort()):
                 self._finish(req, "aborted")
+        jobs = self.work.owners(self.step_no)
+        for owner in jobs:
+            self.fair.activate(owner)  # no-op while it has work: its virtual time stands
+        requesting = {r.owner for r in [*self.waiting, *self.running]}
+        recent = self.recent.note(requesting | jobs, self.step_no)
+        budget = step_budget(self.token_budget, recent=recent, contended_budget=self.contended_budget)
+        ran = self._run_work(requesting, budget)
         if not (self.waiting or self.running):
-            self.fair.forget_idle(set())
-            return False
+            self.fair.forget_idle(self.work.owners(self.step_no))
+            return ran
         self._computing = self._uncommitted()  # the running set changed (aborts, finishes)
+        self.counters["contended_steps"] += int(budget < self.token_budget)
         plan = build_batch(
-            self.running, self.waiting, step=self.step_no, token_budget=self.token_budget,
+            self.running, self.waiting, step=self.step_no, token_budget=budget, urgent_budget=self.token_budget,
             max_batch=self.max_batch, fair=self.fair, policy=self.policy, age_steps=self.age_steps,
             index=self.index, block_size=self.block_size, try_start=self._try_start, computing=self._computing,
+            lean_budget=self.lean_budget,
         )
         self.counters["deferred"] += plan.deferred
         self.counters["lean_steps"] += int(plan.lean)
         if not plan.items:
-            return False
+            return ran
         now = time.perf_counter()
         for req in plan.started:
             self.waiting.remove(req)
@@ -226,8 +276,14 @@ class Scheduler(AdmissionMixin):
         self._compute(plan)
         self.step_no += 1
         self._computing = self._uncommitted()
-        self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]})
+        self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]} | self.work.owners(self.step_no))
         return True
+
+    def _run_work(self, requesting: set[str], budget: int) -> bool:
+        """Run the jobs whose turn it is before the next step (``work.WorkQueue.run``). Returns whether one ran."""
+        done = self.work.run(self.fair, requesting, step=self.step_no, age_steps=self.age_steps, budget=budget)
+        self.counters.update(done)
+        return done["work_jobs"] > 0
 
     def _uncommitted(self) -> frozenset[bytes]:
         return frozenset(h for r in self.running if r.seq is not None and r.seq.use_cache
@@ -250,6 +306,7 @@ class Scheduler(AdmissionMixin):
                     self._fail(req, exc)
                 continue
             seconds = time.perf_counter() - t0
+            self.counters["step_seconds"] += seconds
             n = sum(e - s for _, s, e in items)
             for (req, start, end), row in zip(items, logits, strict=True):
                 try:
@@ -278,7 +335,9 @@ class Scheduler(AdmissionMixin):
                 req.emit(Logits(row, req.cached_tokens))
                 self._finish(req, None)
                 return
-            req.emit(Prefilled(len(req.prompt), req.cached_tokens, time.perf_counter() - req.arrival_time))
+            ttft = time.perf_counter() - req.arrival_time
+            req.emit(Prefilled(len(req.prompt), req.cached_tokens, ttft))
+            self.first_tokens.record(req, ttft)
         elif end - start > 1:  # a preempted request's recompute ended
             self._commit(seq)
         if req.produced >= req.max_tokens:

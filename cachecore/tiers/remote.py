@@ -6,14 +6,25 @@ it. Its name::
 
     <tenant>/<model>/<revision>/v<key version>/<hex chain hash of the chunk's last block>
 
-(each of tenant, model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX``), so deletes by tenant,
-model, revision or key version are prefix operations on the backend.
+(each of tenant, model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX``; :mod:`cachecore.tiers.l3_names`),
+so deletes by tenant, model, revision or key version are prefix operations on the backend.
 
 The bytes are a frame of :mod:`cachecore.crypto` (AES-256-GCM under the tenant's active data-key
 version). The associated data is computed by the READER from its own request: object key (= the
-object's name), ``tag.ns_digest``, the KV layout, ``tag.owner`` as tenant id, the frame's key
-version and format version; so an object moved to another name, tenant, model or revision fails to
-decrypt. The plaintext (KV first, so that a read decrypts it straight into the output tensor)::
+object's name), ``tag.ns_digest``, the KV layout, ``tag.owner`` as tenant id, and the frame's key
+version, format version and expiry; so an object moved to another name, tenant, model or revision,
+or whose expiry was edited, fails to decrypt.
+
+**Expiry.** Each object carries its own expiry in the frame header (``put_chunk``'s
+``retention_seconds``: the writer's retention, the minimum of the request's and the tenant's, from
+the write time; 0 = none), authenticated with it. A read serves nothing at or past it (and deletes
+the object: nobody may read it again), nor anything older than the reading request's own retention
+(the tenant's current one, so a lowered retention applies at once). ``sweep`` reads each object's
+clear header (``Backend.head``, no decryption) and deletes what is past its own expiry or older than
+its tenant's retention. Objects of frame format 1 (written before expiries existed) are treated as
+expired: never served, deleted by the next read or sweep.
+
+The plaintext (KV first, so that a read decrypts it straight into the output tensor)::
 
     KV bytes ([chunk_blocks, *page_shape], C order) | token ids (n_tokens x u32 LE) | ndim (u8)
     | shape (ndim x u32) | len(dtype) (u8) | dtype (ascii) | created (f64, epoch s) | n_tokens (u32)
@@ -21,8 +32,9 @@ decrypt. The plaintext (KV first, so that a read decrypts it straight into the o
 Reads (:meth:`RemoteStore.get`) stop at the first chunk that is missing, expired, unreadable or
 fails verification; that chunk and every one after it is a miss, never wrong bytes:
 
-- missing, older than the request's retention, or sealed under a key version this worker does
-  not hold (shredded): a miss (``misses``; ``expired``, ``shredded``);
+- missing, past its own expiry, older than the request's retention, of frame format 1, or sealed
+  under a key version this worker does not hold (shredded): a miss (``misses``; ``expired``,
+  ``shredded``); an object past its own expiry or of format 1 is deleted;
 - torn, truncated, bit-flipped, another format version, moved (associated data differs), wrong
   shape/dtype or other token ids: ``corrupt``, and the object is quarantined (deleted, so it is not
   retried forever and a later write can replace it);
@@ -34,7 +46,8 @@ Writes (:meth:`RemoteStore.put_chunk`) are meant to run off the request path (th
 thread). Capacity (``capacity_bytes``) is shared fairly: when room is needed, the oldest object of
 a tenant over its equal share goes first (a tenant that floods L3 evicts its own objects), and a
 tenant's ``max_bytes`` (:meth:`set_tenant_limit`) evicts its own oldest objects. Age order is write
-time, refreshed by reads in this process. The accounting is an in-memory index of the backend
+time, refreshed by reads in this process. The accounting (:class:`~cachecore.tiers.l3_index.L3Index`,
+which also chooses the victims) is an in-memory index of the backend
 listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
 written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
 
@@ -50,15 +63,11 @@ must know that it did not happen).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import struct
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
-from urllib.parse import unquote
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -69,83 +78,17 @@ from cachecore.hashing import token_buffer
 from cachecore.layout import KVLayout
 from cachecore.tiers.backends.base import Backend, ObjectInfo
 from cachecore.tiers.base import Fetched, Tag
+from cachecore.tiers.l3_index import L3Index, Victim
+from cachecore.tiers.l3_names import ObjectName, dec, enc, object_name, parse_name, scope_matcher, scope_prefix
 
 __all__ = ["DEFAULT_CHUNK_BLOCKS", "ObjectName", "RemoteStore", "object_name", "parse_name"]
 
 DEFAULT_CHUNK_BLOCKS = 16
 
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-_MAX_COMPONENT = 150
 _PT_END = struct.Struct("<dI")  # created, n_tokens
 
 
-# ---------------------------------------------------------------------- names
-def _enc(text: str) -> str:
-    """Escape one name component: ``[A-Za-z0-9_-]`` kept, every other UTF-8 byte as ``%XX`` (so no
-    ``/``, no leading ``.``); ``""`` is ``%``. Over-long components become ``%%`` + a digest."""
-    if text == "":
-        return "%"
-    out = "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode("utf-8")) for c in text)
-    if len(out) > _MAX_COMPONENT:
-        out = "%%" + hashlib.blake2b(text.encode("utf-8"), digest_size=20).hexdigest()
-    return out
-
-
-def _dec(component: str) -> str:
-    if component == "%":
-        return ""
-    if component.startswith("%%"):
-        return component  # a digest of an over-long value: not reversible
-    return unquote(component, errors="strict")
-
-
-class ObjectName(NamedTuple):
-    """The parts of an L3 object's name (tenant, model, revision decoded)."""
-
-    tenant: str
-    model: str
-    revision: str
-    key_version: int
-    key: bytes
-
-
-def object_name(tenant: str, model: str, revision: str, key_version: int, key: bytes) -> str:
-    return f"{_enc(tenant)}/{_enc(model)}/{_enc(revision)}/v{key_version}/{key.hex()}"
-
-
-def parse_name(name: str) -> ObjectName | None:
-    """The parts of ``name``, or None if it is not an L3 object name."""
-    parts = name.split("/")
-    if len(parts) != 5 or not parts[3].startswith("v") or not parts[3][1:].isdigit():
-        return None
-    try:
-        key = bytes.fromhex(parts[4])
-        return ObjectName(_dec(parts[0]), _dec(parts[1]), _dec(parts[2]), int(parts[3][1:]), key)
-    except (ValueError, UnicodeDecodeError):
-        return None
-
-
-def _scope_prefix(tenant: str | None, model: str | None, revision: str | None, key_version: int | None) -> str:
-    """The longest literal name prefix of a scope (fields after the first unset one are filtered)."""
-    prefix = ""
-    for part in (
-        None if tenant is None else _enc(tenant),
-        None if model is None else _enc(model),
-        None if revision is None else _enc(revision),
-        None if key_version is None else f"v{key_version}",
-    ):
-        if part is None:
-            break
-        prefix += part + "/"
-    return prefix
-
-
 # ---------------------------------------------------------------------- the store
-class _Entry(NamedTuple):
-    size: int
-    mtime: float
-
-
 class RemoteStore:
     """The L3 store over one :class:`~cachecore.tiers.backends.base.Backend` (see the module doc)."""
 
@@ -182,14 +125,11 @@ class RemoteStore:
         self._chunk_kv_bytes = self._chunk_numel * layout.element_size
         self._trailer = self._trailer_bytes(np.zeros(self.chunk_tokens, dtype="<u4"), 0.0)
         self._frame_bytes = crypto.FRAME_OVERHEAD + self._chunk_kv_bytes + len(self._trailer)
+        self._head_bytes = crypto.HEADER_BYTES
         self._lock = threading.RLock()
         self._local = threading.local()
         self._down_until = 0.0  # time.monotonic() before which the backend is not tried
-        # Index: encoded tenant -> name -> entry, oldest first; loaded lazily.
-        self._index: dict[str, OrderedDict[str, _Entry]] | None = None
-        self._usage: dict[str, int] = {}
-        self._total = 0
-        self._limits: dict[str, int] = {}  # encoded tenant -> max bytes
+        self._index = L3Index()  # what each tenant holds, by encoded tenant; loaded lazily
         self._names: dict[str, str] = {}  # encoded tenant -> tenant id (for over-long ones)
         self.put_listeners: list[Callable[[Sequence[bytes]], None]] = []
         self.drop_listeners: list[Callable[[list[bytes], str], None]] = []
@@ -306,9 +246,12 @@ class RemoteStore:
             return "miss"
         self._count("bytes_out", len(frame))
         try:
+            fmt, key_version, expires = crypto.frame_header(frame)
+            if 0 < fmt < crypto.FORMAT_VERSION:  # written before objects carried their expiry
+                self._expire(tag, name)
+                return "miss"
             if len(frame) != self._frame_bytes:
                 raise DecryptError("object has the wrong length for this layout")
-            fmt, key_version = crypto.frame_header(frame)
             if name != self._name(tag, key_version, key):
                 raise DecryptError("frame key version differs from the object's name")
             aad = crypto.associated_data(
@@ -318,6 +261,7 @@ class RemoteStore:
                 tenant=tag.owner,
                 key_version=key_version,
                 format_version=fmt,
+                expires=expires,
             )
             crypto.open_frame(self.keyring, frame, aad, tenant=tag.owner, out=dest)
             want = token_buffer(tokens[c * self.chunk_tokens : (c + 1) * self.chunk_tokens])
@@ -329,6 +273,9 @@ class RemoteStore:
         except DecryptError:
             self._quarantine(tag, name)
             return "corrupt"
+        if expires and self.clock() >= expires:  # authenticated above: the writer's own expiry
+            self._expire(tag, name)
+            return "miss"
         if retention_seconds is not None and self.clock() - created > retention_seconds:
             self._count("expired")
             self._count("misses")
@@ -346,9 +293,13 @@ class RemoteStore:
         kv: torch.Tensor,
         *,
         created: float | None = None,
+        retention_seconds: float | None = None,
     ) -> bool:
         """Seal and store one chunk: ``hashes`` (``chunk_blocks`` chain hashes, stored under the
         last), ``tokens`` (``chunk_blocks * block_size`` ids), ``kv`` ``[chunk_blocks, *page_shape]``.
+        ``retention_seconds`` (the writer's retention: the minimum of the request's and the tenant's)
+        sets the object's own authenticated expiry, ``created + retention_seconds`` rounded up to a
+        second; None: no expiry of its own (only the readers' retention and the sweep's apply).
 
         Skipped (False) when ``tag.persist`` is False, the tenant has no active key, the chunk is
         already stored (under any key version held), it does not fit the tenant's limit or the
@@ -382,6 +333,7 @@ class RemoteStore:
                     return False
             name = self._name(tag, version, key)
             stamp = self.clock() if created is None else float(created)
+            expires = 0 if retention_seconds is None else max(1, math.ceil(stamp + float(retention_seconds)))
             scratch = self._scratch_buffers()
             plaintext = self._plaintext(tok, stamp, kv, scratch[0])
             aad = crypto.associated_data(
@@ -391,24 +343,26 @@ class RemoteStore:
                 tenant=tag.owner,
                 key_version=version,
                 format_version=crypto.FORMAT_VERSION,
+                expires=expires,
             )
-            frame = crypto.seal(data_key, version=version, aad=aad, plaintext=plaintext, out=scratch[1])
+            frame = crypto.seal(data_key, version=version, aad=aad, plaintext=plaintext, out=scratch[1],
+                                expires=expires)
             tenant = self._tenant_key(tag.owner)
             self._ensure_index()
             with self._lock:
-                victims = self._choose_victims(tenant, len(frame))
+                victims = self._index.victims(tenant, len(frame), self.capacity_bytes)
                 if victims is None:
                     self.stats["rejected"] += 1
                     return False
                 for t, n, _ in victims:
-                    self._forget(t, n)
-                self._remember(tenant, name, _Entry(len(frame), stamp))
+                    self._index.forget(t, n)
+                self._index.remember(tenant, name, len(frame), stamp)
             try:
                 self._evict(victims)
                 self.backend.put(name, frame)
             except BackendUnavailable:
                 with self._lock:
-                    self._forget(tenant, name)
+                    self._index.forget(tenant, name)
                 raise
         except BackendUnavailable:
             self._trip()
@@ -425,11 +379,11 @@ class RemoteStore:
         t = self._tenant_key(tenant)
         with self._lock:
             if max_bytes is None:
-                self._limits.pop(t, None)
+                self._index.limits.pop(t, None)
             else:
                 if max_bytes < 0:
                     raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
-                self._limits[t] = int(max_bytes)
+                self._index.limits[t] = int(max_bytes)
 
     # ------------------------------------------------------------------ deletes and sweeps
     def delete_chunk(self, tag: Tag, key: bytes) -> bool:
@@ -444,7 +398,7 @@ class RemoteStore:
                 if self.backend.delete(name):
                     deleted = True
                     with self._lock:
-                        self._forget(t, name)
+                        self._index.forget(t, name)
                         self.stats["deleted"] += 1
         except BackendUnavailable:
             self._trip()
@@ -463,8 +417,8 @@ class RemoteStore:
         """Delete every object of the scope (unset fields match anything; nothing set = all);
         returns ``(objects, bytes)``. A prefix delete on the backend when the set fields lead
         (tenant, tenant+model, ...), else a listing filtered by name. Raises ``BackendUnavailable``."""
-        prefix = _scope_prefix(tenant, model, revision, key_version)
-        match = self._matcher(tenant, model, revision, key_version)
+        prefix = scope_prefix(tenant, model, revision, key_version)
+        match = scope_matcher(tenant, model, revision, key_version)
         leading = prefix.count("/") == sum(f is not None for f in (tenant, model, revision, key_version))
         if leading:
             objects, n_bytes = self.backend.delete_prefix(prefix)
@@ -477,11 +431,9 @@ class RemoteStore:
                     n_bytes += info.size
         forgotten: list[str] = []
         with self._lock:
-            if self._index is not None:
-                for t, names in list(self._index.items()):
-                    for n in [n for n in names if match(n)]:
-                        self._forget(t, n)
-                        forgotten.append(n)
+            for t, n in self._index.matching(match):
+                self._index.forget(t, n)
+                forgotten.append(n)
             self.stats["deleted"] += objects
             self.stats["deleted_bytes"] += n_bytes
         self._announce_drop(forgotten, "flushed")
@@ -497,8 +449,8 @@ class RemoteStore:
     ) -> tuple[int, int]:
         """``(objects, bytes)`` the backend holds in the scope (the probe after a flush). Raises
         ``BackendUnavailable``."""
-        prefix = _scope_prefix(tenant, model, revision, key_version)
-        match = self._matcher(tenant, model, revision, key_version)
+        prefix = scope_prefix(tenant, model, revision, key_version)
+        match = scope_matcher(tenant, model, revision, key_version)
         objects = n_bytes = 0
         for info in self.backend.list(prefix):
             if match(info.name):
@@ -509,11 +461,12 @@ class RemoteStore:
     def sweep(
         self, retention_seconds_by_tenant: dict[str, float | None], default_seconds: float | None
     ) -> tuple[int, int]:
-        """Delete every object older (by the backend's write time) than its tenant's retention
-        (``default_seconds`` for tenants not in the dict; None = keep), trim tenants over their
-        limit and the store over its capacity, remove interrupted writes' leftovers, and rebuild the
-        index from the listing. Returns ``(objects, bytes)`` deleted for retention and limits.
-        Raises ``BackendUnavailable``."""
+        """Delete every object past its own expiry (read from its clear header, see the module doc),
+        of frame format 1, or older (by the backend's write time) than its tenant's retention
+        (``default_seconds`` for tenants not in the dict; None = no tenant limit), trim tenants over
+        their limit and the store over its capacity, remove interrupted writes' leftovers, and
+        rebuild the index from the listing. Returns ``(objects, bytes)`` deleted for expiry,
+        retention and limits. Raises ``BackendUnavailable``."""
         now = self.clock()
         retention = {self._tenant_key(t): s for t, s in retention_seconds_by_tenant.items()}
         objects = n_bytes = 0
@@ -523,8 +476,7 @@ class RemoteStore:
             if parse_name(info.name) is None:
                 continue
             tenant = info.name.split("/", 1)[0]
-            limit = retention.get(tenant, default_seconds)
-            if limit is not None and now - info.mtime > limit:
+            if self._expired(info, now, retention.get(tenant, default_seconds)):
                 if self.backend.delete(info.name):
                     objects += 1
                     n_bytes += info.size
@@ -532,10 +484,10 @@ class RemoteStore:
                 continue
             kept.append((tenant, info))
         with self._lock:
-            self._load_index(kept)
-            victims = self._choose_victims(None, 0) or []
+            self._index.load(kept)
+            victims = self._index.victims(None, 0, self.capacity_bytes) or []
             for t, n, _ in victims:
-                self._forget(t, n)
+                self._index.forget(t, n)
         self._announce_drop(expired, "expired")
         evicted = self._evict(victims)
         removed = self.backend.sweep_temp(self.temp_grace_seconds, now=now)
@@ -545,12 +497,58 @@ class RemoteStore:
             self.stats["temp_removed"] += removed
         return objects + evicted[0], n_bytes + evicted[1]
 
+    def expire_tenant(self, tenant: str, retention_seconds: float | None) -> tuple[int, int]:
+        """Delete now every object of ``tenant`` past its own expiry or older than
+        ``retention_seconds`` (the tenant's retention was lowered); ``(objects, bytes)`` deleted.
+        Other tenants are not looked at. Raises ``BackendUnavailable``."""
+        now = self.clock()
+        objects = n_bytes = 0
+        expired: list[str] = []
+        for info in list(self.backend.list(scope_prefix(tenant, None, None, None))):
+            if parse_name(info.name) is not None and self._expired(info, now, retention_seconds) \
+                    and self.backend.delete(info.name):
+                objects += 1
+                n_bytes += info.size
+                expired.append(info.name)
+        with self._lock:
+            for name in expired:
+                self._index.forget(self._tenant_key(tenant), name)
+            self.stats["deleted"] += objects
+            self.stats["deleted_bytes"] += n_bytes
+        self._announce_drop(expired, "expired")
+        return objects, n_bytes
+
+    def count_expired(self, *, tenant: str, retention_seconds: float | None) -> int:
+        """Objects of ``tenant`` the backend holds that a ``sweep`` with this retention would delete
+        (the probe after one: 0 means nothing too old is left). Raises ``BackendUnavailable``."""
+        now = self.clock()
+        prefix = scope_prefix(tenant, None, None, None)
+        return sum(1 for info in self.backend.list(prefix)
+                   if parse_name(info.name) is not None and self._expired(info, now, retention_seconds))
+
+    def _expired(self, info: ObjectInfo, now: float, retention_seconds: float | None) -> bool:
+        """Whether ``info``'s object is past its own expiry, of frame format 1, or older than
+        ``retention_seconds``. Reads the object's clear header only (unauthenticated: it can make a
+        sweep delete early, which anyone who can write the backend can do anyway, but a read never
+        serves an object whose header was edited). A header too short to parse is left for a read
+        to quarantine. Raises ``BackendUnavailable``."""
+        if retention_seconds is not None and now - info.mtime > retention_seconds:
+            return True
+        head = self.backend.head(info.name, self._head_bytes)
+        if head is None:
+            return False
+        try:
+            fmt, _, expires = crypto.frame_header(head)
+        except DecryptError:
+            return False
+        return 0 < fmt < crypto.FORMAT_VERSION or (expires != 0 and now >= expires)
+
     def refresh(self) -> None:
         """Rebuild the index from a listing of the backend (picks up other processes' writes and
         deletes). Raises ``BackendUnavailable``."""
         listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
         with self._lock:
-            self._load_index(listing)
+            self._index.load(listing)
 
     # ------------------------------------------------------------------ accounting
     def usage_by_tenant(self, *, refresh: bool = False) -> dict[str, int]:
@@ -564,7 +562,7 @@ class RemoteStore:
             self._trip()
             return {}
         with self._lock:
-            return {self._names.get(t, _dec(t)): b for t, b in self._usage.items() if b > 0}
+            return {self._names.get(t, dec(t)): b for t, b in self._index.usage.items() if b > 0}
 
     def gauges(self) -> dict[str, int]:
         """``objects``, ``used_bytes``, ``capacity_bytes`` (0: unbounded), ``chunk_blocks`` and the
@@ -574,41 +572,22 @@ class RemoteStore:
         except BackendUnavailable:
             self._trip()
         with self._lock:
-            objects = sum(len(v) for v in self._index.values()) if self._index is not None else 0
-            return {"objects": objects, "used_bytes": self._total, "capacity_bytes": self.capacity_bytes or 0,
-                    "chunk_blocks": self.chunk_blocks, **self.stats}
+            return {"objects": self._index.objects(), "used_bytes": self._index.total,
+                    "capacity_bytes": self.capacity_bytes or 0, "chunk_blocks": self.chunk_blocks, **self.stats}
 
     def check_integrity(self) -> None:
         with self._lock:
-            if self._index is None:
-                return
-            for t, names in self._index.items():
-                assert self._usage.get(t, 0) == sum(e.size for e in names.values()), f"usage of {t} is off"
-            assert self._total == sum(self._usage.values()), "total usage is off"
+            self._index.check()
 
     # ------------------------------------------------------------------ internals
     def _name(self, tag: Tag, version: int, key: bytes) -> str:
         return object_name(tag.owner, tag.model, tag.revision, version, key)
 
     def _tenant_key(self, tenant: str) -> str:
-        enc = _enc(tenant)
-        if enc.startswith("%%"):
-            self._names[enc] = tenant
-        return enc
-
-    def _matcher(self, tenant, model, revision, key_version) -> Callable[[str], bool]:
-        want = (
-            None if tenant is None else _enc(tenant),
-            None if model is None else _enc(model),
-            None if revision is None else _enc(revision),
-            None if key_version is None else f"v{key_version}",
-        )
-
-        def match(name: str) -> bool:
-            parts = name.split("/")
-            return len(parts) == 5 and all(w is None or w == p for w, p in zip(want, parts, strict=False))
-
-        return match
+        key = enc(tenant)
+        if key.startswith("%%"):
+            self._names[key] = tenant
+        return key
 
     @property
     def _pt_len(self) -> int:
@@ -656,6 +635,20 @@ class RemoteStore:
             raise DecryptError("chunk of another layout")
         return created
 
+    def _expire(self, tag: Tag, name: str) -> None:
+        """A read found ``name`` past its own expiry (or of frame format 1): a miss, and deleted."""
+        self._count("expired")
+        self._count("misses")
+        try:
+            deleted = self.backend.delete(name)
+        except BackendUnavailable:
+            self._trip()
+            return
+        with self._lock:
+            self.stats["deleted"] += int(deleted)
+            self._index.forget(self._tenant_key(tag.owner), name)
+        self._announce_drop([name], "expired")
+
     def _quarantine(self, tag: Tag, name: str) -> None:
         self._count("corrupt")
         try:
@@ -665,7 +658,7 @@ class RemoteStore:
             return
         with self._lock:
             self.stats["quarantined"] += 1
-            self._forget(self._tenant_key(tag.owner), name)
+            self._index.forget(self._tenant_key(tag.owner), name)
         self._announce_drop([name], "corrupt")
 
     def _available(self) -> bool:
@@ -685,99 +678,19 @@ class RemoteStore:
 
     def _ensure_index(self) -> None:
         """List the backend once (outside the lock: it is I/O) to build the index."""
-        if self._index is not None:
+        if self._index.loaded:
             return
         listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
         with self._lock:
-            if self._index is None:
-                self._load_index(listing)
-
-    def _load_index(self, listing: Iterable[tuple[str, ObjectInfo]]) -> None:
-        self._index, self._usage, self._total = {}, {}, 0
-        for tenant, info in sorted(listing, key=lambda x: x[1].mtime):
-            self._remember(tenant, info.name, _Entry(info.size, info.mtime))
-
-    def _remember(self, tenant: str, name: str, entry: _Entry) -> None:
-        if self._index is None:
-            return
-        self._forget(tenant, name)
-        self._index.setdefault(tenant, OrderedDict())[name] = entry
-        self._usage[tenant] = self._usage.get(tenant, 0) + entry.size
-        self._total += entry.size
-
-    def _forget(self, tenant: str, name: str) -> None:
-        if self._index is None:
-            return
-        names = self._index.get(tenant)
-        entry = names.pop(name, None) if names is not None else None
-        if entry is None:
-            return
-        self._usage[tenant] -= entry.size
-        self._total -= entry.size
-        if not names:
-            del self._index[tenant]
-            del self._usage[tenant]
+            if not self._index.loaded:
+                self._index.load(listing)
 
     def _seen(self, tag: Tag, name: str, size: int, created: float) -> None:
-        """A read delivered ``name``: it becomes the tenant's most recently used (and enters the
-        index if another process wrote it)."""
+        """A read delivered ``name``: the tenant's most recently used object now."""
         with self._lock:
-            if self._index is None:
-                return
-            tenant = self._tenant_key(tag.owner)
-            names = self._index.get(tenant)
-            if names is not None and name in names:
-                names.move_to_end(name)
-            else:
-                self._remember(tenant, name, _Entry(size, created))
+            self._index.seen(self._tenant_key(tag.owner), name, size, created)
 
-    def _choose_victims(self, writer: str | None, size: int) -> list[tuple[str, str, int]] | None:
-        """Objects to evict so that ``writer`` can add ``size`` bytes (``writer=None``: bring every
-        tenant within its limit and the store within capacity), or None if that cannot be done
-        without pushing another tenant below its fair share. Mutates nothing. Lock held."""
-        assert self._index is not None
-        usage = dict(self._usage)
-        cursors = {t: iter(names.items()) for t, names in self._index.items()}
-        heads: dict[str, tuple[str, _Entry] | None] = {}
-        victims: list[tuple[str, str, int]] = []
-
-        def head(t: str) -> tuple[str, _Entry] | None:
-            if t not in heads:
-                heads[t] = next(cursors[t], None) if t in cursors else None
-            return heads[t]
-
-        def take(t: str) -> None:
-            n, e = heads.pop(t)  # type: ignore[misc]
-            victims.append((t, n, e.size))
-            usage[t] -= e.size
-
-        # Per-tenant hard caps (max_l3_bytes).
-        for t, limit in self._limits.items():
-            extra = size if t == writer else 0
-            if extra > limit:
-                return None
-            while usage.get(t, 0) + extra > limit:
-                if head(t) is None:
-                    return None
-                take(t)
-        if self.capacity_bytes is None:
-            return victims
-        cap = self.capacity_bytes
-        if size > cap:
-            return None
-        if writer is not None:
-            usage[writer] = usage.get(writer, 0) + size
-        while sum(usage.values()) > cap:
-            holders = [t for t, b in usage.items() if b > 0]
-            share = cap / max(len(holders), 1)
-            over = [t for t in holders if usage[t] > share and head(t) is not None]
-            if not over:
-                return None
-            t = min(over, key=lambda t: head(t)[1].mtime)  # type: ignore[index]
-            take(t)
-        return victims
-
-    def _evict(self, victims: list[tuple[str, str, int]]) -> tuple[int, int]:
+    def _evict(self, victims: list[Victim]) -> tuple[int, int]:
         objects = n_bytes = 0
         for _, name, size in victims:
             if self.backend.delete(name):

@@ -10,6 +10,8 @@ under ASGI, each costs thread hops on every request (see ``bench.api_overhead``)
 Both sit behind :class:`~controlplane.common.asgi_limits.BodyLimit`: Django reads a whole request body
 into a temporary file before any middleware runs, so bodies over the limit are refused (413) at the
 ASGI layer, from ``Content-Length`` or as a chunked body passes the limit, before anything is buffered.
+The serving API's :class:`~controlplane.serving.gate.RequestGate` also answers 429, unread, to a
+tenant that has used this minute's requests.
 """
 
 import os
@@ -23,6 +25,7 @@ django.setup(set_prefix=False)
 from django.conf import settings  # noqa: E402
 
 from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
+from controlplane.serving.gate import RequestGate  # noqa: E402
 
 SERVING_PREFIX = "/v1/"
 SERVING_MIDDLEWARE = ["controlplane.common.middleware.ApiErrorMiddleware"]
@@ -41,7 +44,7 @@ class ServingASGIHandler(ASGIHandler):
 
 
 _site = BodyLimit(ASGIHandler())
-_serving = BodyLimit(ServingASGIHandler())
+_serving = BodyLimit(RequestGate(ServingASGIHandler()))  # gate: 429 before a body is read
 
 
 async def application(scope, receive, send):

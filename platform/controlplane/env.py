@@ -10,6 +10,7 @@ call :func:`load`), never ``os.environ``.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import secrets
 import stat
@@ -48,11 +49,33 @@ def _int(src: Mapping[str, str], name: str, default: int) -> int:
         raise EnvError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _float(src: Mapping[str, str], name: str, default: float) -> float:
+    raw = src.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise EnvError(f"{name} must be a number, got {raw!r}") from None
+
+
 def _list(src: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
     raw = src.get(name)
     if raw is None:
         return default
     return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+def _networks(src: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Comma-separated IP addresses or CIDR networks, each checked (a typo must not silently trust
+    nobody, or everybody); returned normalised (``10.0.0.1`` -> ``10.0.0.1/32``)."""
+    networks = []
+    for item in _list(src, name):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise EnvError(f"{name} must list IP addresses or CIDR networks, got {item!r}") from None
+    return tuple(networks)
 
 
 def _str(src: Mapping[str, str], name: str) -> str | None:
@@ -76,8 +99,16 @@ class StrataEnv:
     behind_tls_proxy: bool  # STRATA_BEHIND_TLS_PROXY: trust X-Forwarded-Proto (production)
     hsts_seconds: int  # STRATA_HSTS_SECONDS (production)
     log_level: str  # STRATA_LOG_LEVEL
-    max_body_bytes: int  # STRATA_MAX_BODY_BYTES: largest request body on /v1/
+    max_body_bytes: int  # STRATA_MAX_BODY_BYTES: largest body on /v1/kv/store, the UI and Django's admin
     admin_max_body_bytes: int  # STRATA_ADMIN_MAX_BODY_BYTES: largest request body on /api/admin/
+    serving_max_body_bytes: int  # STRATA_SERVING_MAX_BODY_BYTES: largest body on /v1/ but /v1/kv/store
+    render_threads: int  # STRATA_RENDER_THREADS: threads that parse, render and tokenize /v1/ bodies
+    render_budget_ms: int  # STRATA_RENDER_BUDGET_MS: time budget of one chat template render
+    trusted_proxies: tuple[str, ...]  # STRATA_TRUSTED_PROXIES: proxies whose X-Forwarded-For is believed
+    web_max_connections: int  # STRATA_WEB_MAX_CONNECTIONS: the web server's connection/task cap (503 past it)
+    web_keepalive_s: int  # STRATA_WEB_KEEPALIVE_S: idle kept-alive connections closed after this
+    web_header_timeout_s: float  # STRATA_WEB_HEADER_TIMEOUT_S: request line + headers within this
+    web_body_timeout_s: float  # STRATA_WEB_BODY_TIMEOUT_S: the whole request body within this (else 408)
     weights_root: Path | None  # STRATA_WEIGHTS_ROOT: weights_path must resolve inside it when set
     database_url: str | None  # DATABASE_URL: PostgreSQL instead of the embedded SQLite file
     redis_url: str | None  # REDIS_URL: shared L3 store
@@ -129,6 +160,14 @@ def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
         log_level=(src.get("STRATA_LOG_LEVEL") or "INFO").upper(),
         max_body_bytes=_int(src, "STRATA_MAX_BODY_BYTES", 32 * 1024 * 1024),
         admin_max_body_bytes=_int(src, "STRATA_ADMIN_MAX_BODY_BYTES", 1024 * 1024),
+        serving_max_body_bytes=_int(src, "STRATA_SERVING_MAX_BODY_BYTES", 4 * 1024 * 1024),
+        render_threads=max(1, _int(src, "STRATA_RENDER_THREADS", 2)),
+        render_budget_ms=max(1, _int(src, "STRATA_RENDER_BUDGET_MS", 1000)),
+        trusted_proxies=_networks(src, "STRATA_TRUSTED_PROXIES"),
+        web_max_connections=_int(src, "STRATA_WEB_MAX_CONNECTIONS", 512),
+        web_keepalive_s=_int(src, "STRATA_WEB_KEEPALIVE_S", 5),
+        web_header_timeout_s=_float(src, "STRATA_WEB_HEADER_TIMEOUT_S", 10.0),
+        web_body_timeout_s=_float(src, "STRATA_WEB_BODY_TIMEOUT_S", 60.0),
         weights_root=Path(weights_root).resolve() if weights_root else None,
         database_url=_str(src, "DATABASE_URL"),
         redis_url=_str(src, "REDIS_URL"),

@@ -124,10 +124,10 @@ def test_the_database_refuses_to_delete_or_rewind_the_head_and_allows_a_forward_
 @pytest.mark.parametrize("sql", [
     "INSERT OR REPLACE INTO audit_audithead (id, seq, hash) VALUES (1, 1, '{genesis}')",
     "REPLACE INTO audit_audithead (id, seq, hash) VALUES (1, 0, '{genesis}')",
-    "INSERT OR REPLACE INTO audit_auditevent SELECT seq, time, 'mallory', auth_method, source, action, "
-    "target, tenant, old, new, reason, result, prev_hash, hash FROM audit_auditevent WHERE seq = 2",
-    "INSERT OR REPLACE INTO audit_auditevent SELECT 99, time, actor, auth_method, source, action, "
-    "target, tenant, old, new, reason, result, prev_hash, hash FROM audit_auditevent WHERE seq = 3",
+    "INSERT OR REPLACE INTO audit_auditevent SELECT seq, time, 'mallory', auth_method, source, action, target, "
+    "tenant, old, new, reason, result, prev_hash, hash, peer, forwarded_for FROM audit_auditevent WHERE seq = 2",
+    "INSERT OR REPLACE INTO audit_auditevent SELECT 99, time, actor, auth_method, source, action, target, "
+    "tenant, old, new, reason, result, prev_hash, hash, peer, forwarded_for FROM audit_auditevent WHERE seq = 3",
 ])
 def test_sqlite_refuses_insert_or_replace_over_an_event_or_the_head(actor, sql):
     from controlplane.audit import triggers

@@ -33,8 +33,7 @@ def test_bad_tokens_from_one_source_become_one_event_per_window_carrying_a_count
     assert "notarealtoken" not in str([(e.actor, e.target, e.reason, e.new) for e in audit_events("auth.failed")])
 
 
-def test_past_the_limit_a_source_gets_429_with_retry_after_and_no_token_is_checked(
-        clock, admin_client, monkeypatch):
+def test_past_the_limit_a_source_gets_429_for_bad_tokens_and_malformed_ones_are_not_looked_up(clock, monkeypatch):
     from controlplane.adminapi import auth
     from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
 
@@ -43,18 +42,31 @@ def test_past_the_limit_a_source_gets_429_with_retry_after_and_no_token_is_check
     checked = []
     real = auth.operator_authenticate
     monkeypatch.setattr(auth, "operator_authenticate", lambda token: checked.append(token) or real(token))
-    response = attacker().get(URL)
+    response = attacker(header="Bearer not-even-shaped-like-a-token").get(URL)
     assert_error(response, 429, "auth_throttled")
     assert response.json()["error"]["type"] == "rate_limit_error" and 1 <= int(response["Retry-After"]) <= 60
-    # Locked means locked: even a valid token from that source is not looked at.
-    assert_error(attacker(header=f"Bearer {admin_client.token}").get(URL), 429, "auth_throttled")
-    assert checked == []
-    assert attacker("198.51.100.1", f"Bearer {admin_client.token}").get(URL).status_code == 200
-    assert admin_client.get(URL).status_code == 200  # 127.0.0.1 is another source
-    (refused,) = audit_events("auth.throttled")
-    assert (refused.source, refused.new_value["count"]) == ("203.0.113.7", 1)
+    assert_error(attacker(header="Basic dXNlcjpwYXNz").get(URL), 429, "auth_throttled")
+    assert checked == []  # locked: what cannot be a token costs no lookup
+    assert_error(attacker(header=f"Bearer st-op-{'A' * 43}").get(URL), 429, "auth_throttled")
+    assert len(checked) == 1  # well formed: looked up, bad, still 429
+    assert_error(attacker("198.51.100.1").get(URL), 401)  # another source is not locked
+    refused = audit_events("auth.throttled")
+    assert [(e.source, e.new_value["count"]) for e in refused] == [("203.0.113.7", 1)]
     clock.advance(61)
-    assert attacker(header=f"Bearer {admin_client.token}").get(URL).status_code == 200
+    assert_error(attacker().get(URL), 401)
+
+
+def test_a_valid_operator_token_is_served_from_a_source_locked_by_anonymous_bad_tokens(clock, admin_client):
+    # All traffic through one proxy address (not configured as trusted): the attackers and the
+    # operator share the source. Failures are throttled, a valid credential never is.
+    from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
+
+    proxy = "192.0.2.10"
+    for _ in range(TOKEN_FAILURE_LIMIT + 2):
+        attacker(proxy).get(URL)
+    assert_error(attacker(proxy).get(URL), 429, "auth_throttled")
+    assert attacker(proxy, f"Bearer {admin_client.token}").get(URL).status_code == 200
+    assert_error(attacker(proxy).get(URL), 429, "auth_throttled")  # and the lock still holds for failures
 
 
 def test_an_ipv6_host_cannot_escape_the_limit_by_changing_addresses_within_its_64(clock):
@@ -131,3 +143,32 @@ def test_csrf_failures_of_a_session_are_aggregated(clock, django_user_model):
     (event,) = audit_events("auth.failed")
     assert (event.actor, event.auth_method, event.reason, event.new_value["kind"]) == (
         "boss", "session", "CSRF check failed", "csrf")
+
+
+# ---------------------------------------------------------------------- tenant API keys (/v1/)
+def test_a_valid_tenant_key_is_served_from_a_source_locked_by_bad_keys(clock, actor, monkeypatch):
+    from controlplane.serving import keyguard
+    from controlplane.tenants import selectors
+    from controlplane.tenants.services import api_key_create, tenant_create
+
+    tenant = tenant_create(actor=actor, slug="acme", name="Acme")
+    _, raw = api_key_create(actor=actor, tenant=tenant)
+    proxy = "192.0.2.10"
+
+    def tenant_client(header):
+        return Client(headers={"Authorization": header}, REMOTE_ADDR=proxy)
+
+    for _ in range(keyguard.FAILURE_LIMIT):
+        assert_error(tenant_client(f"Bearer sk-st-{'B' * 43}").get("/v1/models"), 401, "invalid_api_key")
+    looked_up = []
+    real = selectors.tenant_authenticate
+    monkeypatch.setattr(selectors, "tenant_authenticate", lambda key: looked_up.append(key) or real(key))
+    assert_error(tenant_client("Bearer junk").get("/v1/models"), 429, "auth_throttled")
+    assert looked_up == []  # locked: what cannot be a key costs no lookup
+    assert_error(tenant_client(f"Bearer sk-st-{'B' * 43}").get("/v1/models"), 429, "auth_throttled")
+    assert tenant_client(f"Bearer {raw}").get("/v1/models").status_code == 200
+    failed = audit_events("auth.failed")
+    assert failed[0].new_value["kind"] == "api_key" and failed[0].source == proxy
+    assert raw not in str([(e.actor, e.target, e.reason, e.new) for e in audit_events("auth.failed")])
+    clock.advance(61)
+    assert_error(tenant_client("Bearer junk").get("/v1/models"), 401, "invalid_api_key")

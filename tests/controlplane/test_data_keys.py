@@ -374,7 +374,9 @@ def test_worker_request_carries_policy_and_data_keys(served, tenant, actor):
     assert _worker_req(served, prompt_cache_retention="24h")["persist"] is True
     tenant_update(actor=actor, tenant=tenant, cache_policy={"retention_seconds": 7 * 86400})
     assert _worker_req(served)["retention_seconds"] == 7 * 86400
-    assert _worker_req(served, prompt_cache_retention="24h")["retention_seconds"] == 86400  # narrowed
+    narrowed = _worker_req(served, prompt_cache_retention="24h")
+    assert narrowed["retention_seconds"] == 86400  # narrowed
+    assert narrowed["tenant_retention_seconds"] == 7 * 86400  # the tenant's own, for the worker's sweep
     tenant_update(actor=actor, tenant=tenant, cache_policy={"persist": False})
     assert _worker_req(served, prompt_cache_retention="24h")["persist"] is False  # the tenant forbids it
     tenant_update(actor=actor, tenant=tenant, cache_policy={"persist": True, "retention_seconds": 0})

@@ -116,7 +116,8 @@ def test_offboard_calls_the_flush_hook_when_the_jobs_app_provides_one(tenant, ac
         calls.append(kwargs)
         return Job()
 
-    monkeypatch.setattr(services, "optional_attr", lambda module, attr: flush_job_request)
+    monkeypatch.setattr(services, "optional_attr",
+                        lambda module, attr: flush_job_request if attr == "flush_job_request" else None)
     result = services.tenant_offboard(actor=actor, tenant=tenant, reason="bye")
     assert result.flush_job.pk == 41
     assert calls == [{"actor": actor, "scope": "tenant", "tenant": result.tenant, "reason": "bye", "kind": "offboard"}]

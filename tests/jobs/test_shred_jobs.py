@@ -37,6 +37,8 @@ class FakeWorkers:
             return {"blocks_freed": 2, "bytes": 64}
         if method == "probe":
             return {"remaining_blocks": self.remaining, "ok": self.remaining == 0}
+        if method == "cancel_tenant":
+            return {"cancelled": 1, "remaining": 0}
         raise AssertionError(f"unexpected worker call {method}")
 
     def of(self, method):
@@ -87,9 +89,13 @@ def test_shred_runs_its_three_steps_on_every_worker(setup, actor, monkeypatch):
     scope = {"tenant": str(setup.pk), "version": 1}
     assert sorted(fake.of("drop_data_key")) == [("tiny-a", (scope,)), ("tiny-b", (scope,))]
     assert sorted(fake.of("probe")) == [(d, ({"scope": "key_version", **scope},)) for d in ("tiny-a", "tiny-b")]
-    assert job.results == {f"cache-worker:{d}:0:drop:v1": {"status": "ok", "objects": 3, "bytes": 3000}
-                           for d in ("tiny-a", "tiny-b")}
-    assert (job.progress_done, job.progress_total) == (2, 2)
+    assert {k: v for k, v in job.results.items() if ":drop:" in k} == {
+        f"cache-worker:{d}:0:drop:v1": {"status": "ok", "objects": 3, "bytes": 3000} for d in ("tiny-a", "tiny-b")}
+    # the tenant's running requests were stopped on every worker before any key was dropped
+    assert sorted(fake.of("cancel_tenant")) == [("tiny-a", (str(setup.pk),)), ("tiny-b", (str(setup.pk),))]
+    assert [m for _, m, _ in fake.calls].index("drop_data_key") > 1
+    assert job.results["cache-worker:tiny-a:0:cancel"] == {"status": "ok", "cancelled": 1, "remaining": 0}
+    assert (job.progress_done, job.progress_total) == (4, 4)
     steps = [s["step"] for s in job.steps]
     assert steps.index("keys_deleted") < steps.index("keys_dropped") < steps.index("keys_verified")
     key = DataKey.objects.get(tenant=setup, version=1)
@@ -140,15 +146,17 @@ def test_an_unreachable_worker_is_retried_without_redoing_the_others(setup, acto
     with pytest.raises(services.RetryLater):
         services.job_execute(job_id=job.pk)
     job.refresh_from_db()
-    assert job.status == "running" and (job.progress_done, job.progress_total) == (1, 2)
-    assert job.results["cache-worker:tiny-b:0:drop:v1"]["status"] == "failed"
+    assert job.status == "running" and (job.progress_done, job.progress_total) == (1, 4)
+    assert job.results["cache-worker:tiny-b:0:cancel"]["status"] == "failed"  # stopping requests comes first
+    assert fake.of("drop_data_key") == []
     fake.fail.clear()
     job = services.job_execute(job_id=job.pk)
     assert job.status == "succeeded" and job.attempts == 2
-    assert [d for d, _ in fake.of("drop_data_key")] == ["tiny-a", "tiny-b", "tiny-b"]  # tiny-a dropped once
+    assert [d for d, _ in fake.of("cancel_tenant")] == ["tiny-a", "tiny-b", "tiny-b"]  # tiny-a stopped once
+    assert [d for d, _ in fake.of("drop_data_key")] == ["tiny-a", "tiny-b"]
     assert len(audit_events("data_key.shred")) == 1  # step 1 once
     assert services.job_execute(job_id=job.pk).status == "succeeded"  # final: a rerun changes nothing
-    assert len(fake.of("drop_data_key")) == 3
+    assert len(fake.of("drop_data_key")) == 2
 
 
 def test_a_worker_still_down_on_the_last_attempt_leaves_the_job_partial(setup, actor, monkeypatch):
@@ -190,10 +198,11 @@ def test_offboarding_job_flushes_then_shreds_every_version(setup, actor, monkeyp
     job = job_execute(job_id=tenant_offboard(actor=actor, tenant=setup, reason="contract ended").flush_job.pk)
     assert job.kind == "offboard" and job.status == "succeeded" and job.verified
     assert states_at_flush and all(s == {"shredded"} for s in states_at_flush)  # keys gone before any worker
-    assert (job.progress_done, job.progress_total) == (6, 6)  # 2 workers x (flush + 2 versions)
-    assert set(job.results) == {f"cache-worker:{d}:0{k}" for d in ("tiny-a", "tiny-b") for k in ("", ":drop:v1",
-                                                                                              ":drop:v2")}
+    assert (job.progress_done, job.progress_total) == (8, 8)  # 2 workers x (cancel + flush + 2 versions)
+    assert set(job.results) == {f"cache-worker:{d}:0{k}" for d in ("tiny-a", "tiny-b")
+                                for k in ("", ":cancel", ":drop:v1", ":drop:v2")}
     methods = [m for _, m, _ in fake.calls]
+    assert max(i for i, m in enumerate(methods) if m == "cancel_tenant") < methods.index("flush")
     assert methods.index("drop_data_key") > max(i for i, m in enumerate(methods) if m == "flush")
     assert sorted(args[0]["version"] for _, args in fake.of("drop_data_key")) == [1, 1, 2, 2]
     assert set(DataKey.objects.filter(tenant=setup).values_list("state", flat=True)) == {"shredded"}
@@ -209,8 +218,8 @@ def test_workers_without_data_keys_are_recorded_as_skipped(setup, actor, monkeyp
     fake = _fake(monkeypatch)
     monkeypatch.setattr(services, "workers_hold_data_keys", lambda: False)
     job = services.job_execute(job_id=data_key_shred(actor=actor, tenant=setup, version=1, reason=REASON).pk)
-    assert job.status == "succeeded" and fake.calls == []
-    assert {r["status"] for r in job.results.values()} == {"skipped"}
+    assert job.status == "succeeded" and {m for _, m, _ in fake.calls} == {"cancel_tenant"}  # requests still stop
+    assert {r["status"] for k, r in job.results.items() if ":drop:" in k} == {"skipped"}
     assert DataKey.objects.get(tenant=setup, version=1).wrapped is None
 
 

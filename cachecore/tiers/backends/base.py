@@ -40,6 +40,13 @@ class Backend(ABC):
     def get(self, name: str) -> bytes | None:
         """The bytes under ``name``, or None if there is no such object."""
 
+    def head(self, name: str, n: int) -> bytes | None:
+        """The first ``n`` (at most :data:`HEAD_BYTES`) bytes under ``name`` (fewer if the object is
+        shorter), or None if there is no such object: what a sweep reads of each object (an L3
+        frame's clear header) without fetching it whole. Backends override it with a partial read."""
+        data = self.get(name)
+        return None if data is None else bytes(data[:n])
+
     @abstractmethod
     def exists(self, name: str) -> bool:
         """Whether an object is stored under ``name``."""
@@ -71,6 +78,9 @@ class Backend(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
+
+#: Most bytes :meth:`Backend.head` is asked for (an L3 frame's header is 13).
+HEAD_BYTES = 32
 
 #: Longest name component (bytes, UTF-8) a backend accepts: below every filesystem's NAME_MAX.
 MAX_COMPONENT_BYTES = 200

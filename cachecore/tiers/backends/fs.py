@@ -87,6 +87,19 @@ class FileBackend(Backend):
         except OSError as exc:
             raise BackendUnavailable(f"l3 fs get failed: {_why(exc)}") from None
 
+    def head(self, name: str, n: int) -> bytes | None:
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                return f.read(n)
+        except FileNotFoundError:
+            self._check_root()
+            return None
+        except IsADirectoryError:
+            return None
+        except OSError as exc:
+            raise BackendUnavailable(f"l3 fs head failed: {_why(exc)}") from None
+
     def exists(self, name: str) -> bool:
         path = self._path(name)
         try:

@@ -1,8 +1,9 @@
 """L3 backend: objects in Redis (``redis://host:port/db``), shared by every node and replica.
 
-Each object is one hash ``<key prefix><name>`` with two fields, ``d`` (the bytes) and ``t`` (the
-write time, seconds since the epoch, for retention sweeps): one ``HSET`` writes both, atomically, so
-a reader sees the old object or the whole new one. Listing and prefix deletes use ``SCAN MATCH``
+Each object is one hash ``<key prefix><name>`` with three fields, ``d`` (the bytes), ``h`` (a copy of
+their first ``HEAD_BYTES``, which ``head`` reads so that a sweep need not fetch whole objects) and
+``t`` (the write time, seconds since the epoch, for retention sweeps): one ``HSET`` writes them,
+atomically, so a reader sees the old object or the whole new one. Listing and prefix deletes use ``SCAN MATCH``
 (glob characters in the prefix escaped) and ``UNLINK``.
 
 Every call is bounded: short socket connect/read timeouts (0.2 s by default) and no retries, so a
@@ -25,12 +26,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cachecore.errors import BackendUnavailable
-from cachecore.tiers.backends.base import Backend, ObjectInfo, check_name
+from cachecore.tiers.backends.base import HEAD_BYTES, Backend, ObjectInfo, check_name
 
 DEFAULT_PREFIX = "strata:l3:"
 DEFAULT_TIMEOUT = 0.2
 _SCAN_COUNT = 512
-_DATA, _MTIME = b"d", b"t"
+_DATA, _HEAD, _MTIME = b"d", b"h", b"t"
 
 
 def _glob_escape(text: str) -> str:
@@ -82,7 +83,8 @@ class RedisBackend(Backend):
         key = self._key(name)
         try:
             value = data if isinstance(data, bytes) else memoryview(data).cast("B")  # no copy
-            self._client.hset(key, mapping={_DATA: value, _MTIME: repr(time.time()).encode()})
+            head = bytes(value[:HEAD_BYTES])
+            self._client.hset(key, mapping={_DATA: value, _HEAD: head, _MTIME: repr(time.time()).encode()})
         except (redis.RedisError, OSError) as exc:
             raise _down("put", exc) from None
 
@@ -92,6 +94,17 @@ class RedisBackend(Backend):
             return self._client.hget(key, _DATA)
         except (redis.RedisError, OSError) as exc:
             raise _down("get", exc) from None
+
+    def head(self, name: str, n: int) -> bytes | None:
+        key = self._key(name)
+        try:
+            head = self._client.hget(key, _HEAD) if n <= HEAD_BYTES else None
+            if head is None:  # written before heads were kept, or a longer read: the whole object
+                data = self._client.hget(key, _DATA)
+                return None if data is None else data[:n]
+            return head[:n]
+        except (redis.RedisError, OSError) as exc:
+            raise _down("head", exc) from None
 
     def exists(self, name: str) -> bool:
         key = self._key(name)

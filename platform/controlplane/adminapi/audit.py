@@ -10,17 +10,18 @@ from pydantic import Field
 from controlplane.adminapi.present import audit_event_out
 from controlplane.adminapi.schemas import AuditPageOut, AuditVerifyOut
 from controlplane.audit.selectors import audit_list, audit_verify
+from controlplane.common.query import QueryRowNumber, QueryText
 
 router = Router(tags=["audit"])
 
 
 class AuditFilters(Schema):
-    action: str | None = Field(default=None, description="exact action, or a prefix ending in '.'")
-    actor: str | None = None
-    tenant: str | None = None
+    action: QueryText | None = Field(default=None, description="exact action, or a prefix ending in '.'")
+    actor: QueryText | None = None
+    tenant: QueryText | None = None
     since: datetime | None = Field(default=None, description="inclusive")
     until: datetime | None = Field(default=None, description="exclusive")
-    before: int | None = Field(default=None, description="page backwards: events with seq < before")
+    before: QueryRowNumber | None = Field(default=None, description="page backwards: events with seq < before")
     limit: int = Field(default=100, ge=1, le=1000)
 
 

@@ -11,9 +11,11 @@ Viewers may use safe methods only (403 otherwise). Viewer write attempts are aud
 (``auth.denied``); CSRF failures too, aggregated (``auth.failed``, one event per account and source
 per minute: another site can make an operator's browser send them). Bad or malformed bearer
 tokens are throttled per source and audited as aggregated ``auth.failed`` events
-(``operators.authguard``): past the limit the source gets 429 with ``Retry-After`` and no token is
-checked. Requests that bring no credentials at all are answered 401 without an event, so anonymous
-noise cannot flood the log.
+(``operators.authguard``): past the limit the source's failures get 429 with ``Retry-After``
+(malformed ones without any lookup), while a valid token from that source is still served: only
+failures are throttled. Sources come from ``common.sources`` (trusted proxies only). Requests that
+bring no credentials at all are answered 401 without an event, so anonymous noise cannot flood the
+log.
 """
 
 from __future__ import annotations
@@ -28,8 +30,14 @@ from controlplane.audit.aggregate import audit_failure_record
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Forbidden, RateLimited
+from controlplane.common.sources import request_source
 from controlplane.common.tokens import secret_prefix
-from controlplane.operators.authguard import token_auth_failed, token_auth_refused, token_auth_retry_after
+from controlplane.operators.authguard import (
+    token_auth_failed,
+    token_auth_refused,
+    token_auth_retry_after,
+    token_well_formed,
+)
 from controlplane.operators.models import OperatorToken
 from controlplane.operators.selectors import operator_authenticate
 from controlplane.operators.services import operator_token_mark_used
@@ -48,14 +56,9 @@ class Principal:
         return self.role == OperatorToken.Role.ADMIN
 
 
-def client_address(request: HttpRequest) -> str:
-    """The peer address as the ASGI/WSGI server reports it (proxy headers are the server's job)."""
-    return (request.META.get("REMOTE_ADDR") or "")[:64]
-
-
 def _audit_failure(request: HttpRequest, action: str, name: str, method: str, reason: str) -> None:
     audit_record(
-        actor=name, auth_method=method, source=client_address(request), action=action,
+        actor=Actor.at(name, method, request_source(request)), action=action,
         target=f"{request.method} {request.path}", reason=reason, result="denied",
     )
 
@@ -82,27 +85,32 @@ class OperatorAuth(HttpBearer):
         if operator is None:
             return None
         operator_token_mark_used(token=operator)
-        return Principal(Actor(operator.username, "token", client_address(request)), operator.role)
+        return Principal(Actor.at(operator.username, "token", request_source(request)), operator.role)
 
     def _from_header(self, request: HttpRequest, header: str) -> Principal | None:
-        source, target = client_address(request), f"{request.method} {request.path}"
-        retry_after = token_auth_retry_after(source=source)
-        if retry_after is not None:
-            token_auth_refused(source=source, target=target)
-            raise RateLimited("too many failed authentication attempts from this address; retry later",
-                              retry_after=retry_after, code="auth_throttled")
+        where, target = request_source(request), f"{request.method} {request.path}"
+        retry_after = token_auth_retry_after(where=where)
         scheme, _, token = header.strip().partition(" ")
         token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            token_auth_failed(source=source, presented="anonymous", target=target,
+        malformed = scheme.lower() != "bearer" or not token
+        # The credential is checked before the source's lock: a valid token is served whatever others
+        # sent from that address. While locked, what cannot be a token is refused without a lookup.
+        principal = None
+        if not malformed and (retry_after is None or token_well_formed(token)):
+            principal = self.authenticate(request, token)
+        if principal is not None:
+            return principal
+        if retry_after is not None:
+            token_auth_refused(where=where, target=target)
+            raise RateLimited("too many failed authentication attempts from this address; retry later",
+                              retry_after=retry_after, code="auth_throttled")
+        if malformed:
+            token_auth_failed(where=where, presented="anonymous", target=target,
                               reason="malformed Authorization header")
             return None
-        principal = self.authenticate(request, token)
-        if principal is None:
-            shown = secret_prefix(token) if token.startswith(TOKEN_KIND) else "?"
-            token_auth_failed(source=source, presented=f"token:{shown}", target=target,
-                              reason="unknown or revoked token")
-        return principal
+        shown = secret_prefix(token) if token.startswith(TOKEN_KIND) else "?"
+        token_auth_failed(where=where, presented=f"token:{shown}", target=target, reason="unknown or revoked token")
+        return None
 
     def _from_session(self, request: HttpRequest) -> Principal | None:
         user = getattr(request, "user", None)
@@ -111,12 +119,13 @@ class OperatorAuth(HttpBearer):
         name = user.get_username()
         if request.method not in SAFE_METHODS and check_csrf(request) is not None:
             # Aggregated: any web page the operator visits can make their browser send these.
-            audit_failure_record(action="auth.failed", kind="csrf", source=client_address(request), subject=name,
-                                 actor=name, auth_method="session", target=f"{request.method} {request.path}",
-                                 reason="CSRF check failed")
+            where = request_source(request)
+            audit_failure_record(action="auth.failed", kind="csrf", source=where.source, peer=where.peer,
+                                 forwarded_for=where.forwarded_for, subject=name, actor=name, auth_method="session",
+                                 target=f"{request.method} {request.path}", reason="CSRF check failed")
             raise Forbidden("CSRF check failed", code="csrf_failed")
         role = OperatorToken.Role.ADMIN if user.is_superuser else OperatorToken.Role.VIEWER
-        return Principal(Actor(name, "session", client_address(request)), role)
+        return Principal(Actor.at(name, "session", request_source(request)), role)
 
 
 def actor_of(request: HttpRequest) -> Actor:

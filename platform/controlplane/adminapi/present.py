@@ -59,7 +59,8 @@ def share_group_out(group: ShareGroup) -> dict[str, Any]:
 def audit_event_out(event: AuditEvent) -> dict[str, Any]:
     return {
         "seq": event.seq, "time": event.time, "actor": event.actor, "auth_method": event.auth_method,
-        "source": event.source, "action": event.action, "target": event.target, "tenant": event.tenant,
+        "source": event.source, "peer": event.peer or "", "forwarded_for": event.forwarded_for or "",
+        "action": event.action, "target": event.target, "tenant": event.tenant,
         "old": event.old_value, "new": event.new_value, "reason": event.reason, "result": event.result,
         "prev_hash": event.prev_hash, "hash": event.hash,
     }

@@ -221,6 +221,8 @@ class AuditEventOut(Schema):
     actor: str
     auth_method: str
     source: str
+    peer: str = ""  # the TCP peer ``source`` was derived from (absent from older events)
+    forwarded_for: str = ""  # X-Forwarded-For as received
     action: str
     target: str
     tenant: str

@@ -12,6 +12,7 @@ from controlplane.adminapi import datakeys
 from controlplane.adminapi.auth import actor_of
 from controlplane.adminapi.present import tenant_out as base_tenant_out
 from controlplane.adminapi.schemas import OffboardOut, TenantCreateIn, TenantOut, TenantPatchIn
+from controlplane.common.query import QueryText
 from controlplane.tenants import selectors, services
 from controlplane.tenants.models import Tenant
 
@@ -31,7 +32,7 @@ def create_tenant(request, payload: TenantCreateIn):
 
 
 @router.get("tenants", response=list[TenantOut])
-def list_tenants(request, status: str | None = None):
+def list_tenants(request, status: QueryText | None = None):
     return [tenant_out(t) for t in selectors.tenant_list(status=status)]
 
 

@@ -42,12 +42,15 @@ def audit_failure_record(
     subject: str = "",
     detail: dict[str, Any] | None = None,
     window_s: int | None = None,
+    peer: str = "",
+    forwarded_for: str = "",
 ) -> AuditEvent | None:
     """Count one failure; return the event when this failure is the one that writes it.
 
     ``action`` is ``auth.failed`` or ``auth.throttled``; ``kind`` what failed (``token``,
     ``login``); ``subject`` narrows the key (the account a login tried; never a secret);
-    ``detail`` is merged into ``new`` (with ``kind``, ``count``, ``window_seconds``).
+    ``detail`` is merged into ``new`` (with ``kind``, ``count``, ``window_seconds``); ``peer`` and
+    ``forwarded_for`` (how ``source`` was derived) are those of the failure that writes the event.
     """
     window_s = window_s or WINDOW_S
     key = "\x1f".join((action, kind, source, subject))
@@ -61,8 +64,9 @@ def audit_failure_record(
         if not throttle_window_open(scope=SCOPE, key=pooled, window_s=window_s):
             return None
         key, source, actor, detail = pooled, POOLED, POOLED, {"pooled": True}
+        peer = forwarded_for = ""
         reason = f"{reason} (from many sources: pooled)"
     count = max(1, throttle_tally_take(scope=SCOPE, key=key))
     new = {"kind": kind, "count": count, "window_seconds": window_s, **(detail or {})}
     return audit_record(actor=actor, auth_method=auth_method, source=source, action=action, target=target,
-                        reason=reason, new=new, result="denied")
+                        reason=reason, new=new, result="denied", peer=peer, forwarded_for=forwarded_for)

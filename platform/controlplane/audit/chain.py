@@ -1,7 +1,8 @@
 """Canonical encoding and keyed hash of one audit record (DESIGN section 4).
 
 ``hash = HMAC-SHA256(key, canonical_json(fields))`` (hex) where ``fields`` are every column except
-``hash`` itself (``prev_hash`` included), ``time`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC) and
+``hash`` itself (``prev_hash`` included; ``peer`` and ``forwarded_for`` only when not empty, so events
+written before those columns existed verify unchanged), ``time`` as ``YYYY-MM-DDTHH:MM:SS.ffffffZ`` (UTC) and
 ``old``/``new`` as their JSON values; canonical JSON = sorted keys, no whitespace, UTF-8. An external
 verifier holding the key can recompute the chain from an export with nothing but this description.
 
@@ -35,6 +36,8 @@ HASHED_FIELDS = (
     "old", "new", "reason", "result", "prev_hash",
 )
 
+OPTIONAL_FIELDS = ("peer", "forwarded_for")  # hashed when not empty
+
 _key_cache: dict[tuple[str | None, str], bytes] = {}
 
 
@@ -60,6 +63,7 @@ def format_time(value: datetime) -> str:
 def canonical_encoding(event: Any) -> bytes:
     """The bytes that are hashed for ``event`` (an AuditEvent or an object with the same attrs)."""
     fields = {name: getattr(event, name) for name in HASHED_FIELDS}
+    fields.update({name: value for name in OPTIONAL_FIELDS if (value := getattr(event, name, None))})
     fields["time"] = format_time(fields["time"])
     for name in ("old", "new"):
         fields[name] = None if fields[name] is None else json.loads(fields[name])

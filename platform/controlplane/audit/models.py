@@ -23,6 +23,11 @@ class AuditEvent(models.Model):
     actor = models.CharField(max_length=150, db_index=True)
     auth_method = models.CharField(max_length=16)
     source = models.CharField(max_length=64, blank=True)
+    # How ``source`` was derived (common.sources): the TCP peer and the X-Forwarded-For chain as
+    # received. Nullable so adding them is a plain ADD COLUMN (SQLite would otherwise rebuild the
+    # table and lose its append-only triggers); NULL and "" are left out of the hash (chain.py).
+    peer = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    forwarded_for = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     action = models.CharField(max_length=64, db_index=True)
     target = models.CharField(max_length=255, blank=True)
     tenant = models.CharField(max_length=63, blank=True, db_index=True)

@@ -63,13 +63,16 @@ def _lock_head() -> tuple[AuditHead, AuditEvent | None]:
 
 
 def _append(head: AuditHead, *, name: str, auth_method: str, source: str, action: str, target: str,
-            tenant: str, old: Any, new: Any, reason: str, result: str) -> AuditEvent:
+            tenant: str, old: Any, new: Any, reason: str, result: str, peer: str = "",
+            forwarded_for: str = "") -> AuditEvent:
     event = AuditEvent(
         seq=head.seq + 1,
         time=timezone.now(),
         actor=name[:150],
         auth_method=auth_method[:16],
         source=source[:64],
+        peer=peer[:64],
+        forwarded_for=forwarded_for[:255],
         action=action[:64],
         target=target[:255],
         tenant=tenant[:63],
@@ -100,11 +103,14 @@ def audit_record(
     result: str = "ok",
     auth_method: str | None = None,
     source: str | None = None,
+    peer: str | None = None,
+    forwarded_for: str | None = None,
 ) -> AuditEvent:
     """Append one event and return it.
 
     ``actor`` is an :class:`Actor` (its ``auth_method``/``source`` are used unless given here) or a
-    plain name with ``auth_method``/``source`` passed explicitly. ``action`` is ``<entity>.<verb>``
+    plain name with ``auth_method``/``source`` passed explicitly; ``peer``/``forwarded_for`` (the TCP
+    peer and the ``X-Forwarded-For`` chain ``source`` was derived from) likewise. ``action`` is ``<entity>.<verb>``
     (``tenant.create``, ``key.revoke``, ``auth.failed``...), ``target`` what it acted on (a slug, a
     key prefix), ``tenant`` the tenant slug it concerns (for filtering). ``old``/``new`` are JSON
     values; secret-looking keys or raw bytes raise :class:`AuditSecretError`. ``result`` is ``ok``,
@@ -118,6 +124,8 @@ def audit_record(
         name = actor.name
         auth_method = actor.auth_method if auth_method is None else auth_method
         source = actor.source if source is None else source
+        peer = actor.peer if peer is None else peer
+        forwarded_for = actor.forwarded_for if forwarded_for is None else forwarded_for
     else:
         name = actor
     _check_clean(old)
@@ -130,4 +138,5 @@ def audit_record(
                     new={"seq": restored_from.seq, "hash": restored_from.hash},
                     reason="the chain head record was missing; re-created from the last event", result="error")
         return _append(head, name=name, auth_method=auth_method or "", source=source or "", action=action,
-                       target=target, tenant=tenant, old=old, new=new, reason=reason, result=result)
+                       target=target, tenant=tenant, old=old, new=new, reason=reason, result=result,
+                       peer=peer or "", forwarded_for=forwarded_for or "")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controlplane.common.sources import RequestSource
+
 
 @dataclass(frozen=True)
 class Actor:
@@ -11,12 +13,21 @@ class Actor:
 
     ``name`` is an operator username, ``"cli:<user>"`` or ``"system:<component>"``; ``auth_method``
     is ``"token"``, ``"session"``, ``"cli"`` or ``"system"``; ``source`` is the client address (or
-    ``""`` when there is none). Never a secret.
+    ``""`` when there is none), ``peer`` and ``forwarded_for`` how it was derived
+    (``common.sources``: the TCP peer, the ``X-Forwarded-For`` chain as received). Never a secret.
     """
 
     name: str
     auth_method: str
     source: str = ""
+    peer: str = ""
+    forwarded_for: str = ""
+
+    @classmethod
+    def at(cls, name: str, auth_method: str, where: RequestSource) -> Actor:
+        """``name`` authenticated by ``auth_method`` from ``where`` (``sources.request_source``)."""
+        return cls(name=name, auth_method=auth_method, source=where.source, peer=where.peer,
+                   forwarded_for=where.forwarded_for)
 
     @classmethod
     def system(cls, component: str) -> Actor:

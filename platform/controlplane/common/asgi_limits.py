@@ -30,12 +30,20 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+KV_STORE_PATH = "/v1/kv/store"
+
+
 def body_limit(path: str) -> int:
-    """Largest request body accepted on ``path`` (the admin API's limit is smaller than the rest's;
-    the serving API, the UI and Django's admin share ``STRATA_MAX_BODY_BYTES``). Read per request so
-    a changed setting applies at once."""
+    """Largest request body accepted on ``path``: ``STRATA_ADMIN_MAX_BODY_BYTES`` on the admin API,
+    ``STRATA_SERVING_MAX_BODY_BYTES`` (a few MiB) on the serving API, whose JSON bodies hold prompts
+    bounded by a context length, except KV uploads (``/v1/kv/store``: base64 KV bytes), which keep
+    ``STRATA_MAX_BODY_BYTES`` like the UI and Django's admin (the view then applies the tighter limit
+    derived from the tenant's models, ``serving.bounds.kv_store_body_limit``). Read per request so a
+    changed setting applies at once."""
     if path.startswith("/api/admin/"):
         return settings.STRATA_ADMIN_MAX_BODY_BYTES
+    if path.startswith("/v1/") and path.rstrip("/") != KV_STORE_PATH:
+        return settings.STRATA_SERVING_MAX_BODY_BYTES
     return settings.STRATA_MAX_BODY_BYTES
 
 
@@ -53,13 +61,15 @@ def declared_length(headers) -> int | None:
     return int(raw)
 
 
-async def send_error(send: Send, status: int, message: str, *, close: bool = False) -> None:
-    """Send a whole JSON error response on ``send``."""
-    body = json.dumps(error_body(status, message)).encode()
+async def send_error(send: Send, status: int, message: str, *, close: bool = False, code: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+    """Send a whole JSON error response on ``send`` (``code`` and extra ``headers``, e.g. Retry-After)."""
+    body = json.dumps(error_body(status, message, code=code)).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"x-content-type-options", b"nosniff"),
+        *((name.lower().encode(), value.encode()) for name, value in (headers or {}).items()),
     ]
     if close:
         headers.append((b"connection", b"close"))

@@ -11,6 +11,9 @@ window (so it is audited one by one), and a warning is logged; authentication it
 - :func:`throttle_failure` counts a failure and locks the key once ``limit`` are reached within
   ``window_s``; :func:`throttle_retry_after` says whether (and for how long) it is locked;
   :func:`throttle_clear` forgets both (a successful login).
+- :func:`throttle_backoff_failure` counts a failure and, from the ``free``-th on, locks the key for a
+  delay that doubles with each further failure (capped); the count is forgotten ``memory_s`` after
+  the last failure.
 - :func:`throttle_window_open` is true for the first call per key in each window;
   :func:`throttle_tally_add` / :func:`throttle_tally_take` count what happened in between.
 """
@@ -100,6 +103,22 @@ def throttle_failure(*, scope: str, key: str, limit: int, window_s: int, lockout
     cache.set(_key(scope, key, "lock"), time.time() + lockout_s, timeout=lockout_s)
     cache.delete(_key(scope, key, "count"))  # a fresh count once the lock has passed
     return lockout_s
+
+
+@_fail_open((1, None))
+def throttle_backoff_failure(*, scope: str, key: str, free: int, base_s: int, cap_s: int,
+                             memory_s: int) -> tuple[int, int | None]:
+    """Count one failure of ``key``; return ``(failures, delay)``. ``delay`` is ``None`` below
+    ``free`` failures, else ``min(cap_s, base_s * 2 ** (failures - free))`` and ``key`` is locked
+    for it. Each failure keeps the count for another ``memory_s``."""
+    name = _key(scope, key, "count")
+    count = _incr(name, 1, memory_s)
+    cache.touch(name, memory_s)
+    if count < free:
+        return count, None
+    delay = min(cap_s, base_s * 2 ** min(count - free, 32))
+    cache.set(_key(scope, key, "lock"), time.time() + delay, timeout=delay)
+    return count, delay
 
 
 @_fail_open(None)

@@ -8,6 +8,7 @@ from ninja import Router, Schema, Status
 from pydantic import ConfigDict, Field
 
 from controlplane.adminapi.auth import actor_of
+from controlplane.common.query import QueryText
 from controlplane.jobs import selectors, services
 
 router = Router(tags=["jobs"])
@@ -38,7 +39,7 @@ def request_flush(request, payload: FlushJobIn):
 
 
 @router.get("flush-jobs", response=list[dict])
-def list_jobs(request, status: str | None = None, kind: str | None = None, limit: int = 100):
+def list_jobs(request, status: QueryText | None = None, kind: QueryText | None = None, limit: int = 100):
     return [selectors.flush_job_view(j) for j in selectors.flush_job_list(status=status, kind=kind, limit=limit)]
 
 

@@ -1,7 +1,10 @@
 """FlushJob: one operator request (flush, rollout, offboard or shred) and everything that happened to it.
 
 A ``shred`` job crypto-shreds one data-key version of its tenant (``key_version``); an ``offboard``
-job flushes its tenant and shreds every one of its versions (steps inside that one job).
+job flushes its tenant and shreds every one of its versions (steps inside that one job). The tenant's
+cache policy queues the two L3-only jobs: ``l3_delete`` (persistence turned off: every L3 object of
+the tenant is deleted on every replica; L1/L2 untouched) and ``l3_expire`` (retention lowered: every
+replica applies the tenant's retention as it is when the job runs and deletes what is older).
 
 Per-worker results live in ``results`` keyed by worker name, so a retried or resumed task skips the
 workers already done (idempotent), and ``steps`` is the job's own history, shown in the UI and API.
@@ -18,6 +21,8 @@ class FlushJob(models.Model):
         ROLLOUT = "rollout"
         OFFBOARD = "offboard"
         SHRED = "shred"
+        L3_DELETE = "l3_delete"
+        L3_EXPIRE = "l3_expire"
 
     class Scope(models.TextChoices):
         TENANT = "tenant"

@@ -8,7 +8,8 @@ and a retried or resumed execution skips the workers already done, so a crash mi
 the job with no double effects. Every request and final state is audited.
 
 Crypto-shredding (``shred`` jobs, one data-key version; ``offboard`` jobs, after their flush, every
-version of the tenant):
+version of the tenant). Both jobs first make every worker stop the tenant's running and waiting
+requests (``cancel_tenant``, results ``<actor>:cancel``), so no stream outlives its key or tenant:
 
 1. the wrapped keys are deleted in the database (``tenants.datakeys.data_key_destroy``: state
    ``shredded``, ``wrapped`` NULL, audited), with the job's step, in one transaction: from then on
@@ -70,7 +71,9 @@ def flush_job_request(
     kind: str = FlushJob.Kind.FLUSH,
 ) -> FlushJob:
     """Create a flush job for ``scope`` (tenant | model | revision | all) and enqueue it on commit.
-    ``tenant`` is a slug or a Tenant (offboarding passes the row it has locked)."""
+    ``tenant`` is a slug or a Tenant (offboarding passes the row it has locked). ``kind`` ``l3_delete``
+    / ``l3_expire`` (scope tenant; requested by ``tenants.services.tenant_update`` when the cache
+    policy changes) touch only the tenant's L3 objects, on every replica of every deployment."""
     if not reason or not reason.strip():
         raise InvalidInput("a reason is required", code="reason_required")
     if scope not in FlushJob.Scope.values:
@@ -164,6 +167,11 @@ def _targets(job: FlushJob) -> list[ModelDeployment]:
 
 
 def _worker_scope(job: FlushJob) -> dict:
+    if job.kind == FlushJob.Kind.L3_DELETE:
+        return {"scope": "tenant_l3", "tenant": str(job.tenant_id)}
+    if job.kind == FlushJob.Kind.L3_EXPIRE:  # the retention as it is now (a later change wins)
+        return {"scope": "l3_expire", "tenant": str(job.tenant_id),
+                "retention_seconds": Tenant.objects.values_list("retention_seconds", flat=True).get(pk=job.tenant_id)}
     if job.scope == FlushJob.Scope.TENANT:
         return {"scope": "tenant", "tenant": str(job.tenant_id)}
     if job.scope == FlushJob.Scope.REVISION:
@@ -236,10 +244,11 @@ def _shred_versions(job: FlushJob) -> list[int]:
 
 
 def _phases(job: FlushJob) -> int:
-    """Calls per worker: rollout stage + switch; flush one; shred one per version; offboard both."""
+    """Calls per worker: rollout stage + switch; flush one; shred one per version (+ the stop of the
+    tenant's requests); offboard both."""
     if job.kind == FlushJob.Kind.ROLLOUT:
         return 2
-    versions = len(_shred_versions(job))
+    versions = len(_shred_versions(job)) + 1  # + cancel_tenant first
     if job.kind == FlushJob.Kind.SHRED:
         return versions
     return 1 + versions if job.kind == FlushJob.Kind.OFFBOARD else 1
@@ -325,6 +334,9 @@ def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
         drops = [r for n, r in job.results.items() if ":drop:" in n]
         totals["objects_deleted"] = sum(int(r.get("objects", 0)) for r in drops)
         totals["bytes_deleted"] = sum(int(r.get("bytes", 0)) for r in drops)
+    if job.kind in (FlushJob.Kind.L3_DELETE, FlushJob.Kind.L3_EXPIRE):
+        totals["objects_deleted"] = sum(int(r.get("tiers", {}).get("l3", 0)) for r in job.results.values())
+        totals["bytes_deleted"] = sum(int(r.get("l3_bytes", 0)) for r in job.results.values())
     audit_record(actor=Actor.system("jobs"), action=f"{job.kind}.complete", target=f"job:{job.pk}",
                  tenant=job.tenant.slug if job.tenant_id else "", new={"status": job.status, **totals},
                  reason=job.reason, result="ok" if job.status == FlushJob.Status.SUCCEEDED else "error")
@@ -337,6 +349,7 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
     flush, then every worker drops the keys and their L3 objects, verified per version."""
     if job.kind == FlushJob.Kind.OFFBOARD:
         _destroy_keys(job, _shred_versions(job))
+        _stop_requests(job, final_attempt, "tenant offboarded")
     scope = _worker_scope(job)
     failed = _run_on_workers(job, "flush", lambda d: (scope,))
     if failed and not final_attempt:
@@ -403,7 +416,21 @@ def _shred(job: FlushJob, final_attempt: bool) -> tuple[list[str], bool]:
     return failed, verified
 
 
+def _stop_requests(job: FlushJob, final_attempt: bool, why: str) -> None:
+    """Before an offboard or shred goes on (and so before it reports success), every replica stops
+    the tenant's running and waiting requests (``cancel_tenant``, recorded per worker as
+    ``<actor>:cancel``), so no stream keeps generating, or writing KV, after its tenant or key is gone."""
+    tenant = str(job.tenant_id)
+    failed = _run_on_workers(job, "cancel_tenant", lambda d: (tenant,), key=":cancel", reason=why)
+    if failed and not final_attempt:
+        raise RetryLater(f"{len(failed)} worker(s) could not stop the tenant's requests")
+    if not any(s.get("step") == "requests_stopped" for s in job.steps):
+        _step(job, "requests_stopped", failed=failed)
+        _save(job, "steps")
+
+
 def _execute_shred(job: FlushJob, final_attempt: bool) -> FlushJob:
+    _stop_requests(job, final_attempt, "data key shredded")
     failed, verified = _shred(job, final_attempt)
     return _finish(job, failed, verified)
 

@@ -1,6 +1,6 @@
 """The operator login form of the UI and of the Django admin: staff only, throttled and audited.
 
-``clean`` asks ``authguard`` first: while the account or the source is locked it refuses without
+``clean`` asks ``authguard`` first: while the (account, source) pair or the source is locked it refuses without
 checking the password and sets ``retry_after`` (the views answer 429 with the lockout page).
 Otherwise Django's ``AdminAuthenticationForm`` checks the password and the staff flag; a failure
 is counted and audited (aggregated, naming the account tried and the source), a success is audited
@@ -12,13 +12,13 @@ from __future__ import annotations
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.core.exceptions import ValidationError
 
-from controlplane.adminapi.auth import client_address
+from controlplane.common.sources import RequestSource, request_source
 from controlplane.operators.authguard import login_failed, login_refused, login_retry_after, login_succeeded
 
 
 def lockout_message(retry_after: int) -> str:
     minutes = max(1, -(-retry_after // 60))
-    return (f"Too many failed logins for this account or from this address. "
+    return (f"Too many failed logins from this address. "
             f"Try again in {minutes} minute{'s' if minutes != 1 else ''}.")
 
 
@@ -28,20 +28,20 @@ class OperatorLoginForm(AdminAuthenticationForm):
 
     def clean(self):
         username = str(self.data.get("username") or "")[:150]
-        source = client_address(self.request) if self.request is not None else ""
-        retry_after = login_retry_after(username=username, source=source)
+        where = request_source(self.request) if self.request is not None else RequestSource(source="", peer="")
+        retry_after = login_retry_after(username=username, where=where)
         if retry_after is not None:
             self.retry_after = retry_after
-            login_refused(username=username, source=source, via=self.via)
+            login_refused(username=username, where=where, via=self.via)
             raise ValidationError(lockout_message(retry_after), code="locked")
         try:
             cleaned = super().clean()
         except ValidationError as exc:
             reason = "not an active staff account" if self.user_cache is not None else "wrong username or password"
-            login_failed(username=username, source=source, via=self.via, reason=reason)
+            login_failed(username=username, where=where, via=self.via, reason=reason)
             raise exc from None
         if self.user_cache is not None:
-            login_succeeded(username=self.user_cache.get_username(), source=source, via=self.via)
+            login_succeeded(username=self.user_cache.get_username(), where=where, via=self.via)
         return cleaned
 
 

@@ -58,17 +58,19 @@ def _weights_file(weights_path: str) -> Path:
 
 
 def _checkpoint(path: Any):
-    """``inspect_checkpoint`` of ``path`` (inside ``STRATA_WEIGHTS_ROOT`` when set); 422 with the reason
-    (``invalid_checkpoint``) for a missing directory, an unsupported architecture, bad files."""
+    """``inspect_checkpoint`` of ``path`` (inside ``STRATA_WEIGHTS_ROOT`` when set, every file in it
+    too, symlinks followed); 422 with the reason (``invalid_checkpoint``) for a missing directory, an
+    unsupported architecture, bad files, a file resolving outside the root."""
     from cachecore.model.checkpoint import inspect_checkpoint
-    from cachecore.model.hf_config import CheckpointError
+    from cachecore.model.hf_config import CheckpointError, weights_root
 
     resolved = Path(str(path)).expanduser().resolve()
     root = settings.STRATA_WEIGHTS_ROOT
     if root is not None and not resolved.is_relative_to(root):
         raise InvalidInput(f"path must be inside {root}", code="invalid_checkpoint")
     try:
-        return inspect_checkpoint(resolved)
+        with weights_root(root):
+            return inspect_checkpoint(resolved)
     except CheckpointError as exc:
         raise InvalidInput(str(exc), code="invalid_checkpoint") from None
 

@@ -1,6 +1,6 @@
 """Gateway from Django processes (web, Celery) to the cache-worker Ray actors: the one API the rest of
-the control plane calls (``call``, ``acall``, ``astream``, ``cancel_request``, ``apply_scale``,
-``spec_for``...). Its halves: ``runtime.cluster`` (joining Ray, specs, the replica directory, worker
+the control plane calls (``call``, ``acall``, ``astream``, ``cancel_request``, ``cancel_tenant``,
+``apply_scale``, ``spec_for``...). Its halves: ``runtime.cluster`` (joining Ray, specs, the replica directory, worker
 errors) and ``runtime.dispatch`` (serving calls: replica choice and failover).
 
 Ray is joined lazily on first use, and only joined, never started: ``STRATA_RAY_ADDRESS``
@@ -125,3 +125,42 @@ def apply_scale(spec: WorkerSpec, *, wait: bool = False) -> dict | None:
         return run()
     threading.Thread(target=run, name=f"scale-{spec.deployment}", daemon=True).start()
     return None
+
+
+CANCEL_TENANT_TIMEOUT_S = CALL_TIMEOUT_S + 15.0  # the worker waits up to 10 s for blocks to be released
+
+
+def cancel_tenant(tenant_id: int | str, *, reason: str) -> dict:
+    """Blocking: stop every running or waiting request of tenant ``tenant_id`` on every replica of
+    every deployment with an active revision (``CacheWorker.cancel_tenant``), before a suspension,
+    an offboarding or a key shred reports success. Returns ``{"replicas": {actor name: the worker's
+    result, or {"absent": True}}, "failed": [actor names that could not be reached]}``. Without any
+    Ray cluster configured no worker can run anything: ``{"replicas": {}, "failed": [], "skipped":
+    reason}``. Never raises; the callers decide what a failure means."""
+    from controlplane.registry.models import ModelDeployment
+    from workers.actor import actor_name
+
+    out: dict = {"replicas": {}, "failed": []}
+    if not _ray_configured():
+        out["skipped"] = "no Ray cluster configured"
+        return out
+    deployments = ModelDeployment.objects.select_related("active_revision").filter(active_revision__isnull=False)
+    for deployment in deployments.order_by("name"):
+        spec = spec_for(deployment)
+        for replica in replica_set(spec).indices():
+            name = actor_name(deployment.name, replica)
+            try:
+                res = call(spec, "cancel_tenant", str(tenant_id), reason=reason, create=False, replica=replica,
+                           timeout=CANCEL_TENANT_TIMEOUT_S)
+            except Unavailable as exc:
+                logger.warning("could not stop tenant %s's requests on %s: %s", tenant_id, name, exc.message)
+                out["failed"].append(name)
+                continue
+            out["replicas"][name] = {"absent": True} if res is None else res
+    return out
+
+
+def _ray_configured() -> bool:
+    import ray
+
+    return ray.is_initialized() or bool(getattr(settings, "STRATA_RAY_ADDRESS", None))

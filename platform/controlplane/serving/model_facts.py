@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from cachecore.layout import KVLayout
 from cachecore.model.config import preset
 from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
 from controlplane.common.errors import Unavailable
@@ -30,6 +31,12 @@ class ModelFacts:
     chat: object  # ChatTemplate | cachecore.model.chat_template.JinjaChatTemplate
     vocab_size: int
     max_seq_len: int
+    kv_layout: KVLayout  # the worker's page layout (block size 16), which bounds a KV upload's size
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token covers (``bounds``: a text this many times the context is too long)."""
+        return self.tokenizer.max_token_chars
 
 
 _facts: dict[tuple, ModelFacts] = {}
@@ -42,18 +49,23 @@ def model_facts(deployment: ModelDeployment) -> ModelFacts:
     rev = deployment.active_revision
     if not rev.checkpoint_path:
         config = preset(deployment.preset)
-        return ModelFacts(BYTE_TOKENIZER, BYTE_CHAT, config.vocab_size, config.max_seq_len)
+        return ModelFacts(BYTE_TOKENIZER, BYTE_CHAT, config.vocab_size, config.max_seq_len, config.kv_layout())
     key = (rev.pk, rev.checkpoint_path, rev.digest)
     facts = _facts.get(key)
     if facts is None:
+        from django.conf import settings
+
         from cachecore.model.checkpoint import inspect_checkpoint
-        from cachecore.model.hf_config import CheckpointError
+        from cachecore.model.hf_config import CheckpointError, weights_root
 
         try:
-            info = inspect_checkpoint(rev.checkpoint_path, digest=False)
+            with weights_root(settings.STRATA_WEIGHTS_ROOT):  # no file of it may lead outside the root
+                info = inspect_checkpoint(rev.checkpoint_path, digest=False)
         except CheckpointError as exc:
             raise Unavailable(f"model '{deployment.name}' cannot be served: {exc}", retry_after=30) from None
-        facts = ModelFacts(info.tokenizer, info.chat, info.config.model.vocab_size, info.config.model.max_seq_len)
+        model = info.config.model
+        facts = ModelFacts(info.tokenizer, info.chat, model.vocab_size, model.max_seq_len, model.kv_layout())
+        facts.max_token_chars  # noqa: B018 (scans the vocabulary once, here, not on a request's path)
         with _facts_lock:
             if len(_facts) >= _FACTS_MAX:
                 _facts.pop(next(iter(_facts)))

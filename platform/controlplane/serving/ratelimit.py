@@ -2,7 +2,13 @@
 
 With ``REDIS_URL`` set the cache is Redis, so every web process shares the counters; the embedded
 default is the process-local cache. A limit that is hit answers 429 with ``Retry-After`` set to the
-seconds left in the window; nothing is counted for a refused request.
+seconds left in the window.
+
+Requests are counted by ``count_request`` right after authentication, before the body is read or
+parsed, so a request refused later (413, 422, 400) still used one of the tenant's requests: a tenant
+cannot make the server parse or tokenize more bodies per minute than its ``requests_per_minute``.
+A request refused by this 429 itself is not counted. Tokens are counted once they are known, by
+``admit`` with ``requests_per_minute=None``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,21 @@ def _window() -> tuple[int, int]:
 def _incr(key: str, amount: int) -> int:
     cache.add(key, 0, timeout=WINDOW_S * 2)
     return cache.incr(key, amount)
+
+
+def requests_left(*, tenant_id: int, requests_per_minute: int | None) -> int | None:
+    """Seconds until the tenant may send again when this minute's requests are all used (counting
+    nothing), else None: lets the server refuse before it reads a body."""
+    if requests_per_minute is None:
+        return None
+    start, retry_after = _window()
+    used = cache.get(f"strata:rl:{tenant_id}:{start}:req") or 0
+    return retry_after if used >= requests_per_minute else None
+
+
+def count_request(*, tenant_id: int, requests_per_minute: int | None) -> None:
+    """Count one request for the tenant, or raise ``RateLimited`` (not counted) when its limit is used."""
+    admit(tenant_id=tenant_id, requests_per_minute=requests_per_minute, tokens_per_minute=None, tokens=0)
 
 
 def admit(*, tenant_id: int, requests_per_minute: int | None, tokens_per_minute: int | None, tokens: int) -> None:

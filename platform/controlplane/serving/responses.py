@@ -10,6 +10,22 @@ from controlplane.common import errors
 # worker error code -> (HTTP status, retry-after seconds or None); one table, in common.errors
 WORKER_ERRORS = errors.WORKER_ERRORS
 
+# Returned logprobs are rounded to this many decimal places. The same prompt's logprobs differ in the
+# last bits of a float32 when other requests share its batch (the batched matmuls sum in another
+# order), so unrounded values would let a tenant tell that others are active. The differences are
+# ~1e-6 in float32; rounding to 1e-4 hides them except where a value sits on a rounding boundary, and
+# 1e-4 is still far finer than any use of a logprob (ranking, perplexity, calibration) needs.
+LOGPROB_DECIMALS = 4
+
+
+def round_logprob(value: float | None) -> float | None:
+    """``value`` rounded to ``LOGPROB_DECIMALS`` places (None stays None; -0.0 becomes 0.0)."""
+    return None if value is None else round(float(value), LOGPROB_DECIMALS) + 0.0
+
+
+def _top(top: dict | None) -> dict:
+    return {k: round_logprob(v) for k, v in (top or {}).items()}
+
 
 class WorkerError(errors.WorkerError):
     """An ``error`` event of a worker's stream as an API error (codes not listed: 503, retryable)."""
@@ -40,8 +56,8 @@ def completion_logprobs(tokens: list[dict]) -> dict:
         pos += len(t["text"])
     return {
         "tokens": [t["text"] for t in tokens],
-        "token_logprobs": [t["logprob"] for t in tokens],
-        "top_logprobs": [t["top_logprobs"] or {} for t in tokens],
+        "token_logprobs": [round_logprob(t["logprob"]) for t in tokens],
+        "top_logprobs": [_top(t["top_logprobs"]) for t in tokens],
         "text_offset": offsets,
     }
 
@@ -50,10 +66,10 @@ def chat_logprobs(tokens: list[dict]) -> dict:
     return {"content": [
         {
             "token": t["text"],
-            "logprob": t["logprob"],
+            "logprob": round_logprob(t["logprob"]),
             "bytes": list(t["text"].encode()),
             "top_logprobs": [{"token": k, "logprob": v, "bytes": list(k.encode())}
-                             for k, v in (t["top_logprobs"] or {}).items()],
+                             for k, v in _top(t["top_logprobs"]).items()],
         }
         for t in tokens
     ]}

@@ -85,7 +85,7 @@ class Message(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict]
-    name: str | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
 
 
 class ChatRequest(_Common):

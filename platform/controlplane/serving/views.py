@@ -166,7 +166,7 @@ async def kv_lookup(request: HttpRequest):
 async def kv_store(request: HttpRequest):
     """Upload KV for full blocks. Untrusted: exact size for the layout, finite values only, keyed under
     the uploading tenant alone and never read by a completion (``CacheWorker.kv_store``)."""
-    spec, body, req = await context.prepare_kv(request, KVRequest, store=True)
+    spec, body, req = await context.prepare_kv(request, KVRequest)
     layout = await gateway.acall(spec, "kv_layout")
     n_blocks = len(body.tokens) // layout["block_size"]
     try:
@@ -186,10 +186,16 @@ async def kv_store(request: HttpRequest):
     return JsonResponse({"stored_blocks": stored, "blocks": n_blocks})
 
 
+def kv_bytes(kv: torch.Tensor) -> bytes:
+    """The raw little-endian bytes of ``kv`` in its own dtype, as ``kv_store`` takes them. Through a
+    uint8 view rather than numpy, which has no bfloat16."""
+    return kv.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+
 @_api_view(("POST",))
 async def kv_retrieve(request: HttpRequest):
     spec, _, req = await context.prepare_kv(request, KVRequest)
     kv, mask, origin = await gateway.acall(spec, "kv_retrieve", req)
     hit = int(mask.sum())
     return JsonResponse({"hit_tokens": hit, "origin": origin, "dtype": str(kv.dtype).removeprefix("torch."),
-                         "shape": list(kv.shape), "kv": base64.b64encode(kv.contiguous().numpy().tobytes()).decode()})
+                         "shape": list(kv.shape), "kv": base64.b64encode(kv_bytes(kv)).decode()})

@@ -154,8 +154,18 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic's target; WhiteN
 # Request bodies: the JSON error middleware answers 413 above these before anything reads the body.
 STRATA_MAX_BODY_BYTES = ENV.max_body_bytes
 STRATA_ADMIN_MAX_BODY_BYTES = ENV.admin_max_body_bytes
+# /v1/ bodies but KV uploads (completions, chat, KV lookup/retrieve): a few MiB hold any prompt that
+# fits a context; /v1/kv/store keeps STRATA_MAX_BODY_BYTES as its ceiling (serving.bounds derives the
+# tighter limit of the tenant's models from their KV layout and context length).
+STRATA_SERVING_MAX_BODY_BYTES = ENV.serving_max_body_bytes
+# Parsing, chat template rendering and tokenization run off the event loop in this many threads
+# (serving.render_pool), each tenant on at most all but one of them; one render's time budget.
+STRATA_RENDER_THREADS = ENV.render_threads
+STRATA_RENDER_BUDGET_MS = ENV.render_budget_ms
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(ENV.max_body_bytes, ENV.admin_max_body_bytes)
 STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
+# Peers whose X-Forwarded-For names the client (common.sources); empty: the TCP peer is the source.
+STRATA_TRUSTED_PROXIES = ENV.trusted_proxies
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
 STRATA_REDIS_URL = ENV.redis_url

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
-from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.common.errors import Conflict, InvalidInput, Unavailable
 from controlplane.common.hooks import optional_attr
 from controlplane.common.tokens import new_secret
 from controlplane.tenants.models import (
@@ -30,14 +30,26 @@ from controlplane.tenants.models import (
     Tenant,
     slug_validator,
 )
+from workers.admission import DEFAULT_TENANT_CONCURRENCY
 
 KEY_KIND = "sk-st-"
 # Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
 QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens", "max_concurrent_requests")} | {
     name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens")
 } | {"share_weight": 100}
-QUOTA_MIN = {"share_weight": 1}
-QUOTA_NULL = {"share_weight": "1, an equal share"}  # what null means where it is not "unlimited"
+# A zero concurrency or in-flight quota would let the tenant run nothing at all, which is what
+# suspending it is for; it is refused rather than stored (and a 0 from an older row still means zero on
+# the worker, never its default).
+QUOTA_MIN = {"share_weight": 1, "max_concurrent_requests": 1, "max_inflight_tokens": 1}
+QUOTA_ZERO_HINT = {name: " (0 would let the tenant run nothing: suspend it instead)"
+                   for name in ("max_concurrent_requests", "max_inflight_tokens")}
+# What null means where it is not "unlimited": the default each worker applies. Audited beside the
+# null (``effective``), so the record says what the tenant really got.
+QUOTA_NULL = {
+    "share_weight": "1, an equal share",
+    "max_concurrent_requests": f"the default, {DEFAULT_TENANT_CONCURRENCY} per worker",
+    "max_inflight_tokens": "the default, half of each worker's device cache",
+}
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
@@ -58,12 +70,19 @@ def clean_quotas(quotas: Mapping[str, Any]) -> dict[str, int | None]:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not low <= value <= QUOTA_MAX[name]):
             raise InvalidInput(f"quota {name} must be null ({QUOTA_NULL.get(name, 'unlimited')}) or an integer "
-                               f"in [{low}, {QUOTA_MAX[name]}]")
+                               f"in [{low}, {QUOTA_MAX[name]}]{QUOTA_ZERO_HINT.get(name, '') if value == 0 else ''}")
         cleaned[name] = value
     return cleaned
 
 
 CACHE_POLICY_FIELDS = {"persist": "persist_kv", "retention_seconds": "retention_seconds"}
+
+
+def audited_quotas(values: Mapping[str, int | None]) -> dict:
+    """``values`` for an audit event, with ``effective``: what each null that means a default (not
+    "unlimited") stands for (``QUOTA_NULL``); no ``effective`` key when there is none."""
+    effective = {k: QUOTA_NULL[k] for k, v in values.items() if v is None and k in QUOTA_NULL}
+    return {**values, "effective": effective} if effective else dict(values)
 
 
 def clean_cache_policy(policy: Mapping[str, Any]) -> dict[str, bool | int]:
@@ -115,7 +134,7 @@ def tenant_create(
         tenant = Tenant.objects.create(slug=slug, name=name, **cleaned)
         audit_record(
             actor=actor, action="tenant.create", target=slug, tenant=slug,
-            new={"slug": slug, "name": name, "status": tenant.status, "quotas": tenant.quotas},
+            new={"slug": slug, "name": name, "status": tenant.status, "quotas": audited_quotas(tenant.quotas)},
         )
     return tenant
 
@@ -134,7 +153,8 @@ def tenant_update(
     unlimited; omitted quotas are unchanged) and/or the cache policy (``{"persist",
     "retention_seconds"}``, each optional). One audit event per kind of change (``tenant.update``,
     ``tenant.suspend``/``tenant.activate``, ``tenant.quotas``, ``tenant.cache_policy``); nothing
-    changed, nothing recorded. Offboarded tenants cannot change (Conflict)."""
+    changed, nothing recorded. Offboarded tenants cannot change (Conflict). Turning persistence off
+    or lowering the retention also queues an audited L3 job (``_queue_l3_policy_job``)."""
     if name is not None and (not name or len(name) > 200):
         raise InvalidInput("name must be 1-200 characters")
     if status is not None and status not in (Tenant.Status.ACTIVE, Tenant.Status.SUSPENDED):
@@ -156,7 +176,8 @@ def tenant_update(
         quota_changes = {k: v for k, v in cleaned.items() if getattr(locked, k) != v}
         if quota_changes:
             old = {k: getattr(locked, k) for k in quota_changes}
-            audit_record(action="tenant.quotas", old=old, new=quota_changes, **record)
+            audit_record(action="tenant.quotas", old=audited_quotas(old), new=audited_quotas(quota_changes),
+                         **record)
             for key, value in quota_changes.items():
                 setattr(locked, key, value)
             changes += 1
@@ -166,10 +187,53 @@ def tenant_update(
             for key, value in policy_changes.items():
                 setattr(locked, key, value)
             audit_record(action="tenant.cache_policy", old=old_policy, new=locked.cache_policy, **record)
+            _queue_l3_policy_job(actor=actor, tenant=locked, old=old_policy, reason=reason)
             changes += 1
         if changes:
             locked.save()
+    if status == Tenant.Status.SUSPENDED:  # also when already suspended: a retry finishes the stop
+        _stop_running_requests(actor=actor, tenant=locked, reason="tenant suspended")
     return locked
+
+
+def _stop_running_requests(*, actor: Actor, tenant: Tenant, reason: str, strict: bool = True) -> None:
+    """Stop the tenant's running and waiting requests on every replica (``gateway.cancel_tenant``),
+    after its new status committed (so no new request is admitted) and before the change is reported
+    done. Audited as ``tenant.requests_stopped`` when any was stopped or a replica failed.
+    ``Unavailable`` (503) when a replica could not be reached and ``strict``: the status change
+    stands, and repeating it retries the stop (not ``strict``: a job retries it)."""
+    cancel = optional_attr("controlplane.runtime.gateway", "cancel_tenant")
+    if cancel is None:
+        return
+    result = cancel(tenant.pk, reason=reason)
+    stopped = sum(int(r.get("cancelled", 0)) for r in result["replicas"].values())
+    if stopped or result["failed"]:  # nothing was running anywhere: the status event says it all
+        audit_record(actor=actor, action="tenant.requests_stopped", target=tenant.slug, tenant=tenant.slug,
+                     reason=reason, new={"stopped": stopped, "failed": result["failed"]},
+                     result="error" if result["failed"] else "ok")
+    if result["failed"] and strict:
+        raise Unavailable(f"the tenant is {tenant.status}, but {len(result['failed'])} replica(s) could not be "
+                          "reached to stop its running requests; repeat the change to retry", retry_after=5)
+
+
+def _queue_l3_policy_job(*, actor: Actor, tenant: Tenant, old: Mapping[str, Any], reason: str) -> Any:
+    """The cache policy is a property of the data already stored: persistence turned off queues an
+    ``l3_delete`` job (every L3 object of the tenant, on every replica), a lowered retention an
+    ``l3_expire`` job (every replica deletes what the new retention makes too old). Each job is
+    audited by its request (``l3_delete.request`` / ``l3_expire.request``). Reads stop at once
+    without waiting for the job: a request of a tenant that may not persist never reads L3, and a
+    read never serves an object older than the requester's current retention. Inside the caller's
+    transaction (the job is enqueued on commit)."""
+    request = optional_attr("controlplane.jobs.services", "flush_job_request")
+    if request is None:
+        return None
+    if old["persist"] and not tenant.persist_kv:
+        kind, why = "l3_delete", "cache policy: persistence turned off"
+    elif tenant.persist_kv and tenant.retention_seconds < old["retention_seconds"]:
+        kind, why = "l3_expire", f"cache policy: retention lowered to {tenant.retention_seconds} s"
+    else:
+        return None
+    return request(actor=actor, scope="tenant", tenant=tenant, reason=reason or why, kind=kind)
 
 
 def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> OffboardResult:
@@ -197,6 +261,8 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
                  "data_key_versions": list(DataKey.objects.filter(tenant=locked).order_by("version")
                                            .values_list("version", flat=True))},
         )
+    # Its streams stop now; the offboard job stops them again on every worker (retried) before it goes on.
+    _stop_running_requests(actor=actor, tenant=locked, reason="tenant offboarded", strict=False)
     return OffboardResult(tenant=locked, keys_revoked=keys_revoked, flush_job=job)
 
 

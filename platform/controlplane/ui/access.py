@@ -21,10 +21,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
-from controlplane.adminapi.auth import SAFE_METHODS, client_address
+from controlplane.adminapi.auth import SAFE_METHODS
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import ApplicationError
+from controlplane.common.sources import request_source
 from controlplane.operators.models import OperatorToken
 
 ADMIN = OperatorToken.Role.ADMIN
@@ -47,7 +48,7 @@ def operator_of(request: HttpRequest) -> Operator | None:
     if user is None or not user.is_authenticated or not user.is_active or not user.is_staff:
         return None
     role = ADMIN if user.is_superuser else VIEWER
-    return Operator(Actor(user.get_username(), "session", client_address(request)), role)
+    return Operator(Actor.at(user.get_username(), "session", request_source(request)), role)
 
 
 def error_page(request: HttpRequest, status: int, message: str) -> HttpResponse:
@@ -68,8 +69,7 @@ def operator_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
             return error_page(request, 403, "This account is not an operator (staff) account.")
         request.operator = operator
         if request.method not in SAFE_METHODS and not operator.is_admin:
-            audit_record(actor=operator.actor.name, auth_method="session", source=operator.actor.source,
-                         action="auth.denied", target=f"{request.method} {request.path}",
+            audit_record(actor=operator.actor, action="auth.denied", target=f"{request.method} {request.path}",
                          reason=f"role {operator.role} may only read", result="denied")
             return error_page(request, 403, f"Your role ({operator.role}) may only read; ask an admin.")
         try:

@@ -17,7 +17,8 @@ from controlplane.tenants.models import (
     Tenant,
     slug_validator,
 )
-from controlplane.tenants.services import QUOTA_MAX, QUOTA_MIN
+from controlplane.tenants.services import QUOTA_MAX, QUOTA_MIN, QUOTA_ZERO_HINT
+from workers.admission import DEFAULT_TENANT_CONCURRENCY
 
 REASON_MAX = 1000  # the admin API's limit (``TenantPatchIn.reason``)
 QUOTA_LABELS = {
@@ -27,7 +28,8 @@ QUOTA_LABELS = {
     "max_prompt_tokens": ("Max prompt tokens", "blank = unlimited"),
     "max_l3_bytes": ("Max L3 bytes", "blank = unlimited"),
     "max_inflight_tokens": ("In-flight tokens", "per worker; blank = worker default"),
-    "max_concurrent_requests": ("Concurrent requests", "per worker; blank = worker default"),
+    "max_concurrent_requests": ("Concurrent requests", "per worker, completions and KV calls; blank = worker "
+                                f"default ({DEFAULT_TENANT_CONCURRENCY})"),
     "share_weight": ("Share weight", "of each worker's cache and compute, 1-100; blank = 1 (equal shares)"),
 }
 
@@ -51,10 +53,12 @@ class QuotaPolicyMixin(forms.Form):
     """The seven quotas (blank = unlimited / worker default) and the cache policy."""
 
     persist = forms.BooleanField(required=False, initial=True, label="Persist KV to L3",
-                                 help_text="may this tenant's KV be written to the remote store")
+                                 help_text="may this tenant's KV be written to and read from the remote store; "
+                                           "turning it off deletes the tenant's L3 objects (a job)")
     retention_seconds = forms.IntegerField(min_value=0, max_value=RETENTION_MAX_SECONDS,
                                            initial=RETENTION_DEFAULT_SECONDS, label="Retention (seconds)",
-                                           help_text=f"0-{RETENTION_MAX_SECONDS:,}; 86,400 = 24 h",
+                                           help_text=f"0-{RETENTION_MAX_SECONDS:,}; 86,400 = 24 h; lowering it "
+                                                     "deletes L3 objects now too old (a job)",
                                            widget=forms.NumberInput(attrs={"class": "num-input"}))
 
     def __init__(self, *args, **kwargs):
@@ -63,7 +67,8 @@ class QuotaPolicyMixin(forms.Form):
             label, hint = QUOTA_LABELS[name]
             self.fields[name] = forms.IntegerField(
                 required=False, min_value=QUOTA_MIN.get(name, 0), max_value=QUOTA_MAX[name], label=label,
-                help_text=hint,
+                help_text=hint, error_messages={"min_value": "Ensure this value is greater than or equal to "
+                                                             f"%(limit_value)s{QUOTA_ZERO_HINT.get(name, '')}."},
                 widget=forms.NumberInput(attrs={"class": "num-input", "placeholder": "—"}))
         self.order_fields(self.field_order)
 

@@ -33,6 +33,7 @@ from controlplane.adminapi.present import key_out, share_group_out
 from controlplane.adminapi.tenants import tenant_out
 from controlplane.audit.selectors import audit_list
 from controlplane.common.errors import ApplicationError, NotFound
+from controlplane.common.query import query_text
 from controlplane.jobs.selectors import flush_job_list
 from controlplane.registry.selectors import model_get, model_list
 from controlplane.tenants import access, datakeys, services
@@ -108,7 +109,7 @@ def _to_tenant(tenant: Tenant) -> HttpResponse:
 
 # ---------------------------------------------------------------------- list and create
 def _list_page(request: HttpRequest, status: int = 200, form: TenantCreateForm | None = None) -> HttpResponse:
-    query = request.GET.get("q", "").strip()[:SEARCH_MAX]
+    query = query_text(request.GET.get("q"), max_len=SEARCH_MAX)  # no NUL: PostgreSQL refuses it
     wanted = request.GET.get("status", "")
     tenants = tenant_list(status=wanted if wanted in STATUSES else None)
     if query:

@@ -21,7 +21,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.audit.selectors import audit_list, audit_verify
 from controlplane.common.errors import ApplicationError
+from controlplane.common.query import query_int, query_text
 from controlplane.operators.forms import OperatorLoginForm
+from controlplane.operators.selectors import login_lockouts_recent
 from controlplane.operators.views import lockout_response
 from controlplane.runtime.stats import cluster_stats
 from controlplane.tenants.selectors import tenant_get, tenant_list
@@ -36,8 +38,8 @@ AUDIT_FILTERS = ("action", "actor", "tenant")
 
 
 class LoginView(auth_views.LoginView):
-    """Django's login view; only active staff accounts may log in. Throttled per account and per
-    source and audited (``OperatorLoginForm``): a locked attempt gets the lockout page (429)."""
+    """Django's login view; only active staff accounts may log in. Throttled per (account, source)
+    and per source and audited (``OperatorLoginForm``): a locked attempt gets the lockout page (429)."""
 
     template_name = "ui/login.html"
     authentication_form = OperatorLoginForm
@@ -94,7 +96,7 @@ def _dashboard() -> dict[str, Any]:
 @operator_view
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return _page(request, "ui/dashboard.html", "dashboard", **_dashboard())
+    return _page(request, "ui/dashboard.html", "dashboard", lockouts=login_lockouts_recent(), **_dashboard())
 
 
 @operator_view
@@ -135,13 +137,11 @@ def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
 @operator_view
 @require_GET
 def audit(request: HttpRequest) -> HttpResponse:
-    filters = {name: request.GET.get(name, "").strip()[:150] or None for name in AUDIT_FILTERS}
-    before, raw_before = None, request.GET.get("before", "").strip()
-    if raw_before:
-        if raw_before.isdigit():
-            before = int(raw_before)
-        else:
-            messages.error(request, "'before' must be an event number; showing the newest events.")
+    filters = {name: query_text(request.GET.get(name), max_len=150) or None for name in AUDIT_FILTERS}
+    raw_before = request.GET.get("before", "").strip()
+    before = query_int(raw_before, low=1)  # ASCII digits only: "²".isdigit() is True, int("²") raises
+    if raw_before and before is None:
+        messages.error(request, "'before' must be an event number; showing the newest events.")
     events = [present.audit_event(e) for e in audit_list(**filters, before_seq=before, limit=AUDIT_SHOWN)]
     verify = audit_verify() if request.GET.get("verify") else None
     older = events[-1]["seq"] if len(events) == AUDIT_SHOWN else None

@@ -1,0 +1,42 @@
+"""The scheduler's settings, validated when built (``ValueError`` naming the setting)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cachecore.scheduler.queue import POLICIES
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """``token_budget``: tokens one step computes at most (it must exceed ``max_batch``: every step keeps
+    room for a prefill chunk beside the decode tokens); ``max_batch``: requests running at once;
+    ``age_steps``: steps after which a waiting request goes before every other; ``policy``: order within
+    a tenant (``queue.POLICIES``); ``quantum``: tokens of head start a tenant that was idle gets;
+    ``lean_budget``: tokens all other tenants share in a step carrying the first token of a tenant below
+    its share; ``contended_budget``: tokens per step while two or more tenants had work within
+    ``contended_window`` steps (0: no bound; otherwise it must exceed ``max_batch``)."""
+
+    token_budget: int = 512
+    max_batch: int = 32
+    age_steps: int = 64
+    policy: str = "cache_aware"
+    quantum: int = 1024
+    lean_budget: int = 32
+    contended_budget: int = 128
+    contended_window: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "age_steps", "token_budget", "lean_budget", "contended_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.token_budget <= self.max_batch:
+            raise ValueError(f"token_budget ({self.token_budget}) must exceed max_batch ({self.max_batch}): every "
+                             "step keeps room for a prefill chunk beside the decode tokens")
+        cb = self.contended_budget
+        if isinstance(cb, bool) or not isinstance(cb, int) or not (cb == 0 or cb > self.max_batch):
+            raise ValueError(f"contended_budget must be 0 (no bound) or exceed max_batch ({self.max_batch}), "
+                             f"got {cb!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")

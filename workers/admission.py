@@ -1,0 +1,102 @@
+"""Per-tenant admission and cancellation on a cache worker: the concurrent-request slots that a
+tenant's streams and KV API calls share, and stopping requests (one by id, or every request of a
+tenant that was suspended, offboarded or had its data key shredded).
+
+A mixin of :class:`workers.cache_worker.CacheWorker` (it uses the worker's ``_lock``, ``engine``,
+``counters``, ``_per_tenant`` (slots taken per tenant), ``_running`` (request key -> tenant) and
+``_cancelled`` (request key -> why)). A stream polls ``key in _cancelled`` every scheduler step
+(``should_abort``), so a cancel stops it at its next step whether or not its client reads.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cachecore.errors import TenantBusy
+
+MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); the scheduler batches their forwards
+DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
+_CANCEL_MEMORY = 4096  # cancelled request ids remembered (a cancel may arrive before its request)
+_KV_KEY = "kv:"  # slot keys of KV calls (request ids are hex)
+CANCEL_TENANT_WAIT_S = 10.0  # how long cancel_tenant waits for the tenant's requests to release their blocks
+
+
+def tenant_concurrency(limit) -> int:
+    """A tenant's concurrent-request bound on one worker: ``None`` is the default (a quarter of the
+    slots), anything else is taken as it is, so a quota of 0 runs nothing (never the default)."""
+    return DEFAULT_TENANT_CONCURRENCY if limit is None else int(limit)
+
+
+class AdmissionMixin:
+    def _acquire(self, tenant: str, key: str, limit) -> None:
+        """Take one of ``tenant``'s concurrent-request slots for the request ``key``, or raise
+        ``TenantBusy`` (counted). ``limit``: the tenant's quota (``tenant_concurrency``)."""
+        bound = tenant_concurrency(limit)
+        with self._lock:
+            busy = self._per_tenant[tenant] >= bound
+            if not busy:
+                self._per_tenant[tenant] += 1
+                self._running[key] = tenant
+        if busy:
+            self.counters["tenant_busy"] += 1
+            if bound <= 0:
+                raise TenantBusy("this tenant's max_concurrent_requests quota is 0: it may run no requests")
+            raise TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly")
+
+    def _release(self, tenant: str, key: str) -> None:
+        with self._lock:
+            self._per_tenant[tenant] -= 1
+            if not self._per_tenant[tenant]:
+                del self._per_tenant[tenant]
+            self._cancelled.pop(key, None)
+            self._running.pop(key, None)
+
+    @contextmanager
+    def _tenant_slot(self, req: dict) -> Iterator[None]:
+        """A KV API call holds one of its tenant's concurrent-request slots while it runs (raises
+        ``TenantBusy`` when they are all taken), like a completion does."""
+        tenant, key = str(req["tenant"]), f"{_KV_KEY}{uuid.uuid4().hex}"
+        self._acquire(tenant, key, req.get("max_concurrent_requests"))
+        try:
+            yield
+        finally:
+            self._release(tenant, key)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop the request ``request_id`` at its next chunk or token (its client went away); its
+        blocks are released. Remembered for a while, so a cancel that overtakes its request works too.
+        Returns whether such a request is running now."""
+        with self._lock:
+            self._mark_cancelled(str(request_id), "the request was cancelled")
+            return str(request_id) in self._running
+
+    def _mark_cancelled(self, key: str, why: str) -> None:  # caller holds self._lock
+        self._cancelled[key] = why
+        while len(self._cancelled) > _CANCEL_MEMORY:
+            self._cancelled.popitem(last=False)
+
+    def cancel_tenant(self, tenant: str, *, reason: str = "", wait_seconds: float = CANCEL_TENANT_WAIT_S) -> dict:
+        """Stop every running or waiting request of ``tenant`` on this worker (it was suspended,
+        offboarded, or its data key shredded): each stops at its next step, and its stream ends with a
+        ``cancelled`` error and no more tokens. Returns once their blocks are released or after
+        ``wait_seconds``: ``{"cancelled": requests marked, "remaining": requests still holding
+        blocks}`` (0 means done). Idempotent; requests that start after it returns are not affected
+        (the control plane refuses them once the tenant's status changed)."""
+        tenant = str(tenant)
+        why = f"the request was stopped: {reason}" if reason else "the request was stopped by an operator"
+        with self._lock:
+            # KV calls last one lookup or copy and poll nothing: only streams are stopped
+            keys = [k for k, t in self._running.items() if t == tenant and not k.startswith(_KV_KEY)]
+            for k in keys:
+                self._mark_cancelled(k, why)
+        deadline = time.monotonic() + wait_seconds
+        while self._holding(tenant) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"cancelled": len(keys), "remaining": self._holding(tenant)}
+
+    def _holding(self, tenant: str) -> int:
+        """Requests of ``tenant`` the engine still runs (admitted ones hold blocks, waiting ones too)."""
+        return sum(1 for s in self.engine.running() if s.tag.owner == tenant)
