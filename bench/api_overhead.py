@@ -141,13 +141,16 @@ def ms(x: float) -> str:
 
 # ---------------------------------------------------------------------- server-side instrumentation
 class StageTimer:
-    """Wraps the serving path's stages with timers, in this process only (no file is changed).
+    """Timers around the calls the serving path really makes, in this process only (no file is changed).
 
-    One record per ``/v1/completions`` request (a context variable follows it into
-    ``sync_to_async`` and ``to_thread`` hops): ASGI entry, view entry (``context.prepare`` called),
-    the sync prepare in its thread (its DB queries, DB connections opened), the worker-handle lookup
-    in its ``to_thread`` hop, the Ray stream's first and last events, the last body byte handed to
-    uvicorn and the end of Django's handler (after ``response.close``). With ``profile`` the event
+    One record per ``/v1/completions`` request (a context variable follows it into ``sync_to_async``
+    hops): entry into the serving ASGI app (``asgi._serving``: body limit, then ``serving.gate``),
+    entry into Django's handler behind the gate, the view's ``context.prepare`` (called and returned),
+    the worker-handle lookup in its ``to_thread`` hop, the Ray stream's first and last events, the
+    last body byte handed to uvicorn and the end of the app (after ``response.close``). Whatever the
+    admission's stages are, every ``sync_to_async`` call (class-wide, so the module-level ones too)
+    and every render-pool job of the request is counted with its time: the thread hops, and their
+    cost beyond the work they run. DB queries are counted on every cursor. With ``profile`` the event
     loop thread also runs under cProfile."""
 
     def __init__(self, *, profile: bool = False) -> None:
@@ -168,68 +171,114 @@ class StageTimer:
         if rec is not None:
             rec.setdefault(key, time.perf_counter())
 
-    def install(self, application) -> None:
-        from asgiref.sync import sync_to_async
-        from django.core.handlers.asgi import ASGIHandler
-        from django.db import connection
-        from django.db.backends.signals import connection_created
+    def _hop(self, kind: str, wall: float, work: float) -> None:
+        rec = self._current.get()
+        if rec is not None:
+            rec[f"{kind}_n"] = rec.get(f"{kind}_n", 0) + 1
+            rec[f"{kind}_wall"] = rec.get(f"{kind}_wall", 0.0) + wall
+            rec[f"{kind}_work"] = rec.get(f"{kind}_work", 0.0) + work
 
+    def install(self, handler) -> None:
+        """``handler``: the Django ASGI handler that serves ``/v1/`` (behind the gate)."""
+        from asgiref.sync import SyncToAsync
+        from django.db.backends.signals import connection_created
+        from django.db.backends.utils import CursorWrapper
+
+        from controlplane import asgi
         from controlplane.runtime import gateway
-        from controlplane.serving import context
+        from controlplane.serving import context, render_pool
 
         timer = self
+        orig_app = asgi._serving
 
-        class TimedHandler(ASGIHandler):
+        async def timed_app(scope, receive, send):
+            if scope["type"] != "http" or scope["path"] != "/v1/completions":
+                return await orig_app(scope, receive, send)
+            if timer.profiler is not None and timer._loop is None:
+                timer._loop = asyncio.get_running_loop()
+                timer.profiler.enable()  # this (event loop) thread only
+            rec = {"asgi_in": time.perf_counter(), "queries": 0, "connects": 0}
+            timer.records.append(rec)
+            token = timer._current.set(rec)
+
+            async def timed_send(message):
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    timer._rec("sent")
+                await send(message)
+
+            try:
+                await orig_app(scope, receive, timed_send)
+            finally:
+                timer._rec("asgi_out")
+                timer._current.reset(token)
+
+        orig_handler_call = type(handler).__call__
+
+        class TimedHandler(type(handler)):
             async def __call__(self, scope, receive, send):
-                if scope["type"] != "http" or scope["path"] != "/v1/completions":
-                    return await super().__call__(scope, receive, send)
-                if timer.profiler is not None and timer._loop is None:
-                    timer._loop = asyncio.get_running_loop()
-                    timer.profiler.enable()  # this (event loop) thread only
-                rec = {"asgi_in": time.perf_counter(), "queries": 0, "connects": 0}
-                timer.records.append(rec)
-                token = timer._current.set(rec)
+                timer._rec("django_in")
+                return await orig_handler_call(self, scope, receive, send)
 
-                async def timed_send(message):
-                    if message["type"] == "http.response.body" and not message.get("more_body"):
-                        timer._rec("sent")
-                    await send(message)
+        orig_s2a_call = SyncToAsync.__call__
 
+        async def s2a_call(self, *args, **kwargs):
+            rec = timer._current.get()
+            if rec is None:
+                return await orig_s2a_call(self, *args, **kwargs)
+            func, spent = self.func, [0.0]
+
+            def work(*a, **kw):
+                t = time.perf_counter()
                 try:
-                    await super().__call__(scope, receive, timed_send)
+                    return func(*a, **kw)
                 finally:
-                    timer._rec("asgi_out")
-                    timer._current.reset(token)
+                    spent[0] = time.perf_counter() - t
+
+            t0 = time.perf_counter()
+            self.func = work  # this call only: the wrapper restores it before anything else runs it
+            try:
+                return await orig_s2a_call(self, *args, **kwargs)
+            finally:
+                self.func = func
+                timer._hop("hop", time.perf_counter() - t0, spent[0])
+
+        orig_pool_run = render_pool.RenderPool.run
+
+        async def pool_run(self, tenant, fn, *args):
+            spent = [0.0]
+
+            def work(*a):
+                t = time.perf_counter()
+                try:
+                    return fn(*a)
+                finally:
+                    spent[0] = time.perf_counter() - t
+
+            t0 = time.perf_counter()
+            try:
+                return await orig_pool_run(self, tenant, work, *args)
+            finally:
+                timer._hop("pool", time.perf_counter() - t0, spent[0])
+
+        orig_execute = CursorWrapper._execute_with_wrappers
+
+        def execute(self, *args, **kwargs):
+            rec = timer._current.get()
+            if rec is not None:
+                rec["queries"] += 1
+            return orig_execute(self, *args, **kwargs)
 
         def on_connect(sender, connection, **kwargs):
             rec = timer._current.get()
             if rec is not None:
                 rec["connects"] += 1
 
-        orig_prepare_sync = context._prepare
         orig_prepare, orig_get_worker, orig_astream = context.prepare, gateway.get_worker, gateway.astream
-
-        def prepare_sync(request, schema):
-            timer._rec("prep_sync_in")
-            rec = timer._current.get()
-
-            def counting(execute, sql, params, many, ctx):
-                if rec is not None:
-                    rec["queries"] += 1
-                return execute(sql, params, many, ctx)
-
-            try:
-                with connection.execute_wrapper(counting):
-                    return orig_prepare_sync(request, schema)
-            finally:
-                timer._rec("prep_sync_out")
-
-        prepare_async = sync_to_async(prepare_sync, thread_sensitive=True)
 
         async def prepare(request, schema):
             timer._rec("view_in")
             try:
-                return await prepare_async(request, schema)
+                return await orig_prepare(request, schema)
             finally:
                 timer._rec("prep_out")
 
@@ -248,9 +297,13 @@ class StageTimer:
             timer._rec("last_event")
 
         connection_created.connect(on_connect, weak=False, dispatch_uid="bench-api-overhead")
-        self._undo = [(application, "__class__", application.__class__), (context, "prepare", orig_prepare),
+        self._undo = [(asgi, "_serving", orig_app), (handler, "__class__", handler.__class__),
+                      (SyncToAsync, "__call__", orig_s2a_call), (render_pool.RenderPool, "run", orig_pool_run),
+                      (CursorWrapper, "_execute_with_wrappers", orig_execute), (context, "prepare", orig_prepare),
                       (gateway, "get_worker", orig_get_worker), (gateway, "astream", orig_astream)]
-        application.__class__ = TimedHandler
+        asgi._serving, handler.__class__ = timed_app, TimedHandler
+        SyncToAsync.__call__, render_pool.RenderPool.run = s2a_call, pool_run
+        CursorWrapper._execute_with_wrappers = execute
         context.prepare, gateway.get_worker, gateway.astream = prepare, get_worker, astream
 
     def uninstall(self) -> None:
@@ -269,11 +322,10 @@ class StageTimer:
 
 
 STAGES = [  # (label, from, to)
-    ("client send -> Django handler entry (httpx, loopback, uvicorn/h11)", "client_in", "asgi_in"),
-    ("Django entry -> view (read body, request_started, middleware, URL)", "asgi_in", "view_in"),
-    ("  hop into this request's sync thread (sync_to_async)", "view_in", "prep_sync_in"),
-    ("  prepare: auth, body, grant, scope salt, rate limit (DB)", "prep_sync_in", "prep_sync_out"),
-    ("  hop back to the event loop", "prep_sync_out", "prep_out"),
+    ("client send -> serving app entry (httpx, loopback, uvicorn/h11)", "client_in", "asgi_in"),
+    ("serving app -> Django handler (body limit, gate: key, rate, body limit)", "asgi_in", "django_in"),
+    ("Django entry -> view (read body, request_started, middleware, URL)", "django_in", "view_in"),
+    ("view: context.prepare (admission: body, bounds, tokens, quotas)", "view_in", "prep_out"),
     ("view -> gateway.astream", "prep_out", "astream_in"),
     ("  to_thread hop to look up the cached actor handle", "astream_in", "handle_out"),
     ("  Ray stream: call -> first event ('prefilled')", "handle_out", "first_event"),
@@ -282,6 +334,18 @@ STAGES = [  # (label, from, to)
     ("last byte handed to uvicorn -> client has the parsed response", "sent", "client_out"),
     ("after the response: response.close, thread teardown (not waited on)", "sent", "asgi_out"),
 ]
+
+
+def serving_handler():
+    """The Django ASGI handler behind ``/v1/`` (inside the body limit and the gate)."""
+    from django.core.handlers.asgi import ASGIHandler
+
+    from controlplane.asgi import _serving
+
+    app = _serving
+    while not isinstance(app, ASGIHandler):
+        app = app.app
+    return app
 
 
 # ---------------------------------------------------------------------- what-if (--what-if)
@@ -377,9 +441,7 @@ def main(argv: list[str] | None = None) -> None:
         from django.db import connection
         from django.test import RequestFactory
 
-        from controlplane.asgi import _serving
-
-        application = _serving.app  # the handler behind /v1/ (inside the body-limit wrapper)
+        application = serving_handler()
         from controlplane.serving import context
         from controlplane.serving.schemas import CompletionRequest
 
@@ -600,6 +662,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'  outside Django (client, loopback, uvicorn both ways)':<66} {ms(round_trip - in_django)}")
         print(f"per request: {statistics.median([r['queries'] for r in recs]):.0f} DB queries, "
               f"{statistics.median([r['connects'] for r in recs]):.0f} new DB connection(s) opened")
+        for kind, label in (("hop", "sync_to_async hops"), ("pool", "render-pool jobs")):
+            n = statistics.median([r.get(f"{kind}_n", 0) for r in recs])
+            wall = statistics.median([r.get(f"{kind}_wall", 0.0) for r in recs])
+            work = statistics.median([r.get(f"{kind}_work", 0.0) for r in recs])
+            print(f"per request: {n:.0f} {label}, {wall * 1000:.2f} ms in them, of which {work * 1000:.2f} ms "
+                  f"their work and {(wall - work) * 1000:.2f} ms the hops")
     if profile_text:
         print()
         print("cProfile of the server's event loop thread (instrumented requests + 2 s of 8-client load), "

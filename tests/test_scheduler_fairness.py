@@ -147,7 +147,8 @@ def test_a_tenant_at_its_slot_share_starts_nothing_more_while_another_waits(ns):
     """Tenant a's short prompts cost few tokens each, so the token-fair queue alone would let it take 3 of
     the 4 running slots in one step; the slot share keeps 2 for b's two requests."""
     engine = CacheEngine(ns_layout(), num_blocks=2000, device="cpu")
-    sched = Scheduler(engine, token_budget=200, max_batch=4, start_thread=False)
+    # no contended step bound here: both victims' chunks fit the step, so only the slot share limits them
+    sched = Scheduler(engine, token_budget=200, max_batch=4, start_thread=False, contended_budget=0)
     runner = FakeRunner()
     flood = [sched.submit(_req(runner, ns, "a", [(i + 1) % 11, 5, 5, 5], 3)) for i in range(6)]
     victims = [sched.submit(_req(runner, ns, "b", [7, i] * 32, 3, chunk=64)) for i in range(2)]

@@ -15,7 +15,7 @@ prefill delays another's first token, larger computes long prompts faster), ``ST
 512), ``STRATA_MAX_BATCH`` (requests running at once, default 32; the budget must exceed it),
 ``STRATA_LEAN_BUDGET`` (tokens every other tenant shares in a step that carries the first-token prefill of
 a tenant below its share, default 32), ``STRATA_CONTENDED_BUDGET`` (tokens per step while two or more
-tenants had work in the last few steps, default 128; 0 = the full budget always; else it must exceed
+tenants had work in the last few steps, default 64; 0 = the full budget always; else it must exceed
 ``STRATA_MAX_BATCH``),
 ``STRATA_TORCH_THREADS``
 (default: every core), ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
@@ -64,7 +64,7 @@ class WorkerConfig:
     token_budget: int = 512
     max_batch: int = 32
     lean_budget: int = 32
-    contended_budget: int = 128
+    contended_budget: int = 64
     l3_url: str = "none"
     l3_mb: int = 4096
     l3_sweep_seconds: int = 300
@@ -85,7 +85,7 @@ class WorkerConfig:
             token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
             max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
             lean_budget=_int("STRATA_LEAN_BUDGET", 32, minimum=1),
-            contended_budget=_int("STRATA_CONTENDED_BUDGET", 128),
+            contended_budget=_int("STRATA_CONTENDED_BUDGET", 64),
             l3_url=_l3_url(),
             l3_mb=_int("STRATA_L3_MB", 4096),
             l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),

@@ -23,7 +23,7 @@ class SchedulerSettings:
     policy: str = "cache_aware"
     quantum: int = 1024
     lean_budget: int = 32
-    contended_budget: int = 128
+    contended_budget: int = 64
     contended_window: int = 8
 
     def __post_init__(self) -> None:
