@@ -13,12 +13,14 @@ model does the least work it can and the difference between the two paths is the
      (so the client never competes with the server thread for this process's GIL);
    - ``actor``: ``ray.get(actor.complete.remote(req))`` from this process, with the exact worker
      request the server builds for the same body (``Platform.worker_request``): the baseline;
-   - breakdown rows: ``actor.stream`` (the Ray streaming generator the gateway really uses),
+   - breakdown rows: ``actor.stream`` (the Ray streaming generator streamed answers use),
      ``actor.ping`` (a Ray round trip that does no work), ``GET /healthz`` (the HTTP + ASGI +
-     middleware floor), ``prepare`` (auth, grant, scope salt, validation and their DB queries, run
-     in-process on a warm DB connection).
-2. Server-side split: requests with timers wrapped around the serving path's stages (in this process
-   only, after the headline measurement), to show where the HTTP overhead goes. ``--profile`` adds
+     middleware floor), ``prepare`` (``context._prepare``: the whole admission, auth, request count,
+     grants, body, bounds, validation, tokens and their DB queries, in this thread with no hop, on a
+     warm DB connection).
+2. Server-side split: requests with timers wrapped around the calls the serving path makes (in this
+   process only, after the headline measurement), to show where the HTTP overhead goes, with the
+   thread hops (``sync_to_async`` and render-pool jobs) each request makes. ``--profile`` adds
    cProfile of the server's event loop thread; ``--what-if`` measures the recommended changes
    emulated in-process (see ``what_if_variants``).
 3. Throughput: 8 concurrent clients over 4 tenants (2 each, each tenant its own cached prompt) for a
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import multiprocessing as mp
 import random
 import statistics
@@ -146,7 +149,7 @@ class StageTimer:
     One record per ``/v1/completions`` request (a context variable follows it into ``sync_to_async``
     hops): entry into the serving ASGI app (``asgi._serving``: body limit, then ``serving.gate``),
     entry into Django's handler behind the gate, the view's ``context.prepare`` (called and returned),
-    the worker-handle lookup in its ``to_thread`` hop, the Ray stream's first and last events, the
+    the worker call (``gateway.acall`` of ``collect``: a non-streamed answer in one round trip), the
     last body byte handed to uvicorn and the end of the app (after ``response.close``). Whatever the
     admission's stages are, every ``sync_to_async`` call (class-wide, so the module-level ones too)
     and every render-pool job of the request is counted with its time: the thread hops, and their
@@ -234,12 +237,12 @@ class StageTimer:
                 finally:
                     spent[0] = time.perf_counter() - t
 
+            timed = copy.copy(self)  # this call's own copy: module-level instances are shared by calls
+            timed.func = work
             t0 = time.perf_counter()
-            self.func = work  # this call only: the wrapper restores it before anything else runs it
             try:
-                return await orig_s2a_call(self, *args, **kwargs)
+                return await orig_s2a_call(timed, *args, **kwargs)
             finally:
-                self.func = func
                 timer._hop("hop", time.perf_counter() - t0, spent[0])
 
         orig_pool_run = render_pool.RenderPool.run
@@ -273,7 +276,7 @@ class StageTimer:
             if rec is not None:
                 rec["connects"] += 1
 
-        orig_prepare, orig_get_worker, orig_astream = context.prepare, gateway.get_worker, gateway.astream
+        orig_prepare, orig_acall = context.prepare, gateway.acall
 
         async def prepare(request, schema):
             timer._rec("view_in")
@@ -282,29 +285,22 @@ class StageTimer:
             finally:
                 timer._rec("prep_out")
 
-        def get_worker(spec, **kw):
-            timer._rec("handle_in")
+        async def acall(spec, method, *args, **kwargs):
+            timer._rec("call_in")
             try:
-                return orig_get_worker(spec, **kw)
+                return await orig_acall(spec, method, *args, **kwargs)
             finally:
-                timer._rec("handle_out")
-
-        async def astream(spec, req):
-            timer._rec("astream_in")
-            async for ev in orig_astream(spec, req):
-                timer._rec("first_event")
-                yield ev
-            timer._rec("last_event")
+                timer._rec("call_out")
 
         connection_created.connect(on_connect, weak=False, dispatch_uid="bench-api-overhead")
         self._undo = [(asgi, "_serving", orig_app), (handler, "__class__", handler.__class__),
                       (SyncToAsync, "__call__", orig_s2a_call), (render_pool.RenderPool, "run", orig_pool_run),
                       (CursorWrapper, "_execute_with_wrappers", orig_execute), (context, "prepare", orig_prepare),
-                      (gateway, "get_worker", orig_get_worker), (gateway, "astream", orig_astream)]
+                      (gateway, "acall", orig_acall)]
         asgi._serving, handler.__class__ = timed_app, TimedHandler
         SyncToAsync.__call__, render_pool.RenderPool.run = s2a_call, pool_run
         CursorWrapper._execute_with_wrappers = execute
-        context.prepare, gateway.get_worker, gateway.astream = prepare, get_worker, astream
+        context.prepare, gateway.acall = prepare, acall
 
     def uninstall(self) -> None:
         from django.db.backends.signals import connection_created
@@ -326,11 +322,9 @@ STAGES = [  # (label, from, to)
     ("serving app -> Django handler (body limit, gate: key, rate, body limit)", "asgi_in", "django_in"),
     ("Django entry -> view (read body, request_started, middleware, URL)", "django_in", "view_in"),
     ("view: context.prepare (admission: body, bounds, tokens, quotas)", "view_in", "prep_out"),
-    ("view -> gateway.astream", "prep_out", "astream_in"),
-    ("  to_thread hop to look up the cached actor handle", "astream_in", "handle_out"),
-    ("  Ray stream: call -> first event ('prefilled')", "handle_out", "first_event"),
-    ("  Ray stream: first -> last event (token, finished, end)", "first_event", "last_event"),
-    ("response built, last byte handed to uvicorn", "last_event", "sent"),
+    ("view -> worker call (gateway.acall 'collect')", "prep_out", "call_in"),
+    ("  worker call: replica pick, Ray round trip, worker", "call_in", "call_out"),
+    ("response built, last byte handed to uvicorn", "call_out", "sent"),
     ("last byte handed to uvicorn -> client has the parsed response", "sent", "client_out"),
     ("after the response: response.close, thread teardown (not waited on)", "sent", "asgi_out"),
 ]
@@ -543,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
                 timer.uninstall()
             for rec, (c0, c1) in zip(recs, client_spans, strict=True):
                 rec["client_in"], rec["client_out"] = c0, c1
-            recs = [r for r in recs if "asgi_out" in r and "last_event" in r]
+            recs = [r for r in recs if "asgi_out" in r and "call_out" in r]
             profile_text = ""
             if timer.profiler is not None:
                 import io
@@ -653,7 +647,7 @@ def main(argv: list[str] | None = None) -> None:
             return statistics.median([r[b] - r[a] for r in recs])
 
         in_django = stage("asgi_in", "sent")
-        ray_part = stage("handle_out", "last_event")
+        ray_part = stage("call_in", "call_out")
         round_trip = stage("client_in", "client_out")
         print(f"{'= client round trip of these requests':<66} {ms(round_trip)}")
         print(f"{'  in Django, entry -> last byte handed to uvicorn':<66} {ms(in_django)}")

@@ -22,7 +22,8 @@ its prompt began: the step in flight when it arrived, and prefetch) and B's mean
 (arrival -> first token); the rest of the client's TTFT is the web process and the HTTP path. ``uploads``
 / ``upload ms``: A's KV stores the worker ran between steps (``Scheduler.submit_work``: value check and
 page writes, charged to A) and their mean time; the base64 decode and transfer before them are the web
-process's and Ray's, outside the scheduler.
+process's and Ray's, outside the scheduler. ``holds`` / ``B came``: steps the worker held for B after
+B's request finished (``STRATA_ANTICIPATE_MS``) and how many of those B's next request ended early.
 Goals: B's hit ratio under flood >= 95% of alone; TTFT p50 <= 1.5x and p99 <= 2x of alone.
 """
 
@@ -186,6 +187,8 @@ def _breakdown(before: dict, after: dict, owner: str) -> dict:
     job_s = after.get("work_seconds", 0.0) - before.get("work_seconds", 0.0)
     return {"step_ms": (after["step_seconds"] - before["step_seconds"]) / steps * 1e3 if steps else 0.0,
             "jobs": jobs, "job_ms": job_s / jobs * 1e3 if jobs else 0.0,
+            "holds": after.get("holds", 0) - before.get("holds", 0),
+            "held_arrivals": after.get("held_arrivals", 0) - before.get("held_arrivals", 0),
             "tokens_per_step": (after["tokens"] - before["tokens"]) / steps if steps else 0.0,
             "lean_steps": after.get("lean_steps", 0) - before.get("lean_steps", 0), "steps": steps,
             "queue_ms": per_first("queue_seconds"), "worker_ttft_ms": per_first("ttft_seconds"),
@@ -258,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     flooded_tokens = a["uploaded_blocks"] * p.block_size
     print(f"cache flood, preset {preset}, pool {info['num_blocks']} blocks ({pool_tokens} tokens), "
           f"B hot prefix {args.hot_tokens} tokens, A {args.streams} completion streams + {args.uploaders} uploader(s), "
-          f"step budget contended {s0.get('contended_budget')} / lean {s0.get('lean_budget')}")
+          f"step budget contended {s0.get('contended_budget')} / lean {s0.get('lean_budget')}, "
+          f"anticipation {s0.get('anticipate_ms')} ms")
     print(f"{'phase':<8} {'B req':>6} {'B cached/prompt':>16} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} "
           f"{'A served':>9} {'A 429':>6} {'A out tok/s':>12} {'A uploaded tok':>15}")
     print(f"{'alone':<8} {alone['requests']:>6} {alone['ratio']:>16.3f} {alone['p50'] * 1e3:>12.1f} "
@@ -268,11 +272,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'A alone':<8} {0:>6} {'':>16} {'':>12} {'':>12} {a_alone['served']:>9} {a_alone['throttled']:>6} "
           f"{a_alone_tps:>12.1f} {a_alone['uploaded_blocks'] * p.block_size:>15}")
     print(f"{'worker':<8} {'steps':>6} {'step ms':>8} {'tok/step':>9} {'lean':>5} {'uploads':>8} {'upload ms':>10} "
-          f"{'B queue ms':>11} {'B queue steps':>14} {'B worker TTFT ms':>17}")
+          f"{'holds':>6} {'B came':>7} {'B queue ms':>11} {'B queue steps':>14} {'B worker TTFT ms':>17}")
     for name, w in (("alone", why_alone), ("flood", why_flood)):
         print(f"{name:<8} {w['steps']:>6} {w['step_ms']:>8.1f} {w['tokens_per_step']:>9.1f} {w['lean_steps']:>5} "
-              f"{w['jobs']:>8} {w['job_ms']:>10.1f} {w['queue_ms']:>11.1f} {w['queue_steps']:>14.2f} "
-              f"{w['worker_ttft_ms']:>17.1f}")
+              f"{w['jobs']:>8} {w['job_ms']:>10.1f} {w['holds']:>6} {w['held_arrivals']:>7} {w['queue_ms']:>11.1f} "
+              f"{w['queue_steps']:>14.2f} {w['worker_ttft_ms']:>17.1f}")
     hit_vs = under["ratio"] / alone["ratio"] if alone["ratio"] else 0.0
     p50_x = under["p50"] / alone["p50"]
     p99_x = under["p99"] / alone["p99"]
@@ -289,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
           f"a_tok_s={a_tps:.1f} a_alone_tok_s={a_alone_tps:.1f} a_tok_s_ratio={a_x:.2f} "
           f"step_ms_alone={why_alone['step_ms']:.1f} step_ms_flood={why_flood['step_ms']:.1f} "
           f"upload_jobs_flood={why_flood['jobs']} upload_ms_flood={why_flood['job_ms']:.1f} "
+          f"holds_flood={why_flood['holds']} held_arrivals_flood={why_flood['held_arrivals']} "
           f"b_queue_ms_flood={why_flood['queue_ms']:.1f} b_worker_ttft_ms_flood={why_flood['worker_ttft_ms']:.1f} "
           f"flood_uploaded_tokens={flooded_tokens} pool_tokens={pool_tokens} "
           f"goal_hit={int(hit_vs >= 0.95)} goal_ttft={int(p50_x <= 1.5 and p99_x <= 2.0)}")

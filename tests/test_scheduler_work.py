@@ -13,8 +13,10 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.scheduler import Scheduler
+from cachecore.scheduler.anticipate import Anticipation
 from cachecore.scheduler.work import Work, WorkQueue
 from tests.test_scheduler_fairness import Recording, _flooded, _req, ns_layout
+from tests.test_scheduler_property import FakeRunner
 from workers.cache_worker import CacheWorker
 
 
@@ -77,7 +79,7 @@ def test_bad_job_sizes_are_refused():
 # ---------------------------------------------------------------- in the scheduler
 def test_a_victims_waiting_prefill_runs_before_the_flooders_queued_uploads(layout):
     """Tenant a floods (30 decoding, more queued) and has uploads queued; tenant b's request arrives: b's
-    prompt is computed in the next step, a's uploads only after it, and each upload is charged to a."""
+    prompt and its decode are computed first, a's uploads only once b has nothing left, each charged to a."""
     sched, engine = _sched(layout, token_budget=512, max_batch=40, lean_budget=16)
     ns = layout_ns(layout)
     log: list = []
@@ -91,7 +93,8 @@ def test_a_victims_waiting_prefill_runs_before_the_flooders_queued_uploads(layou
     _step_until(sched, lambda: all(u.done() for u in uploads))
     first_upload = log.index("upload0")
     assert any(isinstance(e, set) and "b" in e for e in log[:first_upload])  # b's prompt was computed before
-    assert victim.prefilled
+    assert not any(isinstance(e, set) and "b" in e for e in log[first_upload:])  # and its decode too
+    assert victim.done.is_set()
     assert [u.result() for u in uploads] == ["upload0", "upload1"]
     assert sched.counters["work_jobs"] == 2 and sched.counters["work_tokens"] == 512
     assert sched.fair.vtime("a") >= vtime_a + 512  # charged as computed tokens (plus its decodes meanwhile)
@@ -210,3 +213,82 @@ def test_an_invalid_upload_still_raises_invalid_kv_through_the_scheduler(worker)
     kv[0, 0, 0, 0, 0, 0] = float("nan")
     with pytest.raises(InvalidKV, match="NaN"):
         worker.kv_store({"tenant": "up", "scope_salt": salt, "tenant_salt": salt, "tokens": list(range(16))}, kv)
+
+
+# ---------------------------------------------------------------- anticipation (``anticipate.py``)
+def test_anticipation_expects_back_only_an_idle_tenant_below_every_other():
+    hold = Anticipation(0.04)
+    hold.finished("b", busy=False, vtime=10.0, others={"a": 500.0})
+    assert hold.take() == ("b", 0.04) and hold.take() is None  # once per finished request
+    hold.finished("a", busy=False, vtime=500.0, others={"b": 10.0})  # the flooder, above its share
+    assert hold.take() is None
+    hold.finished("b", busy=True, vtime=10.0, others={"a": 500.0})  # it still has work: nothing to wait for
+    assert hold.take() is None
+    hold.finished("b", busy=False, vtime=10.0, others={})  # nobody else has work: the loop idles anyway
+    assert hold.take() is None
+    assert Anticipation(0).finished("b", busy=False, vtime=0.0, others={"a": 9.0}) is None
+    for bad in (-0.1, 2, True, "1"):
+        with pytest.raises(ValueError):
+            Anticipation(bad)
+
+
+class Gate(FakeRunner):
+    """FakeRunner whose forwards after ``first`` finished, and before ``second`` is submitted, wait for that
+    submission (bounded): so a step begun before the follow-up arrives is one the follow-up must wait for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = None
+        self.second_sent = threading.Event()
+
+    def forward_items(self, items):
+        if self.first is not None and self.first.done.is_set():
+            self.second_sent.wait(30)
+        time.sleep(0.2)  # a step as long as a real one: a hold lasts at most the last step's time
+        return super().forward_items(items)
+
+    def stops(self, token, req):
+        return False  # the flood keeps decoding until cancelled
+
+
+def test_the_loop_holds_the_next_step_for_a_sequential_victims_follow_up(layout):
+    """A floods with 4 decoding requests; B (below its share) sends one request, then its follow-up as soon
+    as the first finished. The loop waits for the follow-up instead of starting A's next step, so the
+    follow-up is computed in the very next step (without the hold it lands in A's step and waits for it)."""
+    engine = CacheEngine(layout, num_blocks=2000, device="cpu")
+    sched = Scheduler(engine, token_budget=128, max_batch=16, anticipate_ms=1000)
+    ns = layout_ns(layout)
+    runner = Gate()
+    flood = [sched.submit(_req(runner, ns, "a", [(i + 3) % 11] * 40, 1500)) for i in range(4)]
+    for _ in range(20_000):  # the flood is running before B arrives
+        if all(r.prefilled for r in flood):
+            break
+        time.sleep(0.001)
+    first = _req(runner, ns, "b", [7, 1] * 8, 1)
+    runner.first = first
+    sched.submit(first)
+    assert first.done.wait(30) and first.prefilled
+    second = sched.submit(_req(runner, ns, "b", [7, 2] * 8, 1))
+    runner.second_sent.set()
+    assert second.done.wait(30) and second.prefilled
+    assert all(not r.done.is_set() for r in flood)  # A had work all along
+    assert second.arrival_step == first.started_step + 1  # no step of A's ran between B's two requests
+    assert sched.counters["holds"] >= 1 and sched.counters["held_arrivals"] >= 1
+    for r in flood:
+        sched.cancel(r, wait=False)
+    assert all(r.done.wait(30) for r in flood)
+    engine.check_integrity()
+
+
+def test_anticipation_settings_are_validated(layout, monkeypatch):
+    from workers.config import WorkerConfig, WorkerConfigError
+
+    engine = CacheEngine(layout, num_blocks=64, device="cpu")
+    for bad in (-1, 1001, 2.5, True):
+        with pytest.raises(ValueError, match="anticipate_ms"):
+            Scheduler(engine, start_thread=False, anticipate_ms=bad)
+    monkeypatch.setenv("STRATA_ANTICIPATE_MS", "1001")
+    with pytest.raises(WorkerConfigError, match="STRATA_ANTICIPATE_MS"):
+        WorkerConfig.from_env()
+    monkeypatch.setenv("STRATA_ANTICIPATE_MS", "0")
+    assert WorkerConfig.from_env().anticipate_ms == 0

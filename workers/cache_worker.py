@@ -114,7 +114,8 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
                                   config=cfg.engine(bytes_per_block=layout.bytes_per_block),
                                   l3=self.l3.store if self.l3 is not None else None, events=self.events)
         self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch,
-                                   lean_budget=cfg.lean_budget, contended_budget=cfg.contended_budget)
+                                   lean_budget=cfg.lean_budget, contended_budget=cfg.contended_budget,
+                                   anticipate_ms=cfg.anticipate_ms)
         self.test_hooks = test_hooks
         self._active = self._bundle(loaded)
         self._staged: dict[str, _Active] = {}

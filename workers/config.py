@@ -14,9 +14,10 @@ prefill delays another's first token, larger computes long prompts faster), ``ST
 (tokens one scheduler step computes at most, decode tokens and prefill chunks together, default
 512), ``STRATA_MAX_BATCH`` (requests running at once, default 32; the budget must exceed it),
 ``STRATA_LEAN_BUDGET`` (tokens every other tenant shares in a step that carries the first-token prefill of
-a tenant below its share, default 32), ``STRATA_CONTENDED_BUDGET`` (tokens per step while two or more
+a tenant below its share, default 8), ``STRATA_CONTENDED_BUDGET`` (tokens per step while two or more
 tenants had work in the last few steps, default 64; 0 = the full budget always; else it must exceed
-``STRATA_MAX_BATCH``),
+``STRATA_MAX_BATCH``), ``STRATA_ANTICIPATE_MS`` (how long the next step may wait for the next request of
+a tenant below its share that just finished one, default 40; 0 = never, at most 1000),
 ``STRATA_TORCH_THREADS``
 (default: every core), ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
 resolve inside it, symlinks followed). Read in the worker's process (the Ray actor inherits
@@ -63,8 +64,9 @@ class WorkerConfig:
     prefill_chunk: int = 256
     token_budget: int = 512
     max_batch: int = 32
-    lean_budget: int = 32
+    lean_budget: int = 8
     contended_budget: int = 64
+    anticipate_ms: int = 40
     l3_url: str = "none"
     l3_mb: int = 4096
     l3_sweep_seconds: int = 300
@@ -84,8 +86,9 @@ class WorkerConfig:
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
             token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
             max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
-            lean_budget=_int("STRATA_LEAN_BUDGET", 32, minimum=1),
+            lean_budget=_int("STRATA_LEAN_BUDGET", 8, minimum=1),
             contended_budget=_int("STRATA_CONTENDED_BUDGET", 64),
+            anticipate_ms=_int("STRATA_ANTICIPATE_MS", 40),
             l3_url=_l3_url(),
             l3_mb=_int("STRATA_L3_MB", 4096),
             l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
@@ -99,6 +102,8 @@ class WorkerConfig:
         if cfg.contended_budget and cfg.contended_budget <= cfg.max_batch:
             raise WorkerConfigError(f"STRATA_CONTENDED_BUDGET ({cfg.contended_budget}) must be 0 (no bound) or "
                                     f"exceed STRATA_MAX_BATCH ({cfg.max_batch})")
+        if cfg.anticipate_ms > 1000:
+            raise WorkerConfigError(f"STRATA_ANTICIPATE_MS must be at most 1000, got {cfg.anticipate_ms}")
         return cfg
 
     def blocks(self, mb: int, bytes_per_block: int) -> int:

@@ -71,7 +71,7 @@ def build_batch(
     block_size: int,
     try_start: Callable[[Request, Plan], bool],
     computing: frozenset[bytes] = frozenset(),
-    lean_budget: int = 32,
+    lean_budget: int = 8,
     urgent_budget: int | None = None,
 ) -> Plan:
     """Plan one step. ``try_start(req, plan)`` makes a waiting request computable (admitted, its

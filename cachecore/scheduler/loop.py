@@ -6,7 +6,10 @@ plus prefill chunks of waiting or prefilling requests, within ``token_budget`` t
 ``max_batch`` running requests, split fairly between tenants (``fairness``). While two or more
 tenants had work within ``contended_window`` steps, a step carries at most ``contended_budget``
 tokens (a request arriving mid-step waits for the step in flight); a step carrying the first token of
-a tenant below its share carries at most ``lean_budget`` tokens of the others'. Requests of different
+a tenant below its share carries at most ``lean_budget`` tokens of the others'; when such a tenant's
+request finished and it has nothing else queued, the next step waits up to ``anticipate_ms`` for its
+next request (``anticipate.py``: a client sending one request after another would otherwise always
+land in the step just begun). Requests of different
 runners (revisions being rolled out) share the loop; each runner computes its own items of the step.
 
 Admission happens at ``submit`` (``engine.admit``: the L1 hit is held and the L2/L3 prefetch starts
@@ -50,11 +53,13 @@ from concurrent.futures import Future
 from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
 from cachecore.scheduler.admission import AdmissionMixin
-from cachecore.scheduler.batch import Plan, build_batch
-from cachecore.scheduler.events import Finished, Prefilled, TokenOut
+from cachecore.scheduler.advance import AdvanceMixin
+from cachecore.scheduler.anticipate import Anticipation
+from cachecore.scheduler.batch import build_batch
+from cachecore.scheduler.events import Finished
 from cachecore.scheduler.fairness import RecentTenants, step_budget
 from cachecore.scheduler.queue import FairQueue, PrefixIndex
-from cachecore.scheduler.request import Failed, Logits, Request, State
+from cachecore.scheduler.request import Failed, Request, State
 from cachecore.scheduler.settings import SchedulerSettings
 from cachecore.scheduler.stats import FirstTokenStats
 from cachecore.scheduler.work import Work, WorkQueue
@@ -79,7 +84,7 @@ def _stop_loops() -> None:
         sched.work.fail_all(RuntimeError("the scheduler stopped: the process is exiting"))
 
 
-class Scheduler(AdmissionMixin):
+class Scheduler(AdmissionMixin, AdvanceMixin):
     """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
     ``submit``, ``submit_work``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
 
@@ -87,11 +92,14 @@ class Scheduler(AdmissionMixin):
                  age_steps: int = _DEFAULTS.age_steps, policy: str = _DEFAULTS.policy, idle_exit_s: float = 5.0,
                  start_thread: bool = True, quantum: int = _DEFAULTS.quantum,
                  lean_budget: int = _DEFAULTS.lean_budget, contended_budget: int = _DEFAULTS.contended_budget,
-                 contended_window: int = _DEFAULTS.contended_window) -> None:
+                 contended_window: int = _DEFAULTS.contended_window,
+                 anticipate_ms: int = _DEFAULTS.anticipate_ms) -> None:
         """Settings as in ``SchedulerSettings`` (``ValueError`` when one is invalid)."""
         self.settings = SchedulerSettings(
             token_budget=token_budget, max_batch=max_batch, age_steps=age_steps, policy=policy, quantum=quantum,
-            lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window)
+            lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window,
+            anticipate_ms=anticipate_ms)
+        self.anticipation = Anticipation(anticipate_ms / 1000)
         self.engine = engine
         self.token_budget, self.max_batch, self.age_steps, self.policy = token_budget, max_batch, age_steps, policy
         self.lean_budget, self.contended_budget = lean_budget, contended_budget
@@ -106,10 +114,12 @@ class Scheduler(AdmissionMixin):
         self.step_no = 0
         # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, lean_steps, contended_steps,
         # max_wait_steps, step_seconds (forward time of every step), work_jobs, work_tokens (charged),
-        # work_seconds (jobs run between steps: ``submit_work``)
+        # work_seconds (jobs run between steps: ``submit_work``), holds (``anticipate.py``: waits before a
+        # step), held_arrivals (the tenant held for arrived within the hold)
         self.counters: Counter[str] = Counter()
         self.first_tokens = FirstTokenStats()  # per tenant: scheduling delay vs step time of first tokens
         self.max_wait_seconds = 0.0
+        self.last_step_s = 0.0  # forward time of the last step: the longest an anticipation hold lasts
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
         self.work = WorkQueue()  # jobs run between steps (``submit_work``)
@@ -199,7 +209,8 @@ class Scheduler(AdmissionMixin):
         """Counters as plain data; ``tenants``: each tenant's first-token latency sums (see ``latency``)."""
         return {"steps": self.step_no, "waiting": len(self.waiting), "running": len(self.running),
                 "max_wait_seconds": round(self.max_wait_seconds, 6), "lean_budget": self.lean_budget,
-                "contended_budget": self.contended_budget, **self.counters,
+                "contended_budget": self.contended_budget,
+                "anticipate_ms": self.settings.anticipate_ms, **self.counters,
                 "step_seconds": round(self.counters["step_seconds"], 6),
                 "work_seconds": round(self.counters["work_seconds"], 6), "tenants": self.first_tokens.snapshot()}
 
@@ -220,6 +231,22 @@ class Scheduler(AdmissionMixin):
             if not worked:  # only prefetches in flight: wait for them (or a new request)
                 with self._cond:
                     self._cond.wait(0.002)
+            elif (expected := self.anticipation.take()) is not None:
+                self._hold(*expected)
+
+    def _hold(self, owner: str, seconds: float) -> None:
+        """Wait up to ``seconds`` before the next step, unless ``owner``'s next request arrives first.
+        Never longer than the last step took: a hold that outlasts a step costs the others more than
+        the step in flight would have cost ``owner`` (so on a fast device the hold is short too)."""
+        deadline = time.perf_counter() + min(seconds, self.last_step_s)
+        with self._cond:
+            while not (arrived := any(r.owner == owner for r in self._incoming)) and not _EXITING.is_set():
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+        self.counters["holds"] += 1
+        self.counters["held_arrivals"] += int(arrived)
 
     def _has_work(self) -> bool:  # caller holds self._cond
         return bool(self._incoming or self.waiting or self.running or self.work.pending())
@@ -245,8 +272,8 @@ class Scheduler(AdmissionMixin):
         requesting = {r.owner for r in [*self.waiting, *self.running]}
         recent = self.recent.note(requesting | jobs, self.step_no)
         budget = step_budget(self.token_budget, recent=recent, contended_budget=self.contended_budget)
-        ran = self._run_work(requesting, budget)
         if not (self.waiting or self.running):
+            ran = self._run_work(requesting, budget)
             self.fair.forget_idle(self.work.owners(self.step_no))
             return ran
         self._computing = self._uncommitted()  # the running set changed (aborts, finishes)
@@ -259,8 +286,8 @@ class Scheduler(AdmissionMixin):
         )
         self.counters["deferred"] += plan.deferred
         self.counters["lean_steps"] += int(plan.lean)
-        if not plan.items:
-            return ran
+        if not plan.items:  # every waiting request waits for its prefetch or blocks: the jobs' turn
+            return self._run_work(requesting, budget)
         now = time.perf_counter()
         for req in plan.started:
             self.waiting.remove(req)
@@ -276,87 +303,24 @@ class Scheduler(AdmissionMixin):
         self._compute(plan)
         self.step_no += 1
         self._computing = self._uncommitted()
+        # the jobs' turn right after the step (a finished request's tenant is no longer in their way),
+        # but not ahead of a request that arrived during it
+        with self._cond:
+            arriving = {r.owner for r in self._incoming}
+        self._run_work({r.owner for r in [*self.waiting, *self.running]}, budget, arriving)
         self.fair.forget_idle({r.owner for r in [*self.waiting, *self.running]} | self.work.owners(self.step_no))
         return True
 
-    def _run_work(self, requesting: set[str], budget: int) -> bool:
+    def _run_work(self, requesting: set[str], budget: int, arriving: set[str] = frozenset()) -> bool:
         """Run the jobs whose turn it is before the next step (``work.WorkQueue.run``). Returns whether one ran."""
-        done = self.work.run(self.fair, requesting, step=self.step_no, age_steps=self.age_steps, budget=budget)
+        done = self.work.run(self.fair, requesting, step=self.step_no, age_steps=self.age_steps, budget=budget,
+                             arriving=arriving)
         self.counters.update(done)
         return done["work_jobs"] > 0
 
     def _uncommitted(self) -> frozenset[bytes]:
         return frozenset(h for r in self.running if r.seq is not None and r.seq.use_cache
                          for h in r.seq.hashes[r.seq.num_registered:])
-
-    def _compute(self, plan: Plan) -> None:
-        by_runner: dict[int, list] = {}
-        for item in plan.items:
-            by_runner.setdefault(id(item[0].runner), []).append(item)
-        total = plan.tokens
-        self.counters["steps"] += 1
-        self.counters["tokens"] += total
-        for items in by_runner.values():
-            runner = items[0][0].runner
-            t0 = time.perf_counter()
-            try:
-                logits = runner.forward_items([(r.seq, s, e) for r, s, e in items])
-            except Exception as exc:
-                for req, _, _ in items:
-                    self._fail(req, exc)
-                continue
-            seconds = time.perf_counter() - t0
-            self.counters["step_seconds"] += seconds
-            n = sum(e - s for _, s, e in items)
-            for (req, start, end), row in zip(items, logits, strict=True):
-                try:
-                    self._advance(req, start, end, row, seconds * (end - start) / n)
-                except Exception as exc:  # sampling or bookkeeping failed for this request only
-                    self._fail(req, exc)
-
-    def _advance(self, req: Request, start: int, end: int, row, seconds: float) -> None:
-        seq = req.seq
-        self.engine.mark_computed(seq, end)
-        if end - start == 1 and req.prefilled:
-            self.counters["decode_tokens"] += 1
-        else:
-            self.counters["prefill_tokens"] += end - start
-        if end < len(seq.tokens):  # a chunk: register its full blocks now so others can hit them
-            req.prefill_seconds += seconds
-            self._commit(seq)
-            return
-        if not req.prefilled:
-            req.prefill_seconds += seconds
-            req.prefilled = True
-            self._commit(seq)
-            self.engine.record_prefill(seq, seconds=req.prefill_seconds,
-                                       computed=max(0, len(req.prompt) - req.cached_tokens))
-            if req.logits_only:
-                req.emit(Logits(row, req.cached_tokens))
-                self._finish(req, None)
-                return
-            ttft = time.perf_counter() - req.arrival_time
-            req.emit(Prefilled(len(req.prompt), req.cached_tokens, ttft))
-            self.first_tokens.record(req, ttft)
-        elif end - start > 1:  # a preempted request's recompute ended
-            self._commit(seq)
-        if req.produced >= req.max_tokens:
-            self._finish(req, "length")
-            return
-        token, logprob, top = req.runner.sample(row, req)
-        req.produced += 1
-        req.emit(TokenOut(token, req.runner.decode_token(token), logprob, top))
-        if req.runner.stops(token, req):
-            self._finish(req, "stop")
-        elif req.produced >= req.max_tokens:
-            self._finish(req, "length")
-        else:
-            self.engine.append_token(seq, token)
-
-    def _commit(self, seq) -> None:
-        self.engine.commit(seq)
-        if seq.use_cache:
-            self.index.add(seq.hashes[: seq.num_registered])
 
     # ------------------------------------------------------------------ endings
     def _detach(self, req: Request) -> None:
@@ -375,6 +339,12 @@ class Scheduler(AdmissionMixin):
         if reason is not None:
             req.emit(Finished(reason, len(req.prompt), req.produced, req.cached_tokens))
         req.done.set()
+        if reason in ("stop", "length"):
+            others = {r.owner for r in [*self.waiting, *self.running]} | self.work.owners(self.step_no)
+            others.discard(req.owner)
+            busy = any(r.owner == req.owner for r in [*self.waiting, *self.running])
+            self.anticipation.finished(req.owner, busy=busy, vtime=self.fair.vtime(req.owner),
+                                       others={o: self.fair.vtime(o) for o in others})
 
     def _fail(self, req: Request, exc: BaseException) -> None:
         if req.seq is not None:

@@ -15,16 +15,19 @@ class SchedulerSettings:
     a tenant (``queue.POLICIES``); ``quantum``: tokens of head start a tenant that was idle gets;
     ``lean_budget``: tokens all other tenants share in a step carrying the first token of a tenant below
     its share; ``contended_budget``: tokens per step while two or more tenants had work within
-    ``contended_window`` steps (0: no bound; otherwise it must exceed ``max_batch``)."""
+    ``contended_window`` steps (0: no bound; otherwise it must exceed ``max_batch``); ``anticipate_ms``: how
+    long the loop may hold the next step for a tenant below its share that just finished a request
+    (``anticipate.py``; 0: never, at most 1000)."""
 
     token_budget: int = 512
     max_batch: int = 32
     age_steps: int = 64
     policy: str = "cache_aware"
     quantum: int = 1024
-    lean_budget: int = 32
+    lean_budget: int = 8
     contended_budget: int = 64
     contended_window: int = 8
+    anticipate_ms: int = 40
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "age_steps", "token_budget", "lean_budget", "contended_window"):
@@ -38,5 +41,8 @@ class SchedulerSettings:
         if isinstance(cb, bool) or not isinstance(cb, int) or not (cb == 0 or cb > self.max_batch):
             raise ValueError(f"contended_budget must be 0 (no bound) or exceed max_batch ({self.max_batch}), "
                              f"got {cb!r}")
+        am = self.anticipate_ms
+        if isinstance(am, bool) or not isinstance(am, int) or not 0 <= am <= 1000:
+            raise ValueError(f"anticipate_ms must be an int from 0 to 1000, got {am!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")

@@ -10,6 +10,8 @@ tokens. Which runs when (``WorkQueue.take``):
   virtual time (tokens served divided by weight): a victim whose request waits for its first token
   (an idle tenant that just arrived starts a quantum behind) is served its step first, and the
   flooder's uploads wait for it like the flooder's own chunks do;
+- jobs run right after a step (so a request that finished in it is out of their way), or when no
+  request can step; a tenant whose new request arrived during the step counts as below every other;
 - between two steps, jobs run until their tokens reach the step's token bound (at least one job), so
   the wait a job adds to the next step is bounded like a step;
 - a job that waited ``age_steps`` steps runs regardless (the aging bound of requests, for work too).
@@ -96,13 +98,15 @@ class WorkQueue:
                 del self._by_owner[best[1]]
             return work
 
-    def run(self, fair: FairQueue, requesting: set[str], *, step: int, age_steps: int,
-            budget: int) -> Counter[str]:
+    def run(self, fair: FairQueue, requesting: set[str], *, step: int, age_steps: int, budget: int,
+            arriving: set[str] | frozenset[str] = frozenset()) -> Counter[str]:
         """On the loop thread, between steps: run the jobs ``take`` picks (``requesting``: tenants with
-        requests waiting or running), each charged to its tenant in ``fair`` as computed tokens.
+        requests waiting or running; ``arriving``: tenants whose new request the loop has not taken yet,
+        counted as below every job's tenant), each charged to its tenant in ``fair`` as computed tokens.
         Returns ``work_jobs``, ``work_tokens`` (charged) and ``work_seconds`` of the jobs run."""
         done: Counter[str] = Counter()
         vtimes = {o: fair.vtime(o) for o in requesting}
+        vtimes.update({o: float("-inf") for o in arriving})
         spent = 0
         while (work := self.take(vtime=fair.vtime, requesting=vtimes, step=step, age_steps=age_steps,
                                  budget=budget, spent=spent)) is not None:

@@ -1,4 +1,5 @@
-"""Turn an HTTP request into a worker request: authenticate, validate, resolve scope, apply quotas.
+"""Turn an HTTP request into a worker request: admit (``serving.admission``), validate, resolve scope,
+apply quotas.
 
 Everything that decides *whose* cache a request may touch happens here, on the server: the scope
 salt comes from the authenticated tenant (or the share group it was put in), the namespace's model
@@ -25,23 +26,15 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from pydantic import BaseModel
 
-from controlplane.common.asgi_limits import KV_STORE_PATH, body_limit
-from controlplane.common.errors import (
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    TooLarge,
-    Unauthenticated,
-)
-from controlplane.common.sources import request_source
+from controlplane.common.errors import InvalidInput, NotFound, TooLarge
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
-from controlplane.serving import bounds, intake, keyguard, ratelimit, render_pool
+from controlplane.serving import bounds, intake, ratelimit, render_pool
+from controlplane.serving.admission import Admission, admitted, authenticate, gate_admission
 from controlplane.serving.intake import BadRequest
 from controlplane.serving.model_facts import ModelFacts, model_facts
 from controlplane.tenants import selectors as tenant_selectors
-from controlplane.tenants import services as tenant_services
 
 
 @dataclass(frozen=True)
@@ -55,52 +48,7 @@ class Prepared:
     worker_req: dict
 
 
-def authenticate(request: HttpRequest):
-    """The tenant behind the bearer key. 401 for a missing/unknown/revoked key, 403 if not active, 429
-    for a bad key from a source that sent too many (``keyguard``; a valid key is never refused)."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, raw = header.partition(" ")
-    if scheme.lower() != "bearer" or not raw.strip():
-        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
-    key, where = raw.strip(), request_source(request)
-    retry_after = keyguard.api_key_retry_after(where=where)  # failures throttled, valid keys never
-    result = (tenant_selectors.tenant_authenticate(key)
-              if keyguard.api_key_worth_checking(key, retry_after=retry_after) else None)
-    if result is None or result.status == "revoked":
-        keyguard.api_key_rejected(where=where, key=key, target=f"{request.method} {request.path}",
-                                  retry_after=retry_after)
-        raise Unauthenticated("invalid API key", code="invalid_api_key")
-    if not result.ok:
-        raise Forbidden("this tenant is suspended", code="tenant_suspended")
-    tenant_services.api_key_mark_used(api_key=result.api_key)
-    return result.tenant
-
-
-def admit_request(request: HttpRequest):
-    """The authenticated tenant, its request already counted against ``requests_per_minute`` (429 past
-    it): before the body is read or parsed, so requests refused later count too."""
-    tenant = authenticate(request)
-    ratelimit.count_request(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute)
-    return tenant
-
-
-def body_limit_for(path: str, tenant) -> int:
-    """The most body a request to ``path`` may have for ``tenant``: what the largest prompt, token list
-    or KV upload the tenant's granted models allow can need (``bounds``), at most the path's limit.
-    Checked before the body is read (``gate``, from Content-Length) or parsed."""
-    route = path.rstrip("/")
-    limit = bounds.kv_store_body_limit if route == KV_STORE_PATH else (
-        bounds.token_list_body_limit if route.startswith("/v1/kv/")
-        else lambda facts: bounds.prompt_body_limit(facts, tenant.max_prompt_tokens))
-    grants = tenant_selectors.grant_list(tenant=tenant).select_related("deployment__active_revision")
-    needed = [limit(model_facts(g.deployment)) for g in grants if g.deployment.active_revision_id is not None]
-    return min(max(needed, default=bounds.BODY_SLACK), body_limit(path))
-
-
-def admit_with_limit(request: HttpRequest):
-    """``admit_request`` and ``body_limit_for``: (tenant, body limit), both before the body is parsed."""
-    tenant = admit_request(request)
-    return tenant, body_limit_for(request.path, tenant)
+INLINE_BODY = 8 * 1024  # completion bodies up to this are parsed and tokenized in the request's own thread
 
 
 def resolve_model(tenant, name: str) -> ModelDeployment:
@@ -109,12 +57,6 @@ def resolve_model(tenant, name: str) -> ModelDeployment:
     if deployment is None or deployment.active_revision is None:
         raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
     return deployment
-
-
-def resolve(tenant, data: dict) -> tuple[ModelDeployment, ModelFacts]:
-    """The deployment ``data`` names (granted to ``tenant``) and its facts, before the rest is validated."""
-    deployment = resolve_model(tenant, intake.model_name(data))
-    return deployment, model_facts(deployment)
 
 
 RETENTION_24H = 86_400
@@ -134,26 +76,49 @@ def persist_allowed(tenant, prompt_cache_retention: str | None) -> bool:
     return bool(tenant.persist_kv and tenant.retention_seconds > 0 and prompt_cache_retention != "in_memory")
 
 
+def _inline(request: HttpRequest, schema: type[BaseModel]) -> bool:
+    """A completion (no chat template to render) whose declared body is at most ``INLINE_BODY``: its
+    parsing and tokenizing cost microseconds, less than a hop into the render pool and back."""
+    if "messages" in schema.model_fields:
+        return False
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    return declared.isdigit() and int(declared) <= INLINE_BODY
+
+
 async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     """A completion or chat request, admitted in the order that bounds what each step may cost: the
-    tenant authenticated and its request counted; the body (bounded by ``body_limit_for``) parsed, then
-    checked against the model's and tenant's bounds, validated and tokenized in the render pool (off
-    the event loop, at most ``STRATA_RENDER_THREADS`` renders at once and the tenant's share of them);
-    the token quotas last. Database steps run in Django's sync thread of the request."""
-    tenant, limit = await sync_to_async(admit_with_limit, thread_sensitive=True)(request)
-    data = await render_pool.run(tenant.pk, intake.decode_body, request, limit)
-    deployment, config = await sync_to_async(resolve, thread_sensitive=True)(tenant, data)
-    body, tokens = await render_pool.run(tenant.pk, intake.render, data, schema, config, tenant.max_prompt_tokens)
-    return await sync_to_async(_finish, thread_sensitive=True)(tenant, deployment, config, body, tokens)
+    tenant authenticated and its request counted (by ``serving.gate`` before the body was read, or
+    here); the body (bounded by ``body_limit_for``) parsed, checked against the model's and tenant's
+    bounds, validated and tokenized; the token quotas last.
+
+    A small completion body is handled whole in one call in Django's sync thread of the request
+    (``_prepare``). Chats and larger bodies are parsed, bounded, validated and rendered in the render
+    pool (off the event loop, at most ``STRATA_RENDER_THREADS`` at once and the tenant's share of
+    them), then finished in the request's thread (quotas, data key)."""
+    if _inline(request, schema):
+        return await sync_to_async(_prepare, thread_sensitive=True)(request, schema)
+    admission = gate_admission(request) or await sync_to_async(admitted, thread_sensitive=True)(request)
+    tenant = admission.tenant
+    deployment, facts, body, tokens = await render_pool.run(tenant.pk, _parse, request, schema, admission)
+    return await sync_to_async(_finish, thread_sensitive=True)(tenant, deployment, facts, body, tokens)
+
+
+def _parse(request: HttpRequest, schema: type[BaseModel], admission: Admission
+           ) -> tuple[ModelDeployment, ModelFacts, BaseModel, list[int]]:
+    """The body parsed within the admission's limit, its model resolved from the granted ones, bounded,
+    validated and tokenized (``intake``): no database."""
+    data = intake.decode_body(request, admission.body_limit)
+    deployment = admission.deployment(intake.model_name(data))
+    facts = model_facts(deployment)
+    body, tokens = intake.render(data, schema, facts, admission.tenant.max_prompt_tokens)
+    return deployment, facts, body, tokens
 
 
 def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
-    """``prepare`` in the calling thread (benchmarks and tests that build a worker request directly)."""
-    tenant, limit = admit_with_limit(request)
-    data = intake.decode_body(request, limit)
-    deployment, config = resolve(tenant, data)
-    body, tokens = intake.render(data, schema, config, tenant.max_prompt_tokens)
-    return _finish(tenant, deployment, config, body, tokens)
+    """``prepare`` whole in the calling thread: small completions, and benchmarks and tests that build
+    a worker request directly."""
+    admission = admitted(request)
+    return _finish(admission.tenant, *_parse(request, schema, admission))
 
 
 def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseModel, tokens: list[int]) -> Prepared:
@@ -169,7 +134,7 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
     if len(tokens) + max_tokens > config.max_seq_len:
         raise BadRequest(f"prompt of {len(tokens)} tokens plus max_tokens={max_tokens} exceeds the model's "
                          f"context length of {config.max_seq_len}", code="context_length_exceeded")
-    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=None,  # counted by admit_request
+    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=None,  # counted by admit
                     tokens_per_minute=tenant.tokens_per_minute, tokens=len(tokens) + max_tokens)
     logprobs = body.logprobs
     if hasattr(body, "messages"):
@@ -224,14 +189,15 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSp
     and the worker counts it against ``max_concurrent_requests`` while it runs (lookups and retrieves
     count their tokens too: each hashes them, and a retrieve copies KV out). ``tenant_salt`` is the
     tenant's own salt: uploads are keyed under it alone (never the share group's)."""
-    tenant, limit = admit_with_limit(request)  # counted, and the body bounded, before it is parsed
-    data = intake.decode_body(request, limit)
-    deployment, facts = resolve(tenant, data)
+    admission = admitted(request)  # counted, and the body bounded, before it is parsed
+    tenant, data = admission.tenant, intake.decode_body(request, admission.body_limit)
+    deployment = admission.deployment(intake.model_name(data))
+    facts = model_facts(deployment)
     bounds.check_token_list(data.get("tokens"), facts)  # before pydantic looks at every id
     body = intake.validate(data, schema)
     tokens = list(body.tokens)
     _check_kv_tokens(tokens, deployment, tenant)
-    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=None,  # counted by admit_request
+    ratelimit.admit(tenant_id=tenant.pk, requests_per_minute=None,  # counted by admit
                     tokens_per_minute=tenant.tokens_per_minute, tokens=len(tokens))
     return gateway.spec_for(deployment), body, {
         "tenant": str(tenant.pk),

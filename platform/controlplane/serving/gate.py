@@ -1,17 +1,22 @@
-"""ASGI gate of the serving API: what a tenant may not send is refused before its body is read.
+"""ASGI gate of the serving API: a request is admitted, or refused, before its body is read.
 
 Django's ASGI handler reads a whole request body before any view runs, so a tenant past its
 ``requests_per_minute``, or announcing a body larger than its models can need, would still make the
-web process receive and spool every byte (up to the path's limit) just to be refused. ``RequestGate``
-looks at the bearer key first and answers, with ``Connection: close`` and without reading the body,
+web process receive and spool every byte (up to the path's limit) just to be refused. For a POST to
+one of the serving API's endpoints with a bearer key, ``RequestGate`` makes the request's
+``admission.Admission`` first (the key authenticated and marked used, the request counted, the tenant's
+grants and body limit read: one key lookup and one grant query) and answers, with
+``Connection: close`` and without reading the body,
 
-- 429 with ``Retry-After`` when the key's tenant has no request left in this minute's window;
-- 413 when the declared ``Content-Length`` is over ``context.body_limit_for`` (the tenant's models
-  and ``max_prompt_tokens``); a chunked body is measured by the view once read.
+- 401 / 403 / 429 as the view would (unknown, revoked or suspended key; bad keys from a throttled
+  source, ``keyguard``; a tenant with no request left in this minute's window, with ``Retry-After``);
+- 413 when the declared ``Content-Length`` is over the admission's body limit (``admission.body_limit_for``:
+  the tenant's models and ``max_prompt_tokens``); a chunked body is measured by the view once read.
 
-It counts nothing and admits nothing: anything it lets through is authenticated, counted and bounded
-again by the view (``context.admit_with_limit``), and an unknown, revoked or suspended key goes on to
-the view's 401/403.
+What it lets through carries its ``Admission`` in the ASGI scope's ``state`` (only the server writes a
+scope), so the view neither looks the key up nor counts the request again. The gate's database work
+runs in the request's own thread-sensitive context, the thread Django's handler then uses for the
+view's sync steps (no thread shared by every request, and the connection Django closes at the end).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import hashlib
 import math
 import time
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.db import connections
 
 from controlplane.common.asgi_limits import (
     ASGIApp,
@@ -31,90 +37,104 @@ from controlplane.common.asgi_limits import (
     send_error,
     too_large_message,
 )
-from controlplane.common.errors import RateLimited
-from controlplane.serving import ratelimit
+from controlplane.common.errors import ApplicationError, TooLarge
+from controlplane.common.sources import request_source
+from controlplane.serving import admission, context
 
-SMALL_BODY = 8 * 1024  # bodies up to this skip the look-up of the tenant's limit here (the view checks them)
+SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
+ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/kv/lookup", "/v1/kv/store",
+                            "/v1/kv/retrieve"})
 
 
-def _bearer(scope: Scope) -> str | None:
+class _ScopeRequest:
+    """What ``common.sources.request_source`` reads of a request (``META``: the peer and
+    ``X-Forwarded-For``), built from the ASGI scope as Django's ``ASGIRequest`` builds it."""
+
+    def __init__(self, scope: Scope) -> None:
+        client = scope.get("client")
+        self.META = {"REMOTE_ADDR": client[0] if client else ""}
+        forwarded = [value.decode("latin-1") for name, value in scope.get("headers", ())
+                     if name.lower() == b"x-forwarded-for"]
+        if forwarded:
+            self.META["HTTP_X_FORWARDED_FOR"] = ",".join(forwarded)
+
+
+def _authorization(scope: Scope) -> str | None:
+    """The ``Authorization`` header of a request with a bearer key (else None: the view answers it)."""
     for name, value in scope.get("headers", ()):
         if name.lower() == b"authorization":
-            scheme, _, raw = value.decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer":
-                return None
-            return raw.strip() or None
+            header = value.decode("latin-1")
+            scheme, _, raw = header.partition(" ")
+            return header if scheme.lower() == "bearer" and raw.strip() else None
     return None
 
 
-def _exhausted(raw_key: str, path: str, declared: int | None) -> tuple[int, int] | int | None:
-    """(requests_per_minute, Retry-After) when the key's active tenant has no request left; the body
-    limit when ``declared`` is over it; else None."""
-    from controlplane.serving.context import body_limit_for
-    from controlplane.tenants.selectors import tenant_authenticate
-
-    result = tenant_authenticate(raw_key)
-    if result is None or not result.ok:
-        return None
-    rpm = result.tenant.requests_per_minute
-    retry = ratelimit.requests_left(tenant_id=result.tenant.pk, requests_per_minute=rpm)
-    if retry is not None:
-        return rpm, retry
-    if declared is not None and declared > SMALL_BODY:
-        limit = body_limit_for(path, result.tenant)
-        if declared > limit:
-            try:  # a refused request counts like any other (``ratelimit``)
-                ratelimit.count_request(tenant_id=result.tenant.pk, requests_per_minute=rpm)
-            except RateLimited as exc:
-                return rpm, int(exc.headers["Retry-After"])
-            return limit
-    return None
+def _admit(header: str, scope: Scope, declared: int | None) -> admission.Admission:
+    """The request's ``Admission``; 413 when ``declared`` is over its body limit (counted, like any
+    refused request). A refused request never reaches Django, which would close this thread's database
+    connection at its end: it is closed here."""
+    try:
+        admitted = admission.admit(header, where=request_source(_ScopeRequest(scope)), method=scope["method"],
+                                   path=scope["path"])
+        if declared is not None and declared > admitted.body_limit:
+            raise TooLarge(too_large_message(admitted.body_limit))
+        return admitted
+    except ApplicationError:
+        connections.close_all()
+        raise
 
 
-_aexhausted = sync_to_async(_exhausted, thread_sensitive=True)
+_aadmit = sync_to_async(_admit, thread_sensitive=True)
 
 
 class RequestGate:
-    """ASGI middleware for ``/v1/``: POSTs of a tenant past its request rate get 429 unread, and those
-    announcing a body over the tenant's limit 413 (counted as a request).
+    """ASGI middleware for ``/v1/``: POSTs to the serving endpoints are admitted (``admission.admit``)
+    before their bodies are read; what is refused is answered unread, what is admitted reaches the
+    view with its ``Admission``.
 
-    A 429 is remembered in this process, by the key's SHA-256, until its window ends, so the
-    repeats of a client that keeps sending are refused without a database lookup or a thread hop
-    (at most ``MAX_REMEMBERED`` keys). Remembering only ever refuses, until the window it was
-    computed for ends; a key revoked meanwhile is 429 rather than 401 until then, and a raised
+    A 429 for a tenant out of requests is remembered in this process, by the key's SHA-256, until its
+    window ends, so the repeats of a client that keeps sending are refused without a database lookup
+    or a thread hop (at most ``MAX_REMEMBERED`` keys). Remembering only ever refuses, until the window
+    it was computed for ends; a key revoked meanwhile is 429 rather than 401 until then, and a raised
     ``requests_per_minute`` applies from the next window."""
 
     MAX_REMEMBERED = 10_000
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._refused: dict[bytes, tuple[float, int]] = {}  # key digest -> (window end, requests per minute)
+        self._refused: dict[bytes, tuple[float, str]] = {}  # key digest -> (window end, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            raw = _bearer(scope)
-            refused = await self._refusal(raw, scope) if raw else None
-            if isinstance(refused, int):
-                return await send_error(send, 413, too_large_message(refused), close=True)
-            if refused is not None:
-                rpm, retry = refused
-                return await send_error(send, 429, f"rate limit of {rpm} requests per minute reached", close=True,
-                                        code="rate_limit_requests", headers={"Retry-After": str(retry)})
-        return await self.app(scope, receive, send)
-
-    async def _refusal(self, raw: str, scope: Scope) -> tuple[int, int] | int | None:
-        digest, now = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).digest(), time.time()
+        header = None
+        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in ADMITTED_PATHS:
+            header = _authorization(scope)
+        if header is None:
+            return await self.app(scope, receive, send)
+        digest, now = hashlib.sha256(header.encode("utf-8", "surrogatepass")).digest(), time.time()
         known = self._refused.get(digest)
         if known is not None and now < known[0]:
-            return known[1], max(1, math.ceil(known[0] - now))
+            return await send_error(send, 429, known[1], close=True, code="rate_limit_requests",
+                                    headers={"Retry-After": str(max(1, math.ceil(known[0] - now)))})
         try:
             declared = declared_length(scope.get("headers", ()))
         except ValueError:
             declared = None  # BodyLimit, in front of this gate, answered it already
-        refused = await _aexhausted(raw, scope.get("path", ""), declared)
-        if isinstance(refused, tuple):
-            if len(self._refused) >= self.MAX_REMEMBERED:
-                self._refused = {k: v for k, v in self._refused.items() if v[0] > now}
-            if len(self._refused) < self.MAX_REMEMBERED:
-                self._refused[digest] = (now + refused[1], refused[0])
-        return refused
+        # Django's handler enters a context of its own; nested, it is this one: the view's sync steps
+        # run in the thread (and on the database connection) the admission used.
+        async with ThreadSensitiveContext():
+            try:
+                admitted = await _aadmit(header, scope, declared)
+            except ApplicationError as exc:
+                if exc.code == "rate_limit_requests":
+                    self._remember(digest, now, exc)
+                return await send_error(send, exc.status, exc.message, close=True, code=exc.code,
+                                        headers=exc.headers)
+            state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
+            return await self.app({**scope, "state": state}, receive, send)
+
+    def _remember(self, digest: bytes, now: float, exc: ApplicationError) -> None:
+        retry = int(exc.headers.get("Retry-After", "1"))
+        if len(self._refused) >= self.MAX_REMEMBERED:
+            self._refused = {k: v for k, v in self._refused.items() if v[0] > now}
+        if len(self._refused) < self.MAX_REMEMBERED:
+            self._refused[digest] = (now + retry, exc.message)

@@ -7,8 +7,9 @@
 4. ``tokenize``: chat template (``RenderBudget``: time, steps, and the characters a prompt within
    the bounds can have) and tokenizer.
 
-``render`` runs 2-4. None of them touches the database: the serving views run them in
-``serving.render_pool``, between the database steps of ``serving.context``.
+``render`` runs 2-4. None of them touches the database: ``serving.context.prepare`` runs them in
+``serving.render_pool``, between the database steps of the admission and of the quotas, except for a
+small completion body (``context.INLINE_BODY``, no template to render), handled in the request's thread.
 """
 
 from __future__ import annotations

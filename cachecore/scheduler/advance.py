@@ -1,0 +1,90 @@
+"""The model side of a step, part of :class:`cachecore.scheduler.loop.Scheduler` (the loop thread's).
+
+``_compute`` runs one plan's forwards, one per runner (revisions being rolled out share the loop), and
+``_advance`` moves each request on by what its item computed: a chunk registers its full blocks so
+others can hit them; a finished prompt records its prefill, emits ``Prefilled`` (or ``Logits``) and its
+first token; a decode emits ``TokenOut`` until a stop or ``max_tokens``. A forward that raises fails
+the requests in it; a request whose sampling or bookkeeping raises fails alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from cachecore.scheduler.batch import Plan
+from cachecore.scheduler.events import Prefilled, TokenOut
+from cachecore.scheduler.request import Logits, Request
+
+
+class AdvanceMixin:
+    """Mixed into ``Scheduler``; uses its engine, index, counters, ``first_tokens``, ``_finish`` and ``_fail``."""
+
+    def _compute(self, plan: Plan) -> None:
+        by_runner: dict[int, list] = {}
+        for item in plan.items:
+            by_runner.setdefault(id(item[0].runner), []).append(item)
+        total = plan.tokens
+        self.counters["steps"] += 1
+        self.counters["tokens"] += total
+        for items in by_runner.values():
+            runner = items[0][0].runner
+            t0 = time.perf_counter()
+            try:
+                logits = runner.forward_items([(r.seq, s, e) for r, s, e in items])
+            except Exception as exc:
+                for req, _, _ in items:
+                    self._fail(req, exc)
+                continue
+            seconds = time.perf_counter() - t0
+            self.counters["step_seconds"] += seconds
+            self.last_step_s = seconds
+            n = sum(e - s for _, s, e in items)
+            for (req, start, end), row in zip(items, logits, strict=True):
+                try:
+                    self._advance(req, start, end, row, seconds * (end - start) / n)
+                except Exception as exc:  # sampling or bookkeeping failed for this request only
+                    self._fail(req, exc)
+
+    def _advance(self, req: Request, start: int, end: int, row, seconds: float) -> None:
+        seq = req.seq
+        self.engine.mark_computed(seq, end)
+        if end - start == 1 and req.prefilled:
+            self.counters["decode_tokens"] += 1
+        else:
+            self.counters["prefill_tokens"] += end - start
+        if end < len(seq.tokens):  # a chunk: register its full blocks now so others can hit them
+            req.prefill_seconds += seconds
+            self._commit(seq)
+            return
+        if not req.prefilled:
+            req.prefill_seconds += seconds
+            req.prefilled = True
+            self._commit(seq)
+            self.engine.record_prefill(seq, seconds=req.prefill_seconds,
+                                       computed=max(0, len(req.prompt) - req.cached_tokens))
+            if req.logits_only:
+                req.emit(Logits(row, req.cached_tokens))
+                self._finish(req, None)
+                return
+            ttft = time.perf_counter() - req.arrival_time
+            req.emit(Prefilled(len(req.prompt), req.cached_tokens, ttft))
+            self.first_tokens.record(req, ttft)
+        elif end - start > 1:  # a preempted request's recompute ended
+            self._commit(seq)
+        if req.produced >= req.max_tokens:
+            self._finish(req, "length")
+            return
+        token, logprob, top = req.runner.sample(row, req)
+        req.produced += 1
+        req.emit(TokenOut(token, req.runner.decode_token(token), logprob, top))
+        if req.runner.stops(token, req):
+            self._finish(req, "stop")
+        elif req.produced >= req.max_tokens:
+            self._finish(req, "length")
+        else:
+            self.engine.append_token(seq, token)
+
+    def _commit(self, seq) -> None:
+        self.engine.commit(seq)
+        if seq.use_cache:
+            self.index.add(seq.hashes[: seq.num_registered])

@@ -1,0 +1,118 @@
+"""Who a serving request is and how much it may send, decided before its body is read.
+
+``admit`` authenticates the bearer key (``keyguard`` throttling bad keys per source, valid keys never;
+the key marked used), counts the request against the tenant's ``requests_per_minute`` (so a request
+refused later still counts) and reads the tenant's granted deployments, which give its body limit
+(``body_limit_for``) and, later, the request's model. The result, an ``Admission``, is made once per
+request: by ``serving.gate`` before Django reads the body (handed to the view in the ASGI scope), or by
+the view itself (``admitted``) for a request that did not come through the gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.http import HttpRequest
+
+from controlplane.common.asgi_limits import KV_STORE_PATH, body_limit
+from controlplane.common.errors import Forbidden, NotFound, Unauthenticated
+from controlplane.common.sources import RequestSource, request_source
+from controlplane.registry.models import ModelDeployment
+from controlplane.serving import bounds, keyguard, ratelimit
+from controlplane.serving.model_facts import model_facts
+from controlplane.tenants import selectors as tenant_selectors
+from controlplane.tenants import services as tenant_services
+from controlplane.tenants.models import Tenant
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request let in before its body is read: ``tenant`` authenticated (its key marked used) and this
+    request counted against its ``requests_per_minute``; ``deployments``: the models granted to it with
+    an active revision, by name; ``body_limit``: the most body this request may have (``body_limit_for``)."""
+
+    tenant: Tenant
+    deployments: dict[str, ModelDeployment]
+    body_limit: int
+
+    def deployment(self, name: str) -> ModelDeployment:
+        """The granted deployment ``name``; 404 alike for unknown and not granted (no enumeration)."""
+        deployment = self.deployments.get(name)
+        if deployment is None:
+            raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
+        return deployment
+
+
+# Where ``serving.gate`` leaves its ``Admission`` in the request's ASGI scope. Only the server writes a
+# scope: nothing a client sends can put an object there.
+ADMISSION_STATE = "strata.admission"
+
+
+def authenticate_key(header: str, *, where: RequestSource, target: str):
+    """The ``AuthResult`` of an ``Authorization`` header value. 401 for a missing/unknown/revoked key, 403
+    if its tenant is not active, 429 for a bad key from a source that sent too many (``keyguard``; a
+    valid key is never refused). The key is marked used."""
+    scheme, _, raw = header.partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+    key = raw.strip()
+    retry_after = keyguard.api_key_retry_after(where=where)  # failures throttled, valid keys never
+    result = (tenant_selectors.tenant_authenticate(key)
+              if keyguard.api_key_worth_checking(key, retry_after=retry_after) else None)
+    if result is None or result.status == "revoked":
+        keyguard.api_key_rejected(where=where, key=key, target=target, retry_after=retry_after)
+        raise Unauthenticated("invalid API key", code="invalid_api_key")
+    if not result.ok:
+        raise Forbidden("this tenant is suspended", code="tenant_suspended")
+    tenant_services.api_key_mark_used(api_key=result.api_key)
+    return result
+
+
+def authenticate(request: HttpRequest):
+    """The tenant behind the request's bearer key (``authenticate_key``)."""
+    return authenticate_key(request.headers.get("Authorization", ""), where=request_source(request),
+                            target=f"{request.method} {request.path}").tenant
+
+
+def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admission:
+    """Authenticate, count the request against ``requests_per_minute`` (429 past it) and bound its body:
+    everything decided before the body is read, so requests refused later count too. One key lookup
+    and one query for the tenant's grants (which also resolve the request's model later)."""
+    tenant = authenticate_key(header, where=where, target=f"{method} {path}").tenant
+    ratelimit.count_request(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute)
+    deployments = {d.name: d for d in _granted(tenant)}
+    return Admission(tenant=tenant, deployments=deployments,
+                     body_limit=body_limit_for(path, tenant, deployments.values()))
+
+
+def gate_admission(request: HttpRequest) -> Admission | None:
+    """The ``Admission`` ``serving.gate`` left in the request's ASGI scope, if it came through the gate."""
+    found = getattr(request, "scope", {}).get("state", {}).get(ADMISSION_STATE)
+    return found if isinstance(found, Admission) else None
+
+
+def admitted(request: HttpRequest) -> Admission:
+    """The request's ``Admission``: the gate's (one key lookup per request), or, for a request that did
+    not come through it (WSGI, tests), made here."""
+    return gate_admission(request) or admit(request.headers.get("Authorization", ""), where=request_source(request),
+                                            method=request.method, path=request.path)
+
+
+def body_limit_for(path: str, tenant, deployments=None) -> int:
+    """The most body a request to ``path`` may have for ``tenant``: what the largest prompt, token list
+    or KV upload its granted models (``deployments``, with active revisions; looked up when None) allow
+    can need (``bounds``), at most the path's limit. Checked before the body is read (``gate``, from
+    Content-Length) or parsed."""
+    route = path.rstrip("/")
+    limit = bounds.kv_store_body_limit if route == KV_STORE_PATH else (
+        bounds.token_list_body_limit if route.startswith("/v1/kv/")
+        else lambda facts: bounds.prompt_body_limit(facts, tenant.max_prompt_tokens))
+    needed = [limit(model_facts(d)) for d in (_granted(tenant) if deployments is None else deployments)]
+    return min(max(needed, default=bounds.BODY_SLACK), body_limit(path))
+
+
+def _granted(tenant: Tenant) -> list[ModelDeployment]:
+    """The deployments granted to ``tenant`` that have an active revision (loaded with it), in one query
+    with no ordering and no grant columns: it runs on every request."""
+    return list(ModelDeployment.objects.filter(grants__tenant=tenant, active_revision__isnull=False)
+                .select_related("active_revision").order_by())
