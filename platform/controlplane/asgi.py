@@ -44,7 +44,9 @@ class ServingASGIHandler(ASGIHandler):
 
 
 _site = BodyLimit(ASGIHandler())
-_serving = BodyLimit(RequestGate(ServingASGIHandler()))  # gate: 429 before a body is read
+# The gate first: a body declared over the path's limit from a known key counts against its tenant's
+# requests per minute too (413, then 429), before BodyLimit would refuse it uncounted.
+_serving = RequestGate(BodyLimit(ServingASGIHandler()))
 
 
 async def application(scope, receive, send):

@@ -29,6 +29,17 @@ def test_refused_requests_count_against_requests_per_minute(server_url, keys, ac
          "rate_limit_requests")
 
 
+def test_bodies_over_the_paths_limit_count_too_so_a_flood_of_them_turns_into_429(server_url, keys, actor):
+    """The 33 MB chat of the issue: refused unread with 413 and counted, so the third is a 429."""
+    from django.conf import settings
+
+    from controlplane.tenants.services import tenant_update
+
+    tenant_update(actor=actor, tenant=keys["tenant"], quotas={"requests_per_minute": 2})
+    over = settings.STRATA_SERVING_MAX_BODY_BYTES + 1
+    codes = [_headers_only(server_url, keys["acme"], over, "/v1/chat/completions")[:2] for _ in range(3)]
+    assert [status for status, _ in codes] == [413, 413, 429]
+    assert codes[2][1]["error"]["code"] == "rate_limit_requests"
 
 
 def _headers_only(url: str, key: str, declared: int, path: str = "/v1/completions") -> tuple[int, dict, str]:

@@ -33,6 +33,7 @@ from controlplane.common.asgi_limits import (
     Receive,
     Scope,
     Send,
+    body_limit,
     declared_length,
     send_error,
     too_large_message,
@@ -77,7 +78,9 @@ def _admit(header: str, scope: Scope, declared: int | None) -> admission.Admissi
         admitted = admission.admit(header, where=request_source(_ScopeRequest(scope)), method=scope["method"],
                                    path=scope["path"])
         if declared is not None and declared > admitted.body_limit:
-            raise TooLarge(too_large_message(admitted.body_limit))
+            # over the path's own limit too: named as ``BodyLimit`` names it
+            path_limit = body_limit(scope["path"])
+            raise TooLarge(too_large_message(path_limit if declared > path_limit else admitted.body_limit))
         return admitted
     except ApplicationError:
         connections.close_all()
@@ -118,7 +121,7 @@ class RequestGate:
         try:
             declared = declared_length(scope.get("headers", ()))
         except ValueError:
-            declared = None  # BodyLimit, in front of this gate, answered it already
+            declared = None  # not a length: ``BodyLimit`` answers it (400)
         # Django's handler enters a context of its own; nested, it is this one: the view's sync steps
         # run in the thread (and on the database connection) the admission used.
         async with ThreadSensitiveContext():
