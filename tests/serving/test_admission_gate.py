@@ -94,3 +94,18 @@ def test_a_body_announced_over_the_tenants_limit_is_413_before_it_is_read(server
     status, body, _ = _headers_only(server_url, keys["acme"], max(limit, SMALL_BODY) + 1, path)
     assert status == 413 and body["error"]["code"] == "request_too_large"
     assert f"{limit} bytes" in body["error"]["message"]
+
+
+def test_a_database_that_fails_during_admission_is_a_retryable_json_503(server_url, keys, monkeypatch):
+    """A dead backend behind the gate is a 503 with Retry-After in the JSON error shape, never a bare 500."""
+    from django.db import OperationalError
+
+    from controlplane.serving import admission
+
+    def down(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(admission, "admit", down)
+    resp = post(server_url, keys["acme"], "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})
+    err(resp, 503, "service_unavailable")
+    assert int(resp.headers["Retry-After"]) >= 1

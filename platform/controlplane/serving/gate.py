@@ -22,6 +22,7 @@ view's sync steps (no thread shared by every request, and the connection Django 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 
@@ -43,6 +44,7 @@ from controlplane.common.sources import request_source
 from controlplane.serving import admission, context
 
 SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
+log = logging.getLogger(__name__)
 ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/kv/lookup", "/v1/kv/store",
                             "/v1/kv/retrieve"})
 
@@ -82,7 +84,7 @@ def _admit(header: str, scope: Scope, declared: int | None) -> admission.Admissi
             path_limit = body_limit(scope["path"])
             raise TooLarge(too_large_message(path_limit if declared > path_limit else admitted.body_limit))
         return admitted
-    except ApplicationError:
+    except Exception:  # refused, or the database failed: either way Django never sees this request
         connections.close_all()
         raise
 
@@ -132,6 +134,10 @@ class RequestGate:
                     self._remember(digest, now, exc)
                 return await send_error(send, exc.status, exc.message, close=True, code=exc.code,
                                         headers=exc.headers)
+            except Exception:  # the database or cache is down: a retryable JSON error, never a bare 500
+                log.exception("serving admission failed")
+                return await send_error(send, 503, "the service is temporarily unavailable; retry shortly",
+                                        close=True, code="service_unavailable", headers={"Retry-After": "5"})
             state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
             return await self.app({**scope, "state": state}, receive, send)
 
