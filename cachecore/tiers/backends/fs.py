@@ -75,19 +75,13 @@ class FileBackend(Backend):
             raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
 
     def get(self, name: str) -> bytes | None:
-        path = self._path(name)
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            self._check_root()
-            return None
-        except IsADirectoryError:
-            return None
-        except OSError as exc:
-            raise BackendUnavailable(f"l3 fs get failed: {_why(exc)}") from None
+        return self._read(name, -1, "get")
 
     def head(self, name: str, n: int) -> bytes | None:
+        return self._read(name, n, "head")
+
+    def _read(self, name: str, n: int, op: str) -> bytes | None:
+        """The object's first ``n`` bytes (``-1``: all of it); None when it does not exist."""
         path = self._path(name)
         try:
             with open(path, "rb") as f:
@@ -98,7 +92,7 @@ class FileBackend(Backend):
         except IsADirectoryError:
             return None
         except OSError as exc:
-            raise BackendUnavailable(f"l3 fs head failed: {_why(exc)}") from None
+            raise BackendUnavailable(f"l3 fs {op} failed: {_why(exc)}") from None
 
     def exists(self, name: str) -> bool:
         path = self._path(name)
