@@ -109,3 +109,20 @@ def test_a_database_that_fails_during_admission_is_a_retryable_json_503(server_u
     resp = post(server_url, keys["acme"], "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 1})
     err(resp, 503, "service_unavailable")
     assert int(resp.headers["Retry-After"]) >= 1
+
+
+def test_a_key_revoked_while_its_429_is_remembered_is_401_once_the_short_memory_ends(server_url, keys, actor):
+    """The gate remembers a 429 only briefly (``RequestGate.REMEMBER_S``): revoking the key of a tenant
+    that is out of requests makes it 401 within that time, not at the end of the minute."""
+    import time
+
+    from controlplane.serving.gate import RequestGate
+    from controlplane.tenants.models import ApiKey
+    from controlplane.tenants.services import api_key_revoke, tenant_update
+
+    tenant_update(actor=actor, tenant=keys["tenant"], quotas={"requests_per_minute": 1})
+    err(post(server_url, keys["acme"], "/v1/completions", b"[]"), 400, "invalid_json")
+    err(post(server_url, keys["acme"], "/v1/completions", b"[]"), 429, "rate_limit_requests")  # remembered
+    api_key_revoke(actor=actor, api_key=ApiKey.objects.get(tenant=keys["tenant"]))
+    time.sleep(RequestGate.REMEMBER_S + 0.2)  # past the memory: not a timing assertion
+    err(post(server_url, keys["acme"], "/v1/completions", b"[]"), 401, "invalid_api_key")

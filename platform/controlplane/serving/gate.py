@@ -97,17 +97,19 @@ class RequestGate:
     before their bodies are read; what is refused is answered unread, what is admitted reaches the
     view with its ``Admission``.
 
-    A 429 for a tenant out of requests is remembered in this process, by the key's SHA-256, until its
-    window ends, so the repeats of a client that keeps sending are refused without a database lookup
-    or a thread hop (at most ``MAX_REMEMBERED`` keys). Remembering only ever refuses, until the window
-    it was computed for ends; a key revoked meanwhile is 429 rather than 401 until then, and a raised
-    ``requests_per_minute`` applies from the next window."""
+    A 429 for a tenant out of requests is remembered in this process, by the key's SHA-256, for at most
+    ``REMEMBER_S`` (and never past its window), so the repeats of a client that keeps sending are
+    refused without a database lookup or a thread hop (at most ``MAX_REMEMBERED`` keys). Remembering
+    only ever refuses; a key revoked or a tenant suspended meanwhile is 429 rather than 401/403 for at
+    most ``REMEMBER_S``, and a raised ``requests_per_minute`` applies within that time too."""
 
     MAX_REMEMBERED = 10_000
+    REMEMBER_S = 1.0
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._refused: dict[bytes, tuple[float, str]] = {}  # key digest -> (window end, message)
+        # key digest -> (remembered until, window end, message)
+        self._refused: dict[bytes, tuple[float, float, str]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         header = None
@@ -118,8 +120,8 @@ class RequestGate:
         digest, now = hashlib.sha256(header.encode("utf-8", "surrogatepass")).digest(), time.time()
         known = self._refused.get(digest)
         if known is not None and now < known[0]:
-            return await send_error(send, 429, known[1], close=True, code="rate_limit_requests",
-                                    headers={"Retry-After": str(max(1, math.ceil(known[0] - now)))})
+            return await send_error(send, 429, known[2], close=True, code="rate_limit_requests",
+                                    headers={"Retry-After": str(max(1, math.ceil(known[1] - now)))})
         try:
             declared = declared_length(scope.get("headers", ()))
         except ValueError:
@@ -146,4 +148,4 @@ class RequestGate:
         if len(self._refused) >= self.MAX_REMEMBERED:
             self._refused = {k: v for k, v in self._refused.items() if v[0] > now}
         if len(self._refused) < self.MAX_REMEMBERED:
-            self._refused[digest] = (now + retry, exc.message)
+            self._refused[digest] = (now + min(retry, self.REMEMBER_S), now + retry, exc.message)
