@@ -208,6 +208,7 @@ def test_settings_are_validated(loaded):
     with pytest.raises(ValueError, match="contended_budget"):
         Scheduler(engine, max_batch=8, contended_budget=8)  # would leave no room beside the decodes
     with pytest.raises(ValueError, match="lean_budget"):
-        Scheduler(engine, lean_budget=0)
+        Scheduler(engine, lean_budget=-1)
+    assert Scheduler(engine, lean_budget=0).lean_budget == 0  # 0: a victim's first-token step is its own
     assert Scheduler(engine, token_budget=9, max_batch=8).max_batch == 8
     assert Scheduler(engine, contended_budget=0).contended_budget == 0  # 0: steps never bounded

@@ -38,6 +38,8 @@ def test_a_victim_below_its_share_gets_a_short_step_for_its_first_token():
     assert shares.allowance == {"b": 256, "a": 32} and shares.budget == 288
     decoding = TenantDemand("b", 1.0, vtime=4000.0, tokens=1, prefill_first=False)
     assert not plan_step([flooder, decoding], budget=512, lean_budget=32).lean  # no first token waits
+    strict = plan_step([flooder, victim], budget=512, lean_budget=0)  # STRATA_LEAN_BUDGET=0
+    assert strict.lean and strict.allowance.get("a", 0) == 0 and strict.budget == 256
 
 
 def test_weights_split_the_budget_in_proportion():

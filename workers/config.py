@@ -86,7 +86,7 @@ class WorkerConfig:
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
             token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
             max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
-            lean_budget=_int("STRATA_LEAN_BUDGET", 8, minimum=1),
+            lean_budget=_int("STRATA_LEAN_BUDGET", 8, minimum=0),
             contended_budget=_int("STRATA_CONTENDED_BUDGET", 64),
             anticipate_ms=_int("STRATA_ANTICIPATE_MS", 40),
             l3_url=_l3_url(),

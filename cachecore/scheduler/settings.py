@@ -31,9 +31,9 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "age_steps", "token_budget", "lean_budget", "contended_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            value, low = getattr(self, name), 0 if name == "lean_budget" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         if self.token_budget <= self.max_batch:
             raise ValueError(f"token_budget ({self.token_budget}) must exceed max_batch ({self.max_batch}): every "
                              "step keeps room for a prefill chunk beside the decode tokens")
