@@ -11,7 +11,8 @@ grants and body limit read: one key lookup and one grant query) and answers, wit
 - 401 / 403 / 429 as the view would (unknown, revoked or suspended key; bad keys from a throttled
   source, ``keyguard``; a tenant with no request left in this minute's window, with ``Retry-After``);
 - 413 when the declared ``Content-Length`` is over the admission's body limit (``admission.body_limit_for``:
-  the tenant's models and ``max_prompt_tokens``); a chunked body is measured by the view once read.
+  the tenant's models and ``max_prompt_tokens``); a chunked body is measured by the view once read;
+- 503 with ``Retry-After`` when the database or cache fails during admission (never a bare 500).
 
 What it lets through carries its ``Admission`` in the ASGI scope's ``state`` (only the server writes a
 scope), so the view neither looks the key up nor counts the request again. The gate's database work
