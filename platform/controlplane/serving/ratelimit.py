@@ -33,16 +33,6 @@ def _incr(key: str, amount: int) -> int:
     return cache.incr(key, amount)
 
 
-def requests_left(*, tenant_id: int, requests_per_minute: int | None) -> int | None:
-    """Seconds until the tenant may send again when this minute's requests are all used (counting
-    nothing), else None: lets the server refuse before it reads a body."""
-    if requests_per_minute is None:
-        return None
-    start, retry_after = _window()
-    used = cache.get(f"strata:rl:{tenant_id}:{start}:req") or 0
-    return retry_after if used >= requests_per_minute else None
-
-
 def count_request(*, tenant_id: int, requests_per_minute: int | None) -> None:
     """Count one request for the tenant, or raise ``RateLimited`` (not counted) when its limit is used."""
     admit(tenant_id=tenant_id, requests_per_minute=requests_per_minute, tokens_per_minute=None, tokens=0)
