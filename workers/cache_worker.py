@@ -44,6 +44,7 @@ from workers.admission import (  # noqa: F401  (re-exported: callers import them
 from workers.config import WorkerConfig
 from workers.kv_api import KVApiMixin
 from workers.operations import OperationsMixin
+from workers.protocol import fold_completion
 from workers.remote_tier import RemoteTier
 from workers.router_stats import DecodeClock, router_section
 from workers.stops import apply_stops
@@ -305,18 +306,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
 
     def complete(self, req: dict) -> dict:
         """Non-streaming form of ``stream``: one dict with text, tokens, logprobs and usage (or error)."""
-        out: dict = {"token_ids": [], "text": "", "logprobs": [], "top_logprobs": []}
-        for ev in self.stream(req):
-            if ev["type"] == "token":
-                out["token_ids"].append(ev["id"])
-                out["text"] += ev["text"]
-                if ev["logprob"] is not None:
-                    out["logprobs"].append(ev["logprob"])
-                if ev["top_logprobs"] is not None:
-                    out["top_logprobs"].append(ev["top_logprobs"])
-            elif ev["type"] in ("finished", "error"):
-                out.update(ev)
-        return out
+        return fold_completion(self.stream(req))
 
 
 __all__ = ["CacheWorker", "RevisionChanged", "Tag", "request_salt"]

@@ -1,0 +1,174 @@
+"""One model revision served by vLLM: its async engine, its tokenizer and the cache-key facts Strata
+derives for it.
+
+``VllmRevision.start`` builds vLLM's ``AsyncLLM`` (engine core in a process of its own, as vLLM
+always runs it) on the revision's Hugging Face checkpoint directory, on the event loop that will
+drive it (``workers.async_loop``). Its KV cache is sized from ``STRATA_L1_MB`` on every device
+(``kv_cache_memory_bytes``), raised to hold two sequences of the context length when that is
+smaller, so a tiny budget never stops it from starting.
+
+The namespace (``namespace``) binds what a cache key must: the deployment, the weight digest
+(recorded by the control plane, checked here against the files), the tokenizer and chat template
+files, the KV layout (vLLM's block size, layers, KV heads, head size, dtype) and the tensor
+parallel size. ``cache_salt`` turns a request's scope into vLLM's ``cache_salt``: a keyed hash of
+that namespace (so of the tenant's secret scope salt), the scope's flush generation, this process's
+epoch and the client's ``cache_salt`` (which only narrows). vLLM folds it into the hash of every
+block of the request, so its prefix cache never shares across scopes, revisions or flushes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cachecore.model.hf_config import CheckpointError, checkpoint_dir
+from cachecore.model.hf_weights import checkpoint_digest
+from cachecore.namespace import Namespace, canonical_encode
+from cachecore.routing.hashes import namespace_fields
+
+CPU_BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
+GPU_BLOCK_SIZE = 16
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "tokenizer.model", "generation_config.json")
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _text_config(cfg: dict) -> dict:
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, dict) else cfg
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """What Strata reads from a checkpoint's ``config.json`` for any architecture vLLM serves."""
+
+    architecture: str
+    vocab_size: int
+    max_seq_len: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+
+    @classmethod
+    def read(cls, root: Path) -> CheckpointFacts:
+        try:
+            cfg = json.loads((root / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"config.json: {exc}") from None
+        archs = cfg.get("architectures") or ["?"]
+        text = _text_config(cfg)
+        heads = int(text.get("num_attention_heads") or 1)
+        hidden = int(text.get("hidden_size") or 0)
+        dtype = str(text.get("torch_dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
+        return cls(architecture=str(archs[0]), vocab_size=int(text.get("vocab_size") or cfg.get("vocab_size") or 0),
+                   max_seq_len=int(text.get("max_position_embeddings") or 2048),
+                   layers=int(text.get("num_hidden_layers") or 0),
+                   kv_heads=int(text.get("num_key_value_heads") or heads),
+                   head_dim=int(text.get("head_dim") or (hidden // heads if heads else 0)), dtype=dtype)
+
+
+def tokenizer_digest(root: Path) -> str:
+    """SHA-256 over the tokenizer and chat-template files present (names and bytes)."""
+    h = hashlib.sha256(b"strata.vllm.tokenizer\x00")
+    for name in TOKENIZER_FILES:
+        p = root / name
+        if p.is_file():
+            h.update(canonical_encode(name, p.read_bytes()))
+    return h.hexdigest()
+
+
+@dataclass
+class VllmRevision:
+    label: str
+    root: Path
+    facts: CheckpointFacts
+    weight_digest: str
+    tokenizer_digest: str
+    block_size: int
+    dtype: str
+    tensor_parallel_size: int
+    kv_cache_bytes: int
+    engine: object = None  # vllm.v1.engine.async_llm.AsyncLLM, once started
+    tokenizer: object = None
+    num_blocks: int = 0
+    epoch: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+
+    @classmethod
+    def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
+                tensor_parallel_size: int = 1) -> VllmRevision:
+        """Check the checkpoint (it must be a directory whose bytes match the recorded digest) and
+        work out the engine's settings; nothing is started."""
+        path = revision.get("checkpoint_path")
+        if not path:
+            raise CheckpointError("the vllm engine serves Hugging Face checkpoint directories only "
+                                  "(a revision with a 'path'); seeded presets run on the strata engine")
+        root = checkpoint_dir(path)
+        digest = checkpoint_digest(root)
+        if revision.get("digest") and revision["digest"] != digest:
+            raise CheckpointError(f"checkpoint {root} changed since revision {revision['label']!r} was recorded "
+                                  "(its digest differs); add a new revision for new weights")
+        facts = CheckpointFacts.read(root)
+        if dtype is None:
+            dtype = "float32" if device == "cpu" else ("bfloat16" if facts.dtype == "float32" else facts.dtype)
+        block = CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE
+        per_token = 2 * max(1, facts.layers) * max(1, facts.kv_heads) * max(1, facts.head_dim) \
+            * _DTYPE_BYTES.get(dtype, 4) // max(1, tensor_parallel_size)
+        kv_bytes = max(int(l1_mb) << 20, 2 * facts.max_seq_len * per_token + (4 << 20))
+        return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest,
+                   tokenizer_digest=tokenizer_digest(root), block_size=block, dtype=dtype,
+                   tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes,
+                   num_blocks=kv_bytes // max(1, per_token * block))
+
+    def engine_args(self, *, max_num_seqs: int, device: str):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(
+            model=str(self.root), tokenizer=str(self.root), dtype=self.dtype, seed=0,
+            enable_prefix_caching=True, block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_bytes,
+            max_model_len=self.facts.max_seq_len, max_num_seqs=max_num_seqs,
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_executor_backend="ray" if self.tensor_parallel_size > 1 else None,
+            enforce_eager=device == "cpu" or os.environ.get("STRATA_VLLM_EAGER") == "1",
+            disable_log_stats=True,
+        )
+
+    async def start(self, *, max_num_seqs: int, device: str) -> None:
+        """Start vLLM on the running event loop (its output handler lives there)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
+        self.tokenizer = self.engine.tokenizer
+        if self.tokenizer is None:  # vLLM versions that load it lazily
+            self.tokenizer = await self.engine.get_tokenizer()
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.shutdown()
+            finally:
+                self.engine = None
+
+    # -------------------------------------------------------------- cache keys
+    def layout(self) -> dict:
+        return {"engine": "vllm", "dtype": self.dtype, "block_size": self.block_size, "n_layers": self.facts.layers,
+                "n_kv_heads": self.facts.kv_heads, "head_dim": self.facts.head_dim}
+
+    def namespace(self, deployment: str, scope_salt: bytes) -> Namespace:
+        return Namespace.build(scope_salt=bytes(scope_salt), model_id=deployment, weight_digest=self.weight_digest,
+                               tokenizer_digest=self.tokenizer_digest, layout=self.layout(), rope={},
+                               tp_size=self.tensor_parallel_size)
+
+    def namespace_fields(self, deployment: str) -> dict:
+        """The router's fields (every namespace field but the salt, plus vLLM's block size)."""
+        return namespace_fields(self.namespace(deployment, bytes(32)), self.block_size)
+
+    def cache_salt(self, ns: Namespace, *, generation: int, request_salt: bytes) -> str:
+        """vLLM's ``cache_salt`` for one request (module docstring). Hex: vLLM hashes it as a string."""
+        h = hashlib.blake2b(canonical_encode("strata.vllm.cache_salt", self.epoch, int(generation), request_salt),
+                            key=ns.digest, digest_size=32)
+        return h.hexdigest()

@@ -1,0 +1,561 @@
+"""VllmWorker: a replica that serves through vLLM's async engine, behind the same contract as
+``CacheWorker`` (``workers.engine_contract``), in the same Ray actor.
+
+What Strata keeps in front of vLLM, so that a tenant sees the same platform whichever engine serves:
+
+- **Scope.** Every request's ``cache_salt`` is derived here from what the server sent
+  (``VllmRevision.cache_salt``: the scope salt through the namespace, the scope's flush generation,
+  the client's ``cache_salt`` as a narrowing salt). vLLM's prefix cache never shares across scopes.
+- **Admission.** The tenant's concurrent-request slots and cancellation are the reference worker's
+  (``workers.admission``); its in-flight tokens (prompt + ``max_tokens`` of its running requests)
+  are bounded by ``max_inflight_tokens`` (default: half of vLLM's cache); ``FairGate`` keeps at most
+  ``STRATA_MAX_BATCH`` requests inside vLLM and gives a freed slot to the waiting tenant with the
+  fewest running requests per ``share_weight``.
+- **Streams.** vLLM's outputs become ``workers.protocol`` events; the text of each token and
+  ``stop`` are applied by ``workers.stops`` with the revision's tokenizer (as on the reference
+  engine); ``cached_tokens`` is vLLM's ``num_cached_tokens``. A closed, cancelled or retired stream
+  is aborted in vLLM.
+- **Jobs.** A flush bumps the flush generation of the scope, so the scope's next requests carry a
+  new ``cache_salt`` and can never reach a block computed before; for a model, a revision or
+  everything it also resets vLLM's prefix cache. A rollout starts a second vLLM engine on the new
+  revision (``stage_revision``), switches new requests to it, drains the old one's requests until
+  the deadline (the rest end with a retryable ``revision_changed``) and shuts the old engine down.
+- **Routing and figures.** The Strata block hashes of what vLLM computed are recorded
+  (``workers.vllm_blocks``) and published as KV events (tier ``l1``); per-tenant prompt and cached
+  tokens go into the same ``CacheMetrics`` as the reference engine's.
+
+No L2/L3 yet: vLLM's device cache is the only tier here (Strata's KV connector is the next step), so
+L3-only flushes and key shreds have nothing to delete, and the KV API answers ``kv_api_unsupported``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from cachecore.errors import CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong, TenantBusy
+from cachecore.events import EventLog
+from cachecore.hashing import chain_hashes
+from cachecore.metrics import CacheMetrics
+from cachecore.routing.hashes import request_salt
+from workers.admission import MAX_CONCURRENCY, AdmissionMixin
+from workers.async_loop import AsyncLoop
+from workers.config import WorkerConfig
+from workers.fair_gate import FairGate
+from workers.protocol import (
+    WorkerRequest,
+    error_event,
+    finished_event,
+    fold_completion,
+    prefilled_event,
+    token_event,
+)
+from workers.router_stats import DEFAULT_DECODE_STEP_S, DEFAULT_PREFILL_TOKENS_PER_S, L1_TOKENS_PER_S, DecodeClock
+from workers.stops import apply_stops
+from workers.vllm_blocks import DerivedBlocks
+from workers.vllm_revision import VllmRevision
+
+RETRYABLE = frozenset({"revision_changed", "inflight_limit", "tenant_busy", "engine_busy"})
+START_TIMEOUT_S = 900.0  # a vLLM engine start (weights, compile) on a slow CPU
+_END = object()
+_POLL_S = 0.05  # how often a waiting stream checks for cancellation
+_PROBE_MEMORY = 4096  # scopes remembered for flush generations
+
+
+class RevisionChanged(CacheError):
+    code = "revision_changed"
+
+
+class KVApiUnsupported(CacheError):
+    code = "kv_api_unsupported"
+
+
+@dataclass
+class _Running:
+    tenant: str
+    revision: str
+    prompt_tokens: int
+    held_tokens: int  # prompt + max_tokens: what counts against max_inflight_tokens
+    prefilled: bool = False
+
+
+def _device() -> str:
+    forced = os.environ.get("STRATA_DEVICE")
+    if forced:
+        return "cuda" if forced.startswith("cuda") else "cpu"
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # pragma: no cover - torch is a dependency
+        return "cpu"
+
+
+class VllmWorker(AdmissionMixin):
+    """One model deployment served by vLLM (module docstring). Same constructor as ``CacheWorker``
+    (``preset``, ``l2_mb``, ``block_size`` are accepted for it and unused), plus
+    ``tensor_parallel_size``."""
+
+    engine_name = "vllm"
+
+    def __init__(self, *, deployment: str, preset: str, revision: dict, device: str | None = None,
+                 l1_mb: int | None = None, l2_mb: int | None = None, block_size: int = 16,
+                 test_hooks: bool = False, config: WorkerConfig | None = None, replica: int = 0,
+                 dtype: str | None = None, tensor_parallel_size: int = 1) -> None:
+        from workers.cache_worker import replica_id
+
+        self.deployment = deployment
+        self.preset = preset
+        self.replica = int(replica)
+        self.replica_id = replica_id(deployment, self.replica)
+        cfg = config or WorkerConfig.from_env()
+        if l1_mb is not None:
+            cfg = replace(cfg, l1_mb=l1_mb)
+        self.config = cfg
+        self.device = "cuda" if (device or _device()).startswith("cuda") else "cpu"
+        self.dtype = dtype
+        self.tensor_parallel_size = int(tensor_parallel_size)
+        self.test_hooks = test_hooks
+        threads = cfg.torch_threads or os.cpu_count() or 1
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # Ray set 1 for this actor; vLLM's core inherits it
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the web tier
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        self.events = EventLog(self.replica_id)
+        self.metrics = CacheMetrics()
+        self.decode = DecodeClock()
+        self.loop = AsyncLoop(f"vllm-{deployment}")
+        self._lock = threading.Lock()
+        self._per_tenant: Counter[str] = Counter()
+        self._cancelled: OrderedDict[str, str] = OrderedDict()
+        self._running: dict[str, str] = {}
+        self.counters: Counter[str] = Counter()
+        self._requests: dict[str, _Running] = {}
+        self._held: Counter[str] = Counter()  # in-flight tokens per tenant
+        self._aborting: set[str] = set()
+        self._staged: dict[str, VllmRevision] = {}
+        self._generation = 0  # bumped by model/all/revision flushes: every scope's salt changes
+        self._scope_gen: OrderedDict[bytes, int] = OrderedDict()  # scope fingerprint -> its flush generation
+        self._tenant_scopes: dict[str, set[bytes]] = {}
+        self._prefill_rate: float | None = None
+        self.gate = FairGate(cfg.max_batch)
+        self._active = self._start(revision)
+        self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
+
+    # ------------------------------------------------------------------ engines
+    def _start(self, revision: dict) -> VllmRevision:
+        rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=self.config.l1_mb,
+                                   dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size)
+        self.loop.run(rev.start(max_num_seqs=self.config.max_batch, device=self.device), timeout=START_TIMEOUT_S)
+        return rev
+
+    def close(self) -> None:
+        for rev in (self._active, *self._staged.values()):
+            rev.shutdown()
+        self.loop.stop()
+
+    # ------------------------------------------------------------------ introspection
+    def info(self) -> dict:
+        a = self._active
+        return {
+            "deployment": self.deployment, "engine": "vllm", "preset": self.preset, "revision": a.label,
+            "weight_digest": a.weight_digest, "device": self.device, "num_blocks": a.num_blocks, "l2_blocks": 0,
+            "write_policy": "none", "load_policy": "none", "layout": a.layout(),
+            "architecture": a.facts.architecture, "tensor_parallel_size": self.tensor_parallel_size,
+            "vocab_size": a.facts.vocab_size, "max_seq_len": a.facts.max_seq_len, "running": len(self._requests),
+            "max_concurrency": MAX_CONCURRENCY, "cancelled": self.counters["cancelled"],
+            "tenant_busy": self.counters["tenant_busy"], "replica_id": self.replica_id,
+            "namespace_fields": a.namespace_fields(self.deployment), "router": self._router(),
+        }
+
+    def ping(self) -> bool:
+        return True
+
+    def check_integrity(self) -> bool:
+        return True
+
+    def _bytes_per_block(self) -> int:
+        a = self._active
+        return a.kv_cache_bytes // max(1, a.num_blocks)
+
+    def stats(self) -> dict:
+        snap = self.metrics.snapshot()
+        used = self.blocks.count()
+        l1 = snap["tiers"].setdefault("l1", self.metrics.tier_row("l1"))
+        l1.update(capacity_blocks=self._active.num_blocks, used_blocks=used, evictions=self.blocks.evictions)
+        snap.update(evictions=self.blocks.evictions, duplicate_stores=0, bytes_per_block=self._bytes_per_block(),
+                    load_policy={"policy": "none"}, write_policy="none",
+                    resident_blocks={"l1": self.blocks.by_owner()})
+        snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used}
+        snap["worker"] = {"deployment": self.deployment, "engine": "vllm", "revision": self._active.label,
+                          "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
+        snap["router"] = self._router()
+        snap["kv_events"] = self.events.stats()
+        snap["scheduler"] = {"engine": "vllm", **self.gate.snapshot()}
+        return snap
+
+    def _router(self) -> dict:
+        queued = waiting = running = 0
+        with self._lock:
+            for r in self._requests.values():
+                if r.prefilled:
+                    running += 1
+                else:
+                    queued += r.prompt_tokens
+                    waiting += 1
+        return {
+            "queued_prefill_tokens": queued, "queued_requests": waiting, "running": running,
+            "cached_tokens": self.blocks.count() * self._active.block_size,
+            "rates": {"prefill_tokens_per_s": self._prefill_rate or DEFAULT_PREFILL_TOKENS_PER_S,
+                      "load_tokens_per_s": {"l1": L1_TOKENS_PER_S},
+                      "decode_step_s": self.decode.value if self.decode.value is not None else DEFAULT_DECODE_STEP_S},
+            "measured": {"prefill": self._prefill_rate is not None, "decode": self.decode.value is not None},
+        }
+
+    def kv_events(self, since_seq: int) -> dict:
+        if isinstance(since_seq, bool) or not isinstance(since_seq, int) or since_seq < 1:
+            raise ValueError(f"since_seq must be an int >= 1, got {since_seq!r}")
+        batches, gap = self.events.since(since_seq - 1)
+        return {"replica_id": self.replica_id, "seq": self.events.seq, "gap": gap,
+                "batches": [b.to_dict() for b in batches]}
+
+    def kv_snapshot(self) -> dict:
+        return self.events.snapshot()
+
+    # ------------------------------------------------------------------ scope
+    @staticmethod
+    def _scope_key(scope_salt: bytes) -> bytes:
+        return hashlib.blake2b(bytes(scope_salt), digest_size=16, person=b"strata-scope").digest()
+
+    def _salt(self, rev: VllmRevision, req: WorkerRequest) -> str:
+        key = self._scope_key(req.scope_salt)
+        with self._lock:
+            self._tenant_scopes.setdefault(req.tenant, set()).add(key)
+            gen = self._scope_gen.get(key, 0)
+            generation = self._generation * (1 << 32) + gen
+        salt = request_salt(req.cache_salt)
+        if not req.use_cache:
+            salt += uuid.uuid4().bytes  # a scope of its own: neither reuses nor is reused
+        return rev.cache_salt(rev.namespace(self.deployment, req.scope_salt), generation=generation, request_salt=salt)
+
+    # ------------------------------------------------------------------ serving
+    def stream(self, req: dict) -> Iterator[dict]:
+        """Serve one ``WorkerRequest`` (``workers.engine_contract``)."""
+        try:
+            wr = WorkerRequest.from_dict(req)
+        except ValueError as exc:
+            yield error_event("invalid_request", str(exc), retryable=False)
+            return
+        key = wr.request_id or f"anon-{uuid.uuid4().hex}"
+        try:
+            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
+        except TenantBusy as exc:
+            yield self._error(exc)
+            return
+        try:
+            rev = self._active
+            yield from apply_stops(self._stream(wr, key, rev), rev.tokenizer, wr.stop)
+        finally:
+            self._release(wr.tenant, key)
+
+    def collect(self, req: dict) -> list[dict]:
+        return list(self.stream(req))
+
+    def complete(self, req: dict) -> dict:
+        return fold_completion(self.stream(req))
+
+    @staticmethod
+    def _error(exc: CacheError) -> dict:
+        return error_event(exc.code, str(exc), retryable=exc.code in RETRYABLE)
+
+    def _check(self, req: WorkerRequest, rev: VllmRevision) -> None:
+        if req.expected_revision not in (None, rev.label):
+            raise RevisionChanged(f"revision {req.expected_revision} is no longer active; retry")
+        facts = rev.facts
+        if not req.prompt:
+            raise InvalidPrompt("the prompt is empty")
+        for t in req.prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < facts.vocab_size:
+                raise InvalidPrompt(f"token ids must be integers in [0, {facts.vocab_size})")
+        if len(req.prompt) + req.max_tokens > facts.max_seq_len:
+            raise PromptTooLong(f"prompt of {len(req.prompt)} tokens plus max_tokens={req.max_tokens} exceeds the "
+                                f"model's context length of {facts.max_seq_len}")
+
+    def _admit(self, req: WorkerRequest, key: str, rev: VllmRevision) -> None:
+        """Count the request's tokens against the tenant's in-flight bound, then wait for a fair slot."""
+        held = len(req.prompt) + req.max_tokens
+        limit = req.max_inflight_tokens
+        if limit is None:
+            limit = rev.num_blocks * rev.block_size // 2
+        with self._lock:
+            if self._held[req.tenant] + held > limit:
+                self.counters["inflight_limit"] += 1
+                raise InflightLimit(f"this tenant's running requests would hold {self._held[req.tenant] + held} "
+                                    f"tokens; its limit is {limit}; retry shortly")
+            self._held[req.tenant] += held
+            self._requests[key] = _Running(req.tenant, rev.label, len(req.prompt), held)
+        admitted = False
+        try:
+            admitted = self.gate.acquire(req.tenant, req.share_weight, should_stop=lambda: key in self._cancelled)
+        finally:
+            if not admitted:
+                self._forget(key)
+        if not admitted:
+            raise self._stopped(key, rev)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            r = self._requests.pop(key, None)
+            if r is not None:
+                self._held[r.tenant] -= r.held_tokens
+                if self._held[r.tenant] <= 0:
+                    del self._held[r.tenant]
+
+    def _stopped(self, key: str, rev: VllmRevision) -> CacheError:
+        why = self._cancelled.get(key)
+        if why is not None:
+            self.counters["cancelled"] += 1
+            return Cancelled(why)
+        return RevisionChanged(f"revision {rev.label} was replaced while this request ran; retry")
+
+    def _sampling(self, req: WorkerRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        temperature = float(req.temperature or 0.0)
+        return SamplingParams(
+            max_tokens=req.max_tokens, temperature=temperature,
+            seed=req.seed if temperature > 0 and req.seed is not None else None,
+            logprobs=req.logprobs, detokenize=False, output_kind=RequestOutputKind.DELTA,
+        )
+
+    def _stream(self, req: WorkerRequest, key: str, rev: VllmRevision) -> Iterator[dict]:
+        rid = f"{key}-{uuid.uuid4().hex[:8]}"
+        submitted = False
+        try:
+            self._check(req, rev)
+            self._admit(req, key, rev)
+            try:
+                out_q: queue.SimpleQueue = queue.SimpleQueue()
+                prompt = {"prompt_token_ids": list(req.prompt), "cache_salt": self._salt(rev, req)}
+                t0 = time.perf_counter()
+                self.loop.submit(self._pump(rev, prompt, self._sampling(req), rid, out_q))
+                submitted = True
+                yield from self._events(req, key, rev, out_q, t0)
+                submitted = False  # finished normally: nothing to abort
+            finally:
+                if submitted:
+                    self.loop.submit(self._abort(rev, rid))
+                self.gate.release(req.tenant)
+                self._forget(key)
+        except CacheError as exc:
+            yield self._error(exc)
+
+    async def _pump(self, rev: VllmRevision, prompt: dict, params, rid: str, out_q: queue.SimpleQueue) -> None:
+        try:
+            async for out in rev.engine.generate(prompt, params, request_id=rid):
+                out_q.put(out)
+        except BaseException as exc:  # handed to the consumer, which turns it into an error event
+            out_q.put(exc)
+        finally:
+            out_q.put(_END)
+
+    @staticmethod
+    async def _abort(rev: VllmRevision, rid: str) -> None:
+        if rev.engine is not None:
+            await rev.engine.abort(rid)
+
+    def _events(self, req: WorkerRequest, key: str, rev: VllmRevision, out_q: queue.SimpleQueue,
+                t0: float) -> Iterator[dict]:
+        prompt_tokens, cached, generated = len(req.prompt), 0, 0
+        prefilled, resumed, finish = False, None, None
+        while True:
+            try:
+                item = out_q.get(timeout=_POLL_S)
+            except queue.Empty:
+                if key in self._cancelled or rev.label in self._aborting:
+                    raise self._stopped(key, rev) from None
+                continue
+            if item is _END:
+                break
+            if isinstance(item, BaseException):
+                if isinstance(item, ValueError):
+                    raise InvalidPrompt(str(item)[:300]) from None
+                raise _EngineFailed(f"the vLLM engine failed on this request: {type(item).__name__}") from None
+            if key in self._cancelled or rev.label in self._aborting:
+                raise self._stopped(key, rev)
+            if not prefilled:
+                prefilled = True
+                cached = int(item.num_cached_tokens or 0)
+                self._prefilled(req, key, rev, cached, time.perf_counter() - t0)
+                yield prefilled_event(prompt_tokens=prompt_tokens, cached_tokens=cached, revision=rev.label)
+            completion = item.outputs[0]
+            lps = completion.logprobs or [None] * len(completion.token_ids)
+            for tid, lp in zip(completion.token_ids, lps, strict=False):
+                if resumed is not None:
+                    self.decode.observe(time.perf_counter() - resumed)
+                generated += 1
+                yield self._token(rev, int(tid), lp, req.logprobs)
+                resumed = time.perf_counter()
+            if completion.finish_reason is not None:
+                finish = completion.finish_reason
+        if finish == "abort" or finish is None:
+            raise self._stopped(key, rev)
+        yield finished_event(finish_reason="length" if finish == "length" else "stop", revision=rev.label,
+                             prompt_tokens=prompt_tokens, completion_tokens=generated, cached_tokens=cached)
+
+    @staticmethod
+    def _token(rev: VllmRevision, tid: int, lp, k: int | None) -> dict:
+        """A token event; with ``logprobs`` the chosen token's and (k > 0) the k most likely ones',
+        keyed by their text as the reference engine does (vLLM returns the top k plus the chosen)."""
+        if k is None or lp is None:
+            return token_event(tid)
+        chosen = lp.get(tid)
+        top = None
+        if k > 0:
+            top = {rev.tokenizer.decode([int(i)]): float(v.logprob) for i, v in lp.items()
+                   if v.rank is not None and v.rank <= k}
+        return token_event(tid, "", float(chosen.logprob) if chosen is not None else None, top)
+
+    def _prefilled(self, req: WorkerRequest, key: str, rev: VllmRevision, cached: int, seconds: float) -> None:
+        with self._lock:
+            r = self._requests.get(key)
+            if r is not None:
+                r.prefilled = True
+        computed = len(req.prompt) - cached
+        self.metrics.record_query(tenant=req.tenant, model=self.deployment, query_tokens=len(req.prompt),
+                                  lookup_hit_tokens=cached, load_success_tokens=cached, effective_hit_tokens=cached)
+        self.metrics.record_prefill(tenant=req.tenant, model=self.deployment, seconds=seconds, computed=computed,
+                                    skipped=cached)
+        if computed >= 128 and seconds > 0:
+            rate = computed / seconds
+            self._prefill_rate = rate if self._prefill_rate is None else 0.8 * self._prefill_rate + 0.2 * rate
+        if req.use_cache:
+            ns = rev.namespace(self.deployment, req.scope_salt)
+            hashes = chain_hashes(ns, req.prompt, rev.block_size, request_salt=request_salt(req.cache_salt))
+            self.blocks.stored(req.tenant, rev.label, hashes)
+
+    def _holding(self, tenant: str) -> int:  # AdmissionMixin.cancel_tenant waits for this to reach 0
+        with self._lock:
+            return sum(1 for r in self._requests.values() if r.tenant == tenant)
+
+    # ------------------------------------------------------------------ jobs
+    def _bump(self, tenant: str) -> list[str]:
+        """A tenant flush: every scope the tenant was seen in gets a new generation; the tenants seen in
+        those scopes (a share group) lose their recorded blocks with it."""
+        with self._lock:
+            keys = self._tenant_scopes.get(tenant, set())
+            for k in keys:
+                self._scope_gen[k] = self._scope_gen.get(k, 0) + 1
+                self._scope_gen.move_to_end(k)
+            while len(self._scope_gen) > _PROBE_MEMORY:
+                self._scope_gen.popitem(last=False)
+            return [t for t, ks in self._tenant_scopes.items() if ks & keys] or [tenant]
+
+    def flush(self, scope: dict) -> dict:
+        """``workers.engine_contract.ServingEngine.flush``: a new flush generation for the scope (its
+        next requests cannot reach what was cached before), vLLM's prefix cache reset for a model, a
+        revision or everything. L3-only scopes have nothing to delete on vLLM replicas."""
+        t0 = time.perf_counter()
+        kind = scope.get("scope")
+        freed = 0
+        if kind == "tenant":
+            tenants = set(self._bump(str(scope["tenant"])))
+            freed = self.blocks.flush(lambda owner, rev: owner in tenants)
+        elif kind in ("model", "all", "revision"):
+            label = scope.get("revision")
+            if kind != "revision" or label == self._active.label or label in self._staged:
+                with self._lock:
+                    self._generation += 1
+                for rev in (self._active, *self._staged.values()):
+                    if kind != "revision" or rev.label == label:
+                        self.loop.run(self._reset(rev), timeout=60)
+            freed = self.blocks.flush(lambda owner, rev: kind != "revision" or rev == label)
+        elif kind not in ("key_version", "tenant_l3", "l3_expire"):
+            raise ValueError(f"unknown flush scope {kind!r}")
+        return {"blocks_freed": freed, "tokens_dropped": freed * self._active.block_size,
+                "tiers": {"l1": freed, "l2": 0, "l3": 0}, "l3_bytes": 0, "bytes": freed * self._bytes_per_block(),
+                "seconds": round(time.perf_counter() - t0, 6)}
+
+    @staticmethod
+    async def _reset(rev: VllmRevision) -> bool:
+        return bool(await rev.engine.reset_prefix_cache()) if rev.engine is not None else True
+
+    def probe(self, scope: dict) -> dict:
+        """Blocks of ``scope`` this replica still records (0: its requests miss: every block cached
+        before the flush is under an older ``cache_salt``)."""
+        kind = scope.get("scope")
+        if kind == "tenant":
+            tenant = str(scope["tenant"])
+            remaining = self.blocks.count(lambda owner, rev: owner == tenant)
+        elif kind == "revision":
+            remaining = self.blocks.count(lambda owner, rev: rev == scope.get("revision"))
+        elif kind in ("model", "all"):
+            remaining = self.blocks.count()
+        else:
+            remaining = 0
+        return {"remaining_blocks": remaining, "ok": remaining == 0}
+
+    def stage_revision(self, revision: dict) -> dict:
+        """Start a second vLLM engine on the new revision (nothing serves from it yet)."""
+        label = str(revision["label"])
+        with self._lock:
+            if label == self._active.label or label in self._staged:
+                rev = self._active if label == self._active.label else self._staged[label]
+                return {"revision": label, "weight_digest": rev.weight_digest}
+        rev = self._start(revision)
+        with self._lock:
+            self._staged[label] = rev
+        return {"revision": label, "weight_digest": rev.weight_digest}
+
+    def switch_revision(self, label: str, *, drain_seconds: float = 10.0) -> dict:
+        """``ServingEngine.switch_revision``: new requests on the staged engine now, the old one's
+        drained until the deadline (the rest aborted, retryable), then the old engine shut down."""
+        with self._lock:
+            if self._active.label == label:
+                return {"switched": False, "revision": label, "aborted": 0, "blocks_freed": 0}
+            new = self._staged.pop(label, None)
+            if new is None:
+                raise ValueError(f"revision {label!r} is not staged on this worker")
+            old = self._active
+            self._active = new
+        deadline = time.monotonic() + drain_seconds
+        while time.monotonic() < deadline and self._running_of(old.label):
+            time.sleep(0.01)
+        aborted = self._running_of(old.label)
+        if aborted:
+            self._aborting.add(old.label)
+            while self._running_of(old.label):
+                time.sleep(0.01)
+            self._aborting.discard(old.label)
+        freed = self.blocks.flush(lambda owner, rev: rev == old.label)
+        old.shutdown()
+        return {"switched": True, "from": old.label, "revision": label, "aborted": aborted, "blocks_freed": freed}
+
+    def _running_of(self, label: str) -> int:
+        with self._lock:
+            return sum(1 for r in self._requests.values() if r.revision == label)
+
+    def drop_data_key(self, req: dict) -> dict:
+        """Nothing of a tenant is stored beyond vLLM's device cache here (no L3 yet)."""
+        return {"objects": 0, "bytes": 0}
+
+    # ------------------------------------------------------------------ KV API (the strata engine's)
+    def _no_kv(self, *args, **kwargs):
+        raise KVApiUnsupported("the KV API is served by deployments on the strata engine; this one runs vLLM")
+
+    kv_layout = kv_lookup = kv_store = kv_retrieve = _no_kv
+
+    def poison_free_blocks(self) -> int:
+        raise PermissionError("test hooks are not available on vLLM replicas")
+
+
+class _EngineFailed(CacheError):
+    code = "worker_failed"
