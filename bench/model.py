@@ -25,9 +25,9 @@ CPU: Strata at least 1.0x transformers in both. transformers is a bench/test-onl
 from __future__ import annotations
 
 import argparse
+import inspect
 import secrets
 import tempfile
-import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path

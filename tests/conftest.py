@@ -53,3 +53,15 @@ def admin_client(db) -> Client:
 def viewer_client(db) -> Client:
     """Django test client authenticated with a viewer operator token (``.token`` holds it)."""
     return _operator_client("viewer")
+
+
+@pytest.fixture(scope="session")
+def vllm_checkpoint(tmp_path_factory):
+    """``(path, hf model, tokenizer)``: a random Llama checkpoint vLLM's CPU build can run (head size
+    64), shared by the vLLM tests of the session (each engine start costs 15-25 s)."""
+    pytest.importorskip("vllm")
+    from tests.hf_checkpoints import VLLM_CPU_SHAPE, build_checkpoint
+
+    path = tmp_path_factory.mktemp("vllm-llama")
+    hf, tok = build_checkpoint("llama", path, seed=11, max_pos=512, **VLLM_CPU_SHAPE)
+    return path, hf, tok

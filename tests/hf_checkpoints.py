@@ -66,27 +66,45 @@ def _randomize(model, seed: int) -> None:
 
 
 KINDS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+# Architectures Strata's own engine refuses (cachecore/model/hf_config.py SUPPORTED_ARCHITECTURES) but vLLM
+# serves: MoE (mixtral, qwen3_moe), Gemma (scaled embeddings, (1 + w) norms, GeLU) and Phi-3 (fused
+# qkv/gate_up projections). Not in KINDS: the parity tests iterate over KINDS only.
+VLLM_ONLY_KINDS = ("mixtral", "qwen3_moe", "gemma", "phi3")
+# Shape arguments that vLLM's CPU attention accepts (head size 32, 64, 80, 96, 112, 128, ...; the default
+# dim 64 / 4 heads gives 16): dim 128, 2 heads, 1 KV head -> head_dim 64. Pass ``**VLLM_CPU_SHAPE``.
+VLLM_CPU_SHAPE = {"dim": 128, "heads": 2, "kv_heads": 1}
 
 
 def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 128, max_pos: int = 512, tie: bool = False,
-                     max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, **extra):
-    """Save a random ``kind`` checkpoint (one of ``KINDS``) with its tokenizer under ``path``; returns
-    ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size`` shards it;
-    ``extra`` goes into the config (e.g. ``attention_bias=True``)."""
+                     max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, experts: int = 4,
+                     top_k: int = 2, **extra):
+    """Save a random ``kind`` checkpoint (one of ``KINDS`` or ``VLLM_ONLY_KINDS``) with its tokenizer under
+    ``path``; returns ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size``
+    shards it; ``extra`` goes into the config (e.g. ``attention_bias=True``). The MoE kinds have
+    ``experts`` experts of width ``ffn``, ``top_k`` of them routed per token. For vLLM's CPU build pass
+    ``**VLLM_CPU_SHAPE`` (its attention needs head_dim 32, 64, 80, ...)."""
     from transformers import (
+        GemmaConfig,
+        GemmaForCausalLM,
         GenerationConfig,
         LlamaConfig,
         LlamaForCausalLM,
         MistralConfig,
         MistralForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        Phi3Config,
+        Phi3ForCausalLM,
         Qwen2Config,
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
-    tokenizer = train_tokenizer(bos=kind in ("llama", "llama3", "mistral"))
+    tokenizer = train_tokenizer(bos=kind in ("llama", "llama3", "mistral", "mixtral", "gemma", "phi3"))
     common = dict(vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=ffn, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=0,
@@ -103,11 +121,30 @@ def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, lay
         config, cls = Qwen2Config(**common, use_sliding_window=False), Qwen2ForCausalLM
     elif kind == "qwen3":
         config, cls = Qwen3Config(**common, head_dim=2 * dim // heads, use_sliding_window=False), Qwen3ForCausalLM
+    elif kind == "mixtral":
+        config, cls = MixtralConfig(**common, pad_token_id=tokenizer.pad_token_id, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0}, sliding_window=None, num_local_experts=experts,
+            num_experts_per_tok=top_k), MixtralForCausalLM
+    elif kind == "qwen3_moe":
+        config, cls = Qwen3MoeConfig(**common, pad_token_id=tokenizer.pad_token_id, use_sliding_window=False,
+                                     num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=ffn,
+                                     norm_topk_prob=True, decoder_sparse_step=1), Qwen3MoeForCausalLM
+    elif kind == "gemma":  # untied by default (as the others): tied, its sqrt(dim)-scaled embeddings make
+        # a random model repeat its last input token
+        config, cls = GemmaConfig(**common, pad_token_id=tokenizer.pad_token_id, head_dim=dim // heads,
+                                  hidden_act="gelu_pytorch_tanh"), GemmaForCausalLM
+    elif kind == "phi3":
+        config, cls = Phi3Config(**common, pad_token_id=tokenizer.pad_token_id), Phi3ForCausalLM
     else:
-        raise ValueError(f"unknown kind {kind!r}; known: {KINDS}")
+        raise ValueError(f"unknown kind {kind!r}; known: {KINDS + VLLM_ONLY_KINDS}")
     torch.manual_seed(seed)
     model = cls(config).eval()
     _randomize(model, seed)
+    if kind == "gemma":  # Gemma's RMSNorm scales by (1 + weight): keep the scale near 1 as for the others
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.sub_(1.0)
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=common["eos_token_id"],
                                                pad_token_id=tokenizer.pad_token_id, do_sample=False)
     path.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,6 @@
-"""The Ray actor: a thin, named, detached wrapper around :class:`CacheWorker`.
+"""The Ray actor: a thin, named, detached wrapper around a replica's engine — :class:`CacheWorker`
+(Strata's reference engine) or :class:`workers.vllm_worker.VllmWorker` (vLLM), chosen by the
+deployment's ``engine``; both keep ``workers.engine_contract.ServingEngine``.
 
 ``import ray`` happens only inside the functions that need it, so this module (and the plain class)
 import without Ray. The actor is made remote at the call site (``launch``); where it runs is
@@ -6,7 +8,9 @@ import without Ray. The actor is made remote at the call site (``launch``); wher
 ``strata_worker`` when some node advertises it (worker nodes join with ``ray start --address ...
 --resources '{"strata_worker": 8}'``, so cache workers stay off the web/Celery head node), and
 anywhere (the head, the single-machine ``make run``) when none does. A deployment's replicas are
-spread over the nodes (``scheduling_strategy="SPREAD"``).
+spread over the nodes (``scheduling_strategy="SPREAD"``). A vLLM replica with
+``tensor_parallel_size`` tp > 1 asks for tp GPUs: one actor's resources always come from one node,
+and vLLM spreads the model over the GPUs Ray gave it (``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -24,11 +28,25 @@ def actor_name(deployment: str, replica: int = 0) -> str:
     return f"cache-worker:{deployment}:{replica}"
 
 
+def build_worker(*, engine: str = "strata", tensor_parallel_size: int = 1, **kwargs):
+    """The replica's engine: ``CacheWorker`` or ``VllmWorker`` (imported only when asked for)."""
+    if engine == "vllm":
+        from workers.vllm_worker import VllmWorker
+
+        return VllmWorker(tensor_parallel_size=tensor_parallel_size, **kwargs)
+    if engine != "strata":
+        raise ValueError(f"unknown engine {engine!r}; known: strata, vllm")
+    if tensor_parallel_size != 1:
+        raise ValueError("the strata engine runs on one device: tensor_parallel_size must be 1")
+    return CacheWorker(**kwargs)
+
+
 class CacheWorkerActor:
-    """Delegates every call to one CacheWorker. ``stream`` is a Ray streaming generator."""
+    """Delegates every call to one replica engine (``build_worker``). ``stream`` is a Ray streaming
+    generator."""
 
     def __init__(self, **kwargs) -> None:
-        self.worker = CacheWorker(**kwargs)
+        self.worker = build_worker(**kwargs)
 
     def stream(self, req: dict) -> Iterator[dict]:
         yield from self.worker.stream(req)
@@ -54,19 +72,23 @@ for _name in _DELEGATED:
     setattr(CacheWorkerActor, _name, _delegate(_name))
 
 
-def placement(cluster_resources: dict) -> dict:
+def placement(cluster_resources: dict, tensor_parallel_size: int = 1) -> dict:
     """Ray actor options placing one cache worker, from ``ray.cluster_resources()`` (see the module
-    docstring): ``num_gpus`` and, on CPU clusters with worker nodes, ``resources``."""
+    docstring): ``num_gpus`` (``tensor_parallel_size`` of them on GPU clusters) and, on CPU clusters
+    with worker nodes, ``resources``."""
     if cluster_resources.get("GPU", 0) >= 1:
-        return {"num_gpus": 1, "scheduling_strategy": "SPREAD"}
+        return {"num_gpus": max(1, int(tensor_parallel_size)), "scheduling_strategy": "SPREAD"}
     if cluster_resources.get(WORKER_RESOURCE, 0) >= 1:
         return {"num_gpus": 0, "resources": {WORKER_RESOURCE: 1}, "scheduling_strategy": "SPREAD"}
     return {"num_gpus": 0, "scheduling_strategy": "SPREAD"}
 
 
-def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **worker_kwargs):
+def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, engine: str = "strata",
+           tensor_parallel_size: int = 1, **worker_kwargs):
     """Return the named actor for (deployment, replica), creating it (detached) if it does not exist."""
     import ray
+
+    worker_kwargs.update(engine=engine, tensor_parallel_size=tensor_parallel_size)  # build_worker's choice
 
     # Test hooks (poisoning free pages) exist only where the test suite asks for them.
     worker_kwargs.setdefault("test_hooks", os.environ.get("STRATA_TEST_HOOKS") == "1")
@@ -77,7 +99,7 @@ def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, **
         lifetime="detached",
         get_if_exists=True,
         num_cpus=0,
-        **placement(ray.cluster_resources()),
+        **placement(ray.cluster_resources(), tensor_parallel_size),
         max_concurrency=MAX_CONCURRENCY,
     ).remote(deployment=deployment, preset=preset, revision=revision, replica=replica, **worker_kwargs)
 

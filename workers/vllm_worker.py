@@ -67,6 +67,7 @@ START_TIMEOUT_S = 900.0  # a vLLM engine start (weights, compile) on a slow CPU
 _END = object()
 _POLL_S = 0.05  # how often a waiting stream checks for cancellation
 _PROBE_MEMORY = 4096  # scopes remembered for flush generations
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
 class RevisionChanged(CacheError):
@@ -333,7 +334,9 @@ class VllmWorker(AdmissionMixin):
         return SamplingParams(
             max_tokens=req.max_tokens, temperature=temperature,
             seed=req.seed if temperature > 0 and req.seed is not None else None,
-            logprobs=req.logprobs, detokenize=False, output_kind=RequestOutputKind.DELTA,
+            # a few more than asked: tokens whose texts coincide (parts of one character) share a key
+            logprobs=None if req.logprobs is None else min(MAX_LOGPROBS, req.logprobs + 5 if req.logprobs else 0),
+            detokenize=False, output_kind=RequestOutputKind.DELTA,
         )
 
     def _stream(self, req: WorkerRequest, key: str, rev: VllmRevision) -> Iterator[dict]:
@@ -420,8 +423,12 @@ class VllmWorker(AdmissionMixin):
         chosen = lp.get(tid)
         top = None
         if k > 0:
-            top = {rev.tokenizer.decode([int(i)]): float(v.logprob) for i, v in lp.items()
-                   if v.rank is not None and v.rank <= k}
+            top = {}
+            ranked = sorted((v.rank, i, v.logprob) for i, v in lp.items() if v.rank is not None)
+            for _, i, logprob in ranked:
+                top.setdefault(rev.tokenizer.decode([int(i)]), float(logprob))
+                if len(top) == k:
+                    break
         return token_event(tid, "", float(chosen.logprob) if chosen is not None else None, top)
 
     def _prefilled(self, req: WorkerRequest, key: str, rev: VllmRevision, cached: int, seconds: float) -> None:

@@ -82,8 +82,9 @@ class FakeActors:
     def find(self, deployment, replica=0):
         return self.alive.get(replica)
 
-    def launch(self, deployment, preset, revision, *, replica=0):
+    def launch(self, deployment, preset, revision, *, replica=0, **options):
         self.launched.append(replica)
+        self.options = options  # engine, tensor_parallel_size
         self.revisions.append(revision["label"])
         self.alive[replica] = FakeHandle(f"r{replica}-new")
         return self.alive[replica]

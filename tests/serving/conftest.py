@@ -54,6 +54,8 @@ class Platform:
     keys: dict[str, str]
     tenants: dict
     deployment: object
+    engine: str = "strata"
+    block_size: int = 16  # the engine's cache block (vLLM's CPU build: 32)
 
     def client(self, tenant: str):
         import openai
@@ -64,17 +66,42 @@ class Platform:
 MODEL = "tiny-serve"
 
 
-@pytest.fixture
-def platform(asgi_url, transactional_db, actor):
-    from controlplane.registry.services import model_create
+def _platform(asgi_url, actor, deployment, *, engine: str = "strata", block_size: int = 16) -> Platform:
     from controlplane.tenants.access import grant_create
     from controlplane.tenants.services import api_key_create, tenant_create
 
-    deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
     tenants, keys = {}, {}
     for slug in ("acme", "globex", "initech"):
         tenant = tenant_create(actor=actor, slug=slug, name=slug.title())
         grant_create(actor=actor, tenant=tenant, deployment=deployment)
         tenants[slug] = tenant
         keys[slug] = api_key_create(actor=actor, tenant=tenant)[1]
-    return Platform(url=asgi_url, model=MODEL, keys=keys, tenants=tenants, deployment=deployment)
+    return Platform(url=asgi_url, model=deployment.name, keys=keys, tenants=tenants, deployment=deployment,
+                    engine=engine, block_size=block_size)
+
+
+@pytest.fixture
+def platform(asgi_url, transactional_db, actor):
+    from controlplane.registry.services import model_create
+
+    deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
+    return _platform(asgi_url, actor, deployment)
+
+
+VLLM_MODEL = "tiny-serve-vllm"
+
+
+@pytest.fixture(params=["strata", "vllm"])
+def engine_platform(request, asgi_url, transactional_db, actor):
+    """The serving platform on each engine: the tiny preset on Strata's engine, and a random Llama
+    checkpoint on vLLM (its replica actor keeps running between tests: one engine start per session).
+    The suites that take this fixture run unchanged against both."""
+    from controlplane.registry.services import model_create
+
+    if request.param == "strata":
+        deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
+        return _platform(asgi_url, actor, deployment)
+    path = request.getfixturevalue("vllm_checkpoint")[0]
+    deployment = model_create(actor=actor, name=VLLM_MODEL, preset="", revision={"label": "r1", "path": str(path)},
+                              engine="vllm")
+    return _platform(asgi_url, actor, deployment, engine="vllm", block_size=32)

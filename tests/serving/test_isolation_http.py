@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 PREFIX = "Confidential board minutes of the acquisition, page one. " * 5
+
+
+@pytest.fixture
+def platform(engine_platform):
+    """Every test here runs on both engines (``engine_platform``)."""
+    return engine_platform
 
 
 def _cached(platform, tenant: str, prompt: str, **extra) -> int:

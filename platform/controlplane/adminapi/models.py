@@ -17,6 +17,7 @@ def create_model(request, payload: ModelCreateIn):
     deployment = services.model_create(
         actor=actor_of(request), name=payload.name, preset=payload.preset or "",
         revision=payload.revision.model_dump(), architecture=payload.architecture, tokenizer=payload.tokenizer,
+        engine=payload.engine, tensor_parallel_size=payload.tensor_parallel_size,
     )
     if payload.replicas != deployment.replicas:
         services.model_set_replicas(actor=actor_of(request), deployment=deployment, replicas=payload.replicas)
@@ -25,9 +26,14 @@ def create_model(request, payload: ModelCreateIn):
 
 @router.patch("models/{name}", response=ModelOut)
 def patch_model(request, name: str, payload: ModelPatchIn):
-    """Scale a deployment: ``replicas`` 1..16. Up starts replicas; down drains the extra ones."""
-    services.model_set_replicas(actor=actor_of(request), deployment=selectors.model_get(name=name),
-                                replicas=payload.replicas, reason=payload.reason)
+    """Scale a deployment: ``replicas`` 1..16. Up starts replicas; down drains the extra ones.
+    ``engine`` is fixed at creation: the current value is accepted, another is 409 ``engine_fixed``."""
+    deployment = selectors.model_get(name=name)
+    if payload.engine is not None:
+        services.model_check_engine(deployment=deployment, engine=payload.engine)
+    if payload.replicas is not None:
+        services.model_set_replicas(actor=actor_of(request), deployment=deployment, replicas=payload.replicas,
+                                    reason=payload.reason)
     return model_out(selectors.model_get(name=name))
 
 

@@ -44,7 +44,8 @@ def model_out(deployment: ModelDeployment) -> dict[str, Any]:
     active = next((r.label for r in revisions if r.pk == active_id), None)
     return {
         "name": deployment.name, "preset": deployment.preset, "architecture": deployment.architecture,
-        "tokenizer": deployment.tokenizer, "replicas": deployment.replicas, "active_revision": active,
+        "tokenizer": deployment.tokenizer, "replicas": deployment.replicas, "engine": deployment.engine,
+        "tensor_parallel_size": deployment.tensor_parallel_size, "active_revision": active,
         "revisions": [revision_out(r, active_id) for r in revisions], "created": deployment.created,
     }
 

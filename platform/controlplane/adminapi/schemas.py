@@ -13,6 +13,7 @@ from typing import Literal
 from ninja import Schema
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from controlplane.registry.engines import MAX_TENSOR_PARALLEL
 from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
 from controlplane.registry.services import MAX_REPLICAS
 from controlplane.tenants.models import RETENTION_MAX_SECONDS, SLUG_PATTERN
@@ -163,6 +164,10 @@ class ModelCreateIn(StrictIn):
     architecture: str = Field(default="llama", max_length=32)
     tokenizer: str = Field(default="byte", min_length=1, max_length=64)
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    engine: Literal["strata", "vllm"] | None = Field(default=None, description=(
+        "serving engine; omitted: vllm for a checkpoint vLLM can serve here, else strata (presets: strata)"))
+    tensor_parallel_size: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL, description=(
+        "GPUs of one node per replica (vllm only; above 1 the Ray cluster must have such a node)"))
 
     @model_validator(mode="after")
     def _preset_or_path(self) -> ModelCreateIn:
@@ -172,8 +177,16 @@ class ModelCreateIn(StrictIn):
 
 
 class ModelPatchIn(StrictIn):
-    replicas: int = Field(ge=1, le=MAX_REPLICAS)
+    replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    engine: Literal["strata", "vllm"] | None = Field(default=None, description=(
+        "fixed at creation: only the current value is accepted (another is 409 engine_fixed)"))
     reason: str = Field(default="", max_length=500)
+
+    @model_validator(mode="after")
+    def _something(self) -> ModelPatchIn:
+        if self.replicas is None and self.engine is None:
+            raise ValueError("give 'replicas' (or 'engine', which cannot change)")
+        return self
 
 
 class RevisionOut(Schema):
@@ -193,6 +206,8 @@ class ModelOut(Schema):
     architecture: str
     tokenizer: str
     replicas: int
+    engine: str
+    tensor_parallel_size: int
     active_revision: str | None
     revisions: list[RevisionOut]
     created: datetime

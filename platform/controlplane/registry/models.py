@@ -4,7 +4,9 @@ A revision's weights come from exactly one source: a ``seed`` (demo/test weights
 name + label + seed), a ``weights_path`` (safetensors file of a preset's layout) or a
 ``checkpoint_path`` (a Hugging Face checkpoint directory: config, safetensors, tokenizer, chat
 template). ``digest`` identifies the weights and goes into the cache namespace, so a new revision
-never hits the old one's cache. A deployment runs ``replicas`` cache workers.
+never hits the old one's cache. A deployment runs ``replicas`` cache workers, each serving through
+its ``engine`` (``strata`` or ``vllm``, chosen at creation: ``registry.engines``) over
+``tensor_parallel_size`` devices.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ label_validator = RegexValidator(LABEL_PATTERN, "use 1-64 characters A-Z, a-z, 0
 
 
 class ModelDeployment(models.Model):
+    class Engine(models.TextChoices):
+        STRATA = "strata", "Strata"
+        VLLM = "vllm", "vLLM"
+
     name = models.CharField(max_length=100, unique=True, validators=[name_validator])
     preset = models.CharField(max_length=32)
     architecture = models.CharField(max_length=32, default="llama")
     tokenizer = models.CharField(max_length=64, default="byte")
     replicas = models.PositiveSmallIntegerField(default=1)
+    engine = models.CharField(max_length=16, choices=Engine.choices, default=Engine.STRATA)
+    tensor_parallel_size = models.PositiveSmallIntegerField(default=1)
     active_revision = models.ForeignKey(
         "ModelRevision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

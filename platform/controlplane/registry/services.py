@@ -9,6 +9,10 @@ checkpoint revisions (a Hugging Face directory, ``path``) are validated by
 record its weight digest. Digests are computed before the transaction opens so no lock is held while a
 file is hashed. A checkpoint deployment has no preset (``preset == ""``); its architecture is the
 checkpoint's, and every revision must keep the KV layout of the deployment's first one.
+
+A deployment's ``engine`` (``strata`` | ``vllm``) and ``tensor_parallel_size`` are chosen at creation
+by the rules of ``registry.engines`` and fixed after; a ``vllm`` deployment's checkpoints are inspected
+generically (``inspect_checkpoint(..., engine="vllm")``: any architecture vLLM serves).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from cachecore.model.hf_weights import sha256_file
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.registry import engines
 from controlplane.registry.models import ModelDeployment, ModelRevision, label_validator, name_validator
 
 ARCHITECTURES = ("llama",)
@@ -57,10 +62,10 @@ def _weights_file(weights_path: str) -> Path:
     return path
 
 
-def _checkpoint(path: Any):
-    """``inspect_checkpoint`` of ``path`` (inside ``STRATA_WEIGHTS_ROOT`` when set, every file in it
-    too, symlinks followed); 422 with the reason (``invalid_checkpoint``) for a missing directory, an
-    unsupported architecture, bad files, a file resolving outside the root."""
+def _checkpoint(path: Any, engine: str = engines.STRATA, *, digest: bool = True):
+    """``inspect_checkpoint`` of ``path`` for ``engine`` (inside ``STRATA_WEIGHTS_ROOT`` when set,
+    every file in it too, symlinks followed); 422 with the reason (``invalid_checkpoint``) for a missing
+    directory, an unsupported architecture, bad files, a file resolving outside the root."""
     from cachecore.model.checkpoint import inspect_checkpoint
     from cachecore.model.hf_config import CheckpointError, weights_root
 
@@ -70,13 +75,39 @@ def _checkpoint(path: Any):
         raise InvalidInput(f"path must be inside {root}", code="invalid_checkpoint")
     try:
         with weights_root(root):
-            return inspect_checkpoint(resolved)
+            return inspect_checkpoint(resolved, digest=digest, engine=engine)
     except CheckpointError as exc:
         raise InvalidInput(str(exc), code="invalid_checkpoint") from None
 
 
+def _with_digest(info):
+    """``info`` (inspected with ``digest=False``) with its weight digest: hashed once, after the engine
+    is chosen."""
+    from dataclasses import replace
+
+    from cachecore.model.hf_weights import checkpoint_digest
+
+    return replace(info, digest=checkpoint_digest(Path(info.path)))
+
+
+def _checkpoint_for(path: Any, engine: str):
+    """A new revision's checkpoint for a deployment served by ``engine``: inspected for it; for
+    ``vllm`` also vLLM installed and able to serve it (``engines.vllm_refusal``), else 422."""
+    if engine == engines.VLLM:
+        missing = engines.vllm_missing()
+        if missing:
+            raise InvalidInput(f"this model is served by engine 'vllm': {missing}", code="invalid_engine")
+        info = _checkpoint(path, engine)
+        refusal = engines.vllm_refusal(info.config)
+        if refusal:
+            raise InvalidInput(f"engine 'vllm' cannot serve this checkpoint here: {refusal}", code="invalid_engine")
+        return info
+    return _checkpoint(path, engine)
+
+
 def _revision_source(
     *, model_name: str, preset: str, label: str, seed: Any, weights_path: Any, path: Any = None,
+    engine: str = engines.STRATA,
 ) -> tuple[int | None, str | None, str | None, str]:
     """Validate the weights source; return ``(seed, resolved weights_path, checkpoint directory, digest)``."""
     _validate(label_validator, label, "label")
@@ -86,7 +117,7 @@ def _revision_source(
         if preset:
             raise InvalidInput(f"this model runs preset {preset!r}; a checkpoint 'path' needs a model created "
                                "from a checkpoint", code="invalid_revision_source")
-        info = _checkpoint(path)
+        info = _checkpoint_for(path, engine)
         return None, None, info.path, info.digest
     if not preset:
         raise InvalidInput("this model serves a checkpoint directory: give the revision a 'path'",
@@ -121,14 +152,18 @@ def model_create(
     revision: Mapping[str, Any],
     architecture: str = "llama",
     tokenizer: str = "byte",
+    engine: str | None = None,
+    tensor_parallel_size: int = 1,
 ) -> ModelDeployment:
     """Create a deployment with its first revision, which becomes active.
 
     A revision with a checkpoint ``path`` takes no preset: the architecture comes from its
-    ``config.json`` and the tokenizer is the checkpoint's (``"hf"``).
+    ``config.json`` and the tokenizer is the checkpoint's (``"hf"``). ``engine`` (None: the default)
+    and ``tensor_parallel_size`` follow the rules of ``registry.engines``; both are audited.
 
     Raises InvalidInput (bad name/label, unknown preset or architecture, not exactly one weights
-    source, unreadable file, unusable checkpoint) or Conflict (name taken).
+    source, unreadable file, unusable checkpoint, an engine or tensor parallel size that cannot serve
+    it), Unavailable (``tensor_parallel_size`` > 1 and Ray unreachable) or Conflict (name taken).
     """
     _validate(name_validator, name, "name")
     label = str(revision.get("label") or "")
@@ -139,14 +174,19 @@ def model_create(
         _validate(label_validator, label, "label")
         if revision.get("seed") is not None or revision.get("weights_path") is not None:
             raise InvalidInput("give exactly one of 'seed', 'weights_path' or 'path'", code="invalid_revision_source")
-        info = _checkpoint(revision["path"])
-        architecture, tokenizer = info.config.model_type, "hf"
+        engine, info = engines.checkpoint_engine(
+            engine, lambda which: _checkpoint(revision["path"], which, digest=False))
+        tensor_parallel_size = engines.check_tensor_parallel(engine, tensor_parallel_size)
+        info = _with_digest(info)
+        architecture, tokenizer = info.config.model_type[:32], "hf"
         seed, weights_path, checkpoint_path, digest = None, None, info.path, info.digest
     else:
         if not preset:
             raise InvalidInput("give a preset (or a checkpoint 'path' for the revision)", code="unknown_preset")
         if architecture not in ARCHITECTURES:
             raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
+        engine = engines.preset_engine(engine)
+        tensor_parallel_size = engines.check_tensor_parallel(engine, tensor_parallel_size)
         seed, weights_path, checkpoint_path, digest = _revision_source(
             model_name=name, preset=preset, label=label, seed=revision.get("seed"),
             weights_path=revision.get("weights_path"),
@@ -155,7 +195,8 @@ def model_create(
         if ModelDeployment.objects.filter(name=name).exists():
             raise Conflict(f"model {name!r} already exists")
         deployment = ModelDeployment.objects.create(
-            name=name, preset=preset, architecture=architecture, tokenizer=tokenizer
+            name=name, preset=preset, architecture=architecture, tokenizer=tokenizer, engine=engine,
+            tensor_parallel_size=tensor_parallel_size,
         )
         first = ModelRevision.objects.create(
             deployment=deployment, label=label, seed=seed, weights_path=weights_path,
@@ -166,7 +207,7 @@ def model_create(
         audit_record(
             actor=actor, action="model.create", target=name,
             new={"name": name, "preset": preset, "architecture": architecture, "tokenizer": tokenizer,
-                 "revision": _revision_view(first)},
+                 "engine": engine, "tensor_parallel_size": tensor_parallel_size, "revision": _revision_view(first)},
         )
     return deployment
 
@@ -177,13 +218,14 @@ def revision_create(
 ) -> ModelRevision:
     """Add a revision (not active: switching is the rollout job's ``model_activate_revision``).
 
-    A checkpoint revision must keep the deployment's KV layout (layers, KV heads, head size, dtype):
-    its workers' pages are built for it. Raises InvalidInput (see ``model_create``) or Conflict
-    (label taken for this deployment).
+    A checkpoint revision is inspected for the deployment's engine and must keep the deployment's
+    architecture and KV layout (layers, KV heads, head size, dtype): its workers' pages are built for
+    it. Raises
+    InvalidInput (see ``model_create``) or Conflict (label taken for this deployment).
     """
     seed, weights_path, checkpoint_path, digest = _revision_source(
         model_name=deployment.name, preset=deployment.preset, label=label, seed=seed, weights_path=weights_path,
-        path=path,
+        path=path, engine=deployment.engine,
     )
     if checkpoint_path is not None:
         _check_same_layout(deployment, checkpoint_path)
@@ -208,11 +250,15 @@ def _check_same_layout(deployment: ModelDeployment, checkpoint_path: str) -> Non
     first = deployment.revisions.exclude(checkpoint_path=None).order_by("pk").first()
     if first is None:
         return
-    new = inspect_checkpoint(checkpoint_path, digest=False)
+    new = inspect_checkpoint(checkpoint_path, digest=False, engine=deployment.engine)
     try:
-        old = inspect_checkpoint(first.checkpoint_path, digest=False)
+        old = inspect_checkpoint(first.checkpoint_path, digest=False, engine=deployment.engine)
     except CheckpointError:
         return  # the old directory is gone: nothing to compare with (its workers hold their pages)
+    if new.config.architecture != old.config.architecture:
+        raise InvalidInput(
+            f"checkpoint's architecture {new.config.architecture} differs from model {deployment.name!r}'s "
+            f"{old.config.architecture}; serve it as a new model", code="invalid_checkpoint")
     if new.layout_key() != old.layout_key():
         raise InvalidInput(
             f"checkpoint's KV layout (layers, KV heads, head size, dtype) {new.layout_key()} differs from "
@@ -274,3 +320,14 @@ def model_set_replicas(
             transaction.on_commit(lambda: gateway.apply_scale(spec))
     deployment.replicas = replicas
     return locked
+
+
+def model_check_engine(*, deployment: ModelDeployment, engine: str) -> ModelDeployment:
+    """A change of ``deployment``'s engine: none is possible (the engine is chosen when the deployment
+    is created, and its replicas, revisions and cache are built for it), so naming another engine is a
+    Conflict (409 ``engine_fixed``); naming the current one changes nothing (no event)."""
+    engines.check_engine_name(engine)
+    if engine != deployment.engine:
+        raise Conflict(f"model {deployment.name!r} is served by engine {deployment.engine!r}; the engine is "
+                       "chosen when the deployment is created: create a new deployment", code="engine_fixed")
+    return deployment

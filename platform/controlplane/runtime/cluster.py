@@ -43,6 +43,8 @@ class WorkerSpec:
     preset: str
     revision: dict  # {"label"} and one of "seed", "weights_path", "checkpoint_path"
     replicas: int = 1
+    engine: str = "strata"  # "strata" | "vllm" (registry.engines)
+    tensor_parallel_size: int = 1  # devices of one replica (vllm only)
 
 
 def revision_source(rev) -> dict:
@@ -58,7 +60,8 @@ def revision_source(rev) -> dict:
 def spec_for(deployment) -> WorkerSpec:
     """The worker spec of a registry ``ModelDeployment`` at its active revision."""
     return WorkerSpec(deployment=deployment.name, preset=deployment.preset,
-                      revision=revision_source(deployment.active_revision), replicas=deployment.replicas)
+                      revision=revision_source(deployment.active_revision), replicas=deployment.replicas,
+                      engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size)
 
 
 def join():

@@ -200,7 +200,8 @@ class ReplicaSet:
 
     def _launch(self, index: int) -> Any:
         spec = self.spec
-        return self._actor.launch(self.deployment, spec.preset, dict(spec.revision), replica=index)
+        return self._actor.launch(self.deployment, spec.preset, dict(spec.revision), replica=index,
+                                  engine=spec.engine, tensor_parallel_size=spec.tensor_parallel_size)
 
     def start_all(self) -> list[Any]:
         """Find or launch every configured replica (launched in parallel), wait until each answers;

@@ -4,7 +4,9 @@ renders chats, and its limits.
 Preset revisions: the byte tokenizer, ChatML and the preset's sizes. Checkpoint revisions: the
 checkpoint's own tokenizer, chat template and ``config.json`` sizes, loaded from its directory by the
 same code the worker uses (``cachecore.model.checkpoint.inspect_checkpoint``) and cached per revision
-(a new revision, even of unchanged weights, is read anew: its template may have changed).
+(a new revision, even of unchanged weights, is read anew: its template may have changed). A ``vllm``
+deployment's checkpoint is inspected for that engine (``engine="vllm"``: config.json read generically,
+so architectures Strata's engine refuses tokenize, template and bound requests the same way).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def model_facts(deployment: ModelDeployment) -> ModelFacts:
     if not rev.checkpoint_path:
         config = preset(deployment.preset)
         return ModelFacts(BYTE_TOKENIZER, BYTE_CHAT, config.vocab_size, config.max_seq_len, config.kv_layout())
-    key = (rev.pk, rev.checkpoint_path, rev.digest)
+    key = (rev.pk, rev.checkpoint_path, rev.digest, deployment.engine)
     facts = _facts.get(key)
     if facts is None:
         from django.conf import settings
@@ -60,7 +62,7 @@ def model_facts(deployment: ModelDeployment) -> ModelFacts:
 
         try:
             with weights_root(settings.STRATA_WEIGHTS_ROOT):  # no file of it may lead outside the root
-                info = inspect_checkpoint(rev.checkpoint_path, digest=False)
+                info = inspect_checkpoint(rev.checkpoint_path, digest=False, engine=deployment.engine)
         except CheckpointError as exc:
             raise Unavailable(f"model '{deployment.name}' cannot be served: {exc}", retry_after=30) from None
         model = info.config.model

@@ -62,11 +62,13 @@ class RevisionForm(forms.Form):
 class ModelCreateForm(RevisionForm):
     """A new deployment and its first revision (which becomes active)."""
 
-    field_order = ["name", "preset", "label", "seed", "weights_path", "path"]
+    field_order = ["name", "preset", "engine", "label", "seed", "weights_path", "path"]
 
     name = forms.CharField(max_length=100, validators=[name_validator],
                            widget=forms.TextInput(attrs={"placeholder": "tiny-llama", "size": 18}))
     preset = forms.ChoiceField(required=False)
+    engine = forms.ChoiceField(required=False, initial="", choices=[("", "auto"), ("strata", "strata"),
+                                                                    ("vllm", "vLLM")])
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -79,6 +81,7 @@ class ModelCreateForm(RevisionForm):
         self.fields["seed"].help_text = "demo weights derived from the seed"
         self.fields["weights_path"].help_text = "or a safetensors file on the workers' disk"
         self.fields["path"].help_text = "or a Hugging Face checkpoint directory (no preset: its config.json)"
+        self.fields["engine"].help_text = "auto: vLLM for a checkpoint it serves here, else strata"
 
 
 class RolloutForm(forms.Form):

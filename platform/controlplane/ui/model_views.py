@@ -72,7 +72,7 @@ def _actor(request: HttpRequest):
 # ---------------------------------------------------------------------- models
 REVISION_ERRORS = {"invalid_weights_path": "weights_path", "invalid_revision_source": "seed", "conflict": "label",
                    "invalid_checkpoint": "path"}
-MODEL_ERRORS = {**REVISION_ERRORS, "unknown_preset": "preset", "conflict": "name"}
+MODEL_ERRORS = {**REVISION_ERRORS, "unknown_preset": "preset", "conflict": "name", "invalid_engine": "engine"}
 ROLLOUT_ERRORS = {"revision_not_found": "revision", "already_active": "revision"}
 
 
@@ -104,16 +104,18 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
 @require_http_methods(["GET", "POST"])
 def models(request: HttpRequest) -> HttpResponse:
     """GET: every deployment and its revisions; POST (admin): create a deployment and its first
-    revision (``model_create``, audited ``model.create``)."""
+    revision (``model_create``, audited ``model.create``), on the engine chosen (``auto``: the
+    default rule of ``registry.engines``)."""
     if request.method != "POST":
         return _models_page(request)
     form = ModelCreateForm(request.POST, auto_id="id_new_%s")
     deployment, status = submit(request, form, lambda d: model_create(
-        actor=_actor(request), name=d["name"], preset=d["preset"] or "", revision=form.revision_kwargs()),
-        MODEL_ERRORS)
+        actor=_actor(request), name=d["name"], preset=d["preset"] or "", revision=form.revision_kwargs(),
+        engine=d.get("engine") or None), MODEL_ERRORS)
     if deployment is None:
         return _models_page(request, status, bound={"create": form})
     source = f"preset {deployment.preset}" if deployment.preset else f"{deployment.architecture} checkpoint"
+    source += f", engine {deployment.engine}"
     messages.success(request, f"Created model {deployment.name} ({source}); "
                               f"revision {deployment.active_revision.label} is active. Grant it to tenants.")
     return redirect(f"{reverse('ui:models')}#m-{deployment.name}")

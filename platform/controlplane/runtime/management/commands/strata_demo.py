@@ -7,7 +7,8 @@ Creates what is missing, never duplicates (safe to run on every start):
 - tenants ``acme`` and ``globex`` with one API key each (named ``demo``);
 - the model deployment ``demo-small`` (preset ``small``, revision ``r1`` seed 1), granted to both;
   with ``--model-path DIR`` (default ``$STRATA_DEMO_MODEL``) instead ``demo-hf``, serving the Hugging
-  Face checkpoint directory DIR (revision ``r1``) with its own tokenizer and chat template.
+  Face checkpoint directory DIR (revision ``r1``) with its own tokenizer and chat template, on the
+  default engine (``registry.engines``: vLLM when installed and able to serve it here, else strata).
 
 Secrets are printed when they are created and stored nowhere in clear (keys and tokens are kept as
 digests, the password as Django's hash), so a later run shows prefixes only; ``--rotate`` revokes
@@ -140,7 +141,8 @@ class Command(BaseCommand):
         deployment = ModelDeployment.objects.filter(name=self.model["name"]).first()
         if deployment is None:
             deployment = model_create(actor=actor, **self.model)
-            out.created.append(f"model {self.model['name']} ({self._model_source()}, revision r1)")
+            out.created.append(f"model {self.model['name']} ({self._model_source()}, engine {deployment.engine}, "
+                               "revision r1)")
         return deployment
 
     def _model_source(self) -> str:
