@@ -5,11 +5,17 @@
         handle = p.actor()                          # the deployment's Ray actor (what the server calls)
         req = p.worker_request(0, {...})            # the exact worker request the server would build
 
+    with throwaway_platform(preset=None, tenants=4) as p:   # no deployment yet: add checkpoints yourself
+        dep = p.add_model("m", revision={"label": "r1", "path": str(ckpt)}, engine="vllm")
+        ...                                         # p.model is now "m"; every tenant is granted it
+        p.stop_model(dep)                           # its replica stopped (a vLLM engine shut down first)
+
 What it sets up, in this process: a temporary ``STRATA_HOME`` (SQLite database, secret key, Ray's
 session files), ``DJANGO_SETTINGS_MODULE=controlplane.settings.local``, ``django.setup()`` and the
 migrations, a local Ray head (``address="local"``: never joins another engineer's cluster), one model
-deployment with its worker actor already started, ``tenants`` tenants each with an API key and a
-grant, and uvicorn serving ``controlplane.asgi:application`` in a thread on a free port. Leaving the
+deployment with its worker actor already started (none with ``preset=None``; ``Platform.add_model``
+adds deployments, ``Platform.stop_model`` stops one's replica), ``tenants`` tenants each with an API
+key and a grant, and uvicorn serving ``controlplane.asgi:application`` in a thread on a free port. Leaving the
 block stops the server, shuts Ray down (the detached actor dies with the local head) and removes the
 temporary directory.
 
@@ -52,6 +58,67 @@ class Platform:
     keys: list[str]
     server: Any = field(repr=False)
     block_size: int = 16
+
+    def add_model(self, name: str, *, revision: dict, engine: str | None = None, preset: str = "",
+                  start_timeout: float = 900.0):
+        """Create deployment ``name`` (``registry.services.model_create``: a checkpoint revision
+        ``{"label", "path"}`` with ``preset=""``, or a preset with ``{"label", "seed"}``) on ``engine``,
+        grant it to every tenant, start its worker (waits for the weights or the vLLM engine) and make
+        it this platform's ``model`` / ``deployment`` / ``block_size``. Returns the deployment."""
+        import ray
+
+        from controlplane.common.actor import Actor
+        from controlplane.common.errors import Unavailable
+        from controlplane.registry.services import model_create
+        from controlplane.runtime import gateway
+        from controlplane.tenants.access import grant_create
+        from workers.actor import find
+
+        actor = Actor.system("bench")
+        deployment = model_create(actor=actor, name=name, preset=preset, revision=revision, engine=engine)
+        for tenant in self.tenants:
+            grant_create(actor=actor, tenant=tenant, deployment=deployment)
+        deadline = time.monotonic() + start_timeout
+        while True:  # the gateway waits CREATE_TIMEOUT_S per try; a vLLM engine may take longer on a busy CPU
+            try:
+                handle = gateway.get_worker(gateway.spec_for(deployment))
+                break
+            except Unavailable:
+                if time.monotonic() > deadline or find(name) is None:  # gone: it failed, not slow
+                    raise
+        info = ray.get(handle.info.remote())
+        self.model, self.preset, self.deployment = name, preset, deployment
+        self.block_size = int(info["layout"]["block_size"])
+        return deployment
+
+    def stop_model(self, deployment, *, timeout: float = 60.0) -> None:
+        """Stop ``deployment``'s replica actors so they use no CPU or memory while something else is
+        measured: a vLLM replica's engine is shut down in the actor first (``VllmWorker.close``: its
+        engine-core process exits), then the actor is killed; any process the actor had started that
+        is still alive after ``timeout`` is killed by its pid. The gateway forgets the deployment."""
+        import psutil
+        import ray
+
+        from controlplane.runtime import gateway
+        from workers.actor import find
+
+        gateway.forget(deployment.name)
+        for replica in range(max(1, int(deployment.replicas))):
+            handle = find(deployment.name, replica)
+            if handle is None:
+                continue
+            children: list = []
+            try:
+                pid = ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+                children = psutil.Process(pid).children(recursive=True)
+                ray.get(handle.__ray_call__.remote(lambda self: getattr(self.worker, "close", lambda: None)()),
+                        timeout=timeout)
+            except Exception as exc:  # best effort: the actor is killed below anyway
+                print(f"[platform] stopping {deployment.name}:{replica}: {exc!r}", file=sys.stderr, flush=True)
+            ray.kill(handle, no_restart=True)
+            _, alive = psutil.wait_procs(children, timeout=timeout)
+            for proc in alive:
+                proc.kill()
 
     def headers(self, tenant: int) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}
@@ -102,7 +169,7 @@ def _listening_socket() -> socket.socket:
 @contextmanager
 def throwaway_platform(
     *,
-    preset: str = "tiny",
+    preset: str | None = "tiny",
     tenants: int = 2,
     model: str = "bench-model",
     seed: int = 7,
@@ -147,16 +214,25 @@ def throwaway_platform(
         from controlplane.tenants.services import api_key_create, tenant_create
 
         actor = Actor.system("bench")
-        deployment = model_create(actor=actor, name=model, preset=preset, revision={"label": "r1", "seed": seed})
+        deployment = None
+        if preset is not None:
+            deployment = model_create(actor=actor, name=model, preset=preset,
+                                      revision={"label": "r1", "seed": seed})
         made, keys = [], []
         for i in range(tenants):
             tenant = tenant_create(actor=actor, slug=f"bench-{i}-{secrets.token_hex(3)}", name=f"Bench tenant {i}")
-            grant_create(actor=actor, tenant=tenant, deployment=deployment)
+            if deployment is not None:
+                grant_create(actor=actor, tenant=tenant, deployment=deployment)
             made.append(tenant)
             keys.append(api_key_create(actor=actor, tenant=tenant)[1])
-        handle = gateway.get_worker(gateway.spec_for(deployment))  # starts the actor, waits for its weights
-        info = ray.get(handle.info.remote())
-        say(f"model {model!r} ({preset}) on {info['device']}, {tenants} tenants")
+        block_size = 16
+        if deployment is not None:
+            handle = gateway.get_worker(gateway.spec_for(deployment))  # starts the actor, waits for its weights
+            info = ray.get(handle.info.remote())
+            block_size = int(info["layout"]["block_size"])
+            say(f"model {model!r} ({preset}) on {info['device']}, {tenants} tenants")
+        else:
+            say(f"{tenants} tenants, no model yet (Platform.add_model)")
 
         import uvicorn
 
@@ -175,9 +251,9 @@ def throwaway_platform(
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.02)
         say(f"serving on http://127.0.0.1:{port}")
-        yield Platform(url=f"http://127.0.0.1:{port}", model=model, preset=preset, home=home,
-                       deployment=deployment, tenants=made, keys=keys, server=server,
-                       block_size=int(info["layout"]["block_size"]))
+        yield Platform(url=f"http://127.0.0.1:{port}", model=model if deployment is not None else "",
+                       preset=preset or "", home=home, deployment=deployment, tenants=made, keys=keys,
+                       server=server, block_size=block_size)
     finally:
         if server is not None:
             server.should_exit = True

@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.serving.conftest import asgi_url, platform, ray_cluster  # noqa: F401  (re-exported fixtures)
+from tests.serving.conftest import asgi_url, engine_platform, platform, ray_cluster  # noqa: F401  (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -25,8 +25,9 @@ def _final(admin_client, job_id, timeout=120):
                     and j, timeout=timeout)
 
 
-def test_flush_of_one_tenant_misses_for_it_and_other_tenant_still_hits(platform, admin_client,
+def test_flush_of_one_tenant_misses_for_it_and_other_tenant_still_hits(engine_platform, admin_client,
                                                                          celery_worker_factory):
+    platform = engine_platform  # on both engines
     _cached(platform, "acme")
     _cached(platform, "globex")
     assert _cached(platform, "acme") > 0 and _cached(platform, "globex") > 0
@@ -121,8 +122,11 @@ def test_unreachable_worker_is_retried_then_recorded_as_partial(platform, monkey
     assert services.job_execute(job_id=job.pk).status == FlushJob.Status.PARTIAL  # final: a rerun changes nothing
 
 
-def test_offboarding_revokes_keys_at_once_and_flushes_everywhere(platform, admin_client, celery_worker_factory):
+def test_offboarding_revokes_keys_at_once_and_flushes_everywhere(engine_platform, admin_client,
+                                                                   celery_worker_factory):
     import openai
+
+    platform = engine_platform  # on both engines
 
     _cached(platform, "acme")
     _cached(platform, "globex")

