@@ -15,9 +15,9 @@ session files), ``DJANGO_SETTINGS_MODULE=controlplane.settings.local``, ``django
 migrations, a local Ray head (``address="local"``: never joins another engineer's cluster), one model
 deployment with its worker actor already started (none with ``preset=None``; ``Platform.add_model``
 adds deployments, ``Platform.stop_model`` stops one's replica), ``tenants`` tenants each with an API
-key and a grant, and uvicorn serving ``controlplane.asgi:application`` in a thread on a free port. Leaving the
-block stops the server, shuts Ray down (the detached actor dies with the local head) and removes the
-temporary directory.
+key and a grant, and uvicorn serving ``controlplane.asgi:application`` in a thread on a free port.
+Leaving the block stops the server, shuts Ray down (the detached actor dies with the local head) and
+removes the temporary directory.
 
 ``DATABASE_URL``, ``REDIS_URL``, ``CELERY_BROKER_URL`` and ``RAY_ADDRESS`` are removed from this
 process's environment first, so a benchmark never writes into a real database or cluster. Django can
@@ -26,6 +26,7 @@ be set up once per process, so there is at most one platform per process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -118,7 +119,8 @@ class Platform:
             ray.kill(handle, no_restart=True)
             _, alive = psutil.wait_procs(children, timeout=timeout)
             for proc in alive:
-                proc.kill()
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
     def headers(self, tenant: int) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tenant]}"}

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import multiprocessing as mp
 import os
 import random
@@ -76,12 +78,12 @@ KEYS = {"vllm serve": "serve", "strata/vllm": "strata_vllm", "strata/ref": "stra
 FULL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1536, "max_pos": 2048, "prefix": 1024,
         "question": 32, "private": 256, "output": 32, "cold": 4, "warm": 8}
 QUICK = {"dim": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256, "max_pos": 512, "prefix": 224,
-         "question": 32, "private": 64, "output": 16, "cold": 2, "warm": 4}
+         "question": 32, "private": 64, "output": 32, "cold": 4, "warm": 8}
 
 
 def _requests(streams: int, quick: bool) -> int:
     """Requests sent at ``streams`` concurrent streams."""
-    return max(4, streams) if quick else max(8, 2 * streams)
+    return max(8, 2 * streams) if quick else max(16, 3 * streams)
 
 
 # ---------------------------------------------------------------------- client process (no shared GIL)
@@ -164,10 +166,8 @@ class ClientProcess:
         return Run(payload["wall"], payload["results"])
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         self.proc.join(timeout=10)
         if self.proc.is_alive():
             self.proc.kill()
@@ -382,10 +382,8 @@ class PeerServer:
                 self.proc.wait(timeout=10)
             _, alive = psutil.wait_procs(children, timeout=20)
             for p in alive:
-                try:
+                with contextlib.suppress(psutil.Error):
                     p.kill()
-                except psutil.Error:
-                    pass
         self.proc = None
         if self._log is not None:
             self._log.close()
@@ -483,6 +481,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--l1-mb", type=int, default=256, help="STRATA_L1_MB: vLLM's KV cache size on both vLLM paths")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--dump", type=Path, default=None, help="write every request's outcome (JSON) to this file")
     args = ap.parse_args(argv)
     cfg = dict(QUICK if args.quick else FULL)
     for name in cfg:
@@ -544,6 +543,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                     measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say)
                 finally:
                     p.stop_model(deployment)
+        if args.dump is not None:
+            args.dump.write_text(json.dumps({name: {"cold": s.cold.results, "warm": s.warm.results,
+                                                    **{f"sweep_{c}": r.results for c, r in s.sweep.items()}}
+                                             for name, s in systems.items()}, indent=1))
         return report(systems, cfg, args.quick, started, load)
     except BaseException:
         if peer_server is not None:

@@ -295,8 +295,13 @@ class VllmWorker(AdmissionMixin):
         limit = req.max_inflight_tokens
         if limit is None:
             limit = rev.num_blocks * rev.block_size // 2
+        elif limit > 0:  # as on the reference engine: at least one block, in whole blocks
+            limit = max(1, limit // rev.block_size) * rev.block_size
         with self._lock:
-            if self._held[req.tenant] + held > limit:
+            # as on the reference engine, one request may exceed the bound alone (else a long prompt
+            # could never run); a bound of 0 admits nothing
+            busy = self._held[req.tenant]
+            if (busy or not limit) and busy + held > limit:
                 self.counters["inflight_limit"] += 1
                 raise InflightLimit(f"this tenant's running requests would hold {self._held[req.tenant] + held} "
                                     f"tokens; its limit is {limit}; retry shortly")
