@@ -11,7 +11,6 @@ import time
 import httpx
 import pytest
 
-
 LONG = {"strata": 1000, "vllm": 480}  # most of each test model's context: the stream stays open
 
 

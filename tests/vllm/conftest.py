@@ -7,6 +7,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from tests.jobs.conftest import celery_worker_factory  # noqa: E402, F401  (re-exported fixtures)
+from tests.serving.conftest import asgi_url, platform, ray_cluster  # noqa: E402, F401
+
 
 @pytest.fixture(scope="module")
 def vllm_worker(vllm_checkpoint):

@@ -13,8 +13,7 @@ import torch
 
 from tests.controlplane.helpers import post
 from tests.hf_checkpoints import VLLM_CPU_SHAPE, build_checkpoint
-from tests.jobs.conftest import celery_worker_factory, wait_for  # noqa: F401  (fixture)
-from tests.serving.conftest import asgi_url, platform, ray_cluster  # noqa: F401  (fixtures)
+from tests.jobs.conftest import wait_for
 
 pytest.importorskip("vllm")
 PROMPT = "The weights of this model were just updated; nothing cached before may be reused. " * 3
@@ -53,7 +52,7 @@ def second_checkpoint(tmp_path_factory):
 
 
 def test_rollout_on_vllm_starts_the_new_revision_and_nothing_cached_before_is_reused(
-        platform, admin_client, actor, celery_worker_factory, vllm_checkpoint, second_checkpoint):  # noqa: F811
+        platform, admin_client, actor, celery_worker_factory, vllm_checkpoint, second_checkpoint):
     from controlplane.registry.services import model_create, revision_create
 
     name = "vllm-roll"
