@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
 
 
 def _req(prompt: list[int], **extra) -> dict:
-    return {"tenant": "t1", "scope_salt": SALT, "tenant_salt": SALT, "prompt": prompt, "max_tokens": 12,
+    return {"tenant": "t1", "scope_salt": SALT, "prompt": prompt, "max_tokens": 12,
             "temperature": 0, **extra}
 
 

@@ -21,7 +21,7 @@ def worker():
 
 
 def _req(tenant: str, salt: bytes, prompt: list[int], **extra) -> dict:
-    return {"tenant": tenant, "scope_salt": salt, "tenant_salt": salt, "prompt": prompt, "max_tokens": 4,
+    return {"tenant": tenant, "scope_salt": salt, "prompt": prompt, "max_tokens": 4,
             "temperature": 0, **extra}
 
 
@@ -63,7 +63,7 @@ def test_share_group_member_upload_is_invisible_to_other_members(worker):
     mine = worker.kv_lookup({"tenant": "a", "scope_salt": group, "tenant_salt": own_a, "tokens": tokens})
     theirs = worker.kv_lookup({"tenant": "b", "scope_salt": group, "tenant_salt": own_b, "tokens": tokens})
     assert mine["hit_tokens"] == 48 and theirs["hit_tokens"] == 0
-    out = _run(worker, {**_req("b", group, tokens + [5]), "tenant_salt": own_b})
+    out = _run(worker, _req("b", group, tokens + [5]))
     assert out["usage"]["cached_tokens"] == 0
     # Model-computed KV is still shared inside the group (paired): a third member sees what b computed.
     assert worker.kv_lookup({"tenant": "c", "scope_salt": group, "tenant_salt": secrets.token_bytes(32),

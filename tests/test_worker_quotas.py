@@ -27,7 +27,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _req(tenant: str, salt: bytes, prompt: list[int], **extra) -> dict:
-    return {"tenant": tenant, "scope_salt": salt, "tenant_salt": salt, "prompt": prompt, "max_tokens": 4,
+    return {"tenant": tenant, "scope_salt": salt, "prompt": prompt, "max_tokens": 4,
             "temperature": 0, **extra}
 
 

@@ -44,7 +44,14 @@ from workers.admission import (  # noqa: F401  (re-exported: callers import them
 from workers.config import WorkerConfig
 from workers.kv_api import KVApiMixin
 from workers.operations import OperationsMixin
-from workers.protocol import fold_completion
+from workers.protocol import (
+    WorkerRequest,
+    error_event,
+    finished_event,
+    fold_completion,
+    prefilled_event,
+    token_event,
+)
 from workers.remote_tier import RemoteTier
 from workers.router_stats import DecodeClock, router_section
 from workers.stops import apply_stops
@@ -196,48 +203,47 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
 
     # ------------------------------------------------------------------ serving
     def stream(self, req: dict) -> Iterator[dict]:
-        """Serve one request. ``req``: ``tenant`` (id), ``scope_salt`` (32 bytes, server-chosen),
-        ``cache_salt`` (optional str), ``prompt`` (token ids: the control plane tokenizes and renders
-        chat templates, so limits and quotas are checked before a worker is involved), ``max_tokens``,
-        ``temperature``, ``seed``, ``logprobs``, ``max_cached_tokens`` (tenant cap or None),
-        ``expected_revision`` (optional: fail with ``revision_changed`` if another is active),
-        ``request_id`` (optional: ``cancel`` stops it), ``max_inflight_tokens`` and
-        ``max_concurrent_requests`` (tenant bounds or None for the defaults), ``stop`` (optional: a
-        string or up to 4; see ``workers.stops``: token texts are decoded incrementally and generation
-        ends at a stop sequence, which is not returned).
-        Yields plain-dict events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
-        tenant = str(req["tenant"])
-        key = req.get("request_id") or f"anon-{uuid.uuid4().hex}"
+        """Serve one request: a ``workers.protocol.WorkerRequest`` as a dict (its fields are documented
+        there; the control plane tokenizes and renders chat templates, so limits and quotas are
+        checked before a worker is involved). ``stop``: see ``workers.stops`` (token texts are
+        decoded incrementally and generation ends at a stop sequence, which is not returned).
+        Yields the protocol's events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
         try:
-            self._acquire(tenant, key, req.get("max_concurrent_requests"))
+            wr = WorkerRequest.from_dict(req)
+        except ValueError as exc:
+            yield error_event("invalid_request", str(exc), retryable=False)
+            return
+        key = wr.request_id or f"anon-{uuid.uuid4().hex}"
+        try:
+            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
         except TenantBusy as exc:
             yield self._error(exc)
             return
         try:
             active = self._active  # one revision's tokenizer decodes what its model generates
-            yield from apply_stops(self._stream(req, tenant, key, active), active.loaded.tokenizer, req.get("stop"))
+            yield from apply_stops(self._stream(wr, key, active), active.loaded.tokenizer, wr.stop)
         finally:
-            self._release(tenant, key)
+            self._release(wr.tenant, key)
 
     def _set_weight(self, tenant: str, weight: int | None) -> None:
         """The tenant's fair-share weight (its quota; ``None`` = 1) in the cache pools and the scheduler."""
         self.engine.set_weight(tenant, weight)
         self.scheduler.set_weight(tenant, 1 if weight is None else weight)  # 0 is refused, never 1
 
-    def _learn(self, tenant: str, req: dict) -> None:
+    def _learn(self, req: WorkerRequest) -> None:
         """The tenant's wrapped data keys and retention, as the control plane sent them (for L3):
         ``tenant_retention_seconds`` is the tenant's own (the sweep's), ``retention_seconds`` this
         request's (possibly narrowed), used for the tenant only when the former is absent."""
         if self.l3 is not None:
-            retention = req.get("tenant_retention_seconds", req.get("retention_seconds"))
-            self.l3.learn(tenant, req.get("data_key"), retention)
-            self.l3.store.set_tenant_limit(tenant, req.get("max_l3_bytes"))
+            retention = req.tenant_retention_seconds
+            self.l3.learn(req.tenant, req.data_key, req.retention_seconds if retention is None else retention)
+            self.l3.store.set_tenant_limit(req.tenant, req.max_l3_bytes)
 
-    def _retention_of(self, tenant: str, req: dict) -> float | None:
+    def _retention_of(self, req: WorkerRequest) -> float | None:
         if self.l3 is None:
             return None
-        value = req.get("retention_seconds")
-        return float(value) if value is not None else self.l3.retention(tenant)
+        value = req.retention_seconds
+        return float(value) if value is not None else self.l3.retention(req.tenant)
 
     def drop_data_key(self, req: dict) -> dict:
         """Crypto-shred ``{"tenant", "version"}`` on this worker: the key leaves memory at once, then
@@ -248,43 +254,38 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
 
     @staticmethod
     def _error(exc: CacheError) -> dict:
-        return {"type": "error", "code": exc.code, "message": str(exc), "retryable": exc.code in RETRYABLE}
+        return error_event(exc.code, str(exc), retryable=exc.code in RETRYABLE)
 
-    def _stream(self, req: dict, tenant: str, key: str, active: _Active) -> Iterator[dict]:
+    def _stream(self, req: WorkerRequest, key: str, active: _Active) -> Iterator[dict]:
         revision = active.loaded.revision.label
+        tenant = req.tenant
         try:
-            if req.get("expected_revision") not in (None, revision):
-                raise RevisionChanged(f"revision {req['expected_revision']} is no longer active; retry")
-            tokens = req.get("prompt")
-            self._learn(tenant, req)
-            self.engine.set_tenant_cap(tenant, req.get("max_cached_tokens"))
-            self.engine.set_inflight_limit(tenant, req.get("max_inflight_tokens"))
-            self._set_weight(tenant, req.get("share_weight"))
-            ns = active.loaded.namespace(req["scope_salt"])
-            params = SamplingParams(
-                max_tokens=int(req.get("max_tokens", 16)),
-                temperature=float(req.get("temperature") or 0.0),
-                seed=req.get("seed"),
-                logprobs=req.get("logprobs"),
-            )
+            if req.expected_revision not in (None, revision):
+                raise RevisionChanged(f"revision {req.expected_revision} is no longer active; retry")
+            self._learn(req)
+            self.engine.set_tenant_cap(tenant, req.max_cached_tokens)
+            self.engine.set_inflight_limit(tenant, req.max_inflight_tokens)
+            self._set_weight(tenant, req.share_weight)
+            ns = active.loaded.namespace(req.scope_salt)
+            params = SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, seed=req.seed,
+                                    logprobs=req.logprobs)
             events = active.generator.stream(
-                ns, tokens, owner=tenant, params=params, request_salt=request_salt(req.get("cache_salt")),
-                use_cache=req.get("use_cache", True), persist=bool(req.get("persist", True)),
+                ns, req.prompt, owner=tenant, params=params, request_salt=request_salt(req.cache_salt),
+                use_cache=req.use_cache, persist=req.persist,
                 # this request's own retention (the tenant's, narrowed by prompt_cache_retention): what
                 # L3 may serve it, and the expiry of every chunk it writes
-                retention_seconds=self._retention_of(tenant, req),
+                retention_seconds=self._retention_of(req),
                 should_abort=lambda: revision in self._aborting or key in self._cancelled,
             )
             resumed = None  # when the consumer handed control back after the last token
             for ev in events:
                 if isinstance(ev, Prefilled):
-                    yield {"type": "prefilled", "prompt_tokens": ev.prompt_tokens,
-                           "cached_tokens": ev.cached_tokens, "revision": revision}
+                    yield prefilled_event(prompt_tokens=ev.prompt_tokens, cached_tokens=ev.cached_tokens,
+                                          revision=revision)
                 elif isinstance(ev, TokenOut):
                     if resumed is not None:  # one decode step (its wait for the model included)
                         self.decode.observe(time.perf_counter() - resumed)
-                    yield {"type": "token", "id": ev.token_id, "text": ev.text, "logprob": ev.logprob,
-                           "top_logprobs": ev.top_logprobs}
+                    yield token_event(ev.token_id, ev.text, ev.logprob, ev.top_logprobs)
                     resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
@@ -293,10 +294,9 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
                             self.counters["cancelled"] += 1
                             raise Cancelled(why)
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
-                    yield {"type": "finished", "finish_reason": ev.finish_reason, "revision": revision,
-                           "usage": {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
-                                     "total_tokens": ev.prompt_tokens + ev.completion_tokens,
-                                     "cached_tokens": ev.cached_tokens}}
+                    yield finished_event(finish_reason=ev.finish_reason, revision=revision,
+                                         prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
+                                         cached_tokens=ev.cached_tokens)
         except CacheError as exc:
             yield self._error(exc)
 

@@ -35,6 +35,7 @@ from controlplane.serving.admission import Admission, admitted, authenticate, ga
 from controlplane.serving.intake import BadRequest
 from controlplane.serving.model_facts import ModelFacts, model_facts
 from controlplane.tenants import selectors as tenant_selectors
+from workers.protocol import WorkerRequest
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Prepared:
     body: BaseModel
     model: str
     tokens: list[int]
-    worker_req: dict
+    worker_req: dict  # workers.protocol.WorkerRequest.to_dict()
 
 
 INLINE_BODY = 8 * 1024  # completion bodies up to this are parsed and tokenized in the request's own thread
@@ -140,31 +141,31 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
     if hasattr(body, "messages"):
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
     spec = gateway.spec_for(deployment)
-    worker_req = {
-        "tenant": str(tenant.pk),
-        "scope_salt": tenant_selectors.tenant_scope_salt(tenant),
-        "cache_salt": body.cache_salt,
-        "prompt": tokens,
-        "max_tokens": max_tokens,
-        "temperature": body.temperature,
-        "seed": body.seed,
-        "logprobs": logprobs,
-        "stop": body.stop,
-        "user": body.user,  # the router's stickiness key (scoped to the tenant there); never hashed into KV
-        "max_cached_tokens": tenant.max_cached_tokens,
-        "max_l3_bytes": tenant.max_l3_bytes,
+    worker_req = WorkerRequest(
+        tenant=str(tenant.pk),
+        scope_salt=tenant_selectors.tenant_scope_salt(tenant),
+        cache_salt=body.cache_salt,
+        prompt=tokens,
+        max_tokens=max_tokens,
+        temperature=float(body.temperature or 0.0),
+        seed=body.seed,
+        logprobs=logprobs,
+        stop=body.stop,
+        user=body.user,  # the router's stickiness key (scoped to the tenant there); never hashed into KV
+        max_cached_tokens=tenant.max_cached_tokens,
+        max_l3_bytes=tenant.max_l3_bytes,
         # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's
         # prompt_cache_retention ("in_memory": never beyond host memory; "24h": at most a day).
-        "persist": persist_allowed(tenant, body.prompt_cache_retention),
-        "retention_seconds": retention_for(tenant, body.prompt_cache_retention),
-        "tenant_retention_seconds": tenant.retention_seconds,  # the worker's sweep applies the tenant's own
-        "data_key": tenant_selectors.data_key_for_worker(tenant),
-        "max_inflight_tokens": tenant.max_inflight_tokens,
-        "max_concurrent_requests": tenant.max_concurrent_requests,
-        "share_weight": tenant.share_weight,
-        "expected_revision": spec.revision["label"],
-        "request_id": uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
-    }
+        persist=persist_allowed(tenant, body.prompt_cache_retention),
+        retention_seconds=retention_for(tenant, body.prompt_cache_retention),
+        tenant_retention_seconds=tenant.retention_seconds,  # the worker's sweep applies the tenant's own
+        data_key=tenant_selectors.data_key_for_worker(tenant),
+        max_inflight_tokens=tenant.max_inflight_tokens,
+        max_concurrent_requests=tenant.max_concurrent_requests,
+        share_weight=tenant.share_weight,
+        expected_revision=spec.revision["label"],
+        request_id=uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
+    ).to_dict()  # plain data through Ray; every engine reads it back with WorkerRequest.from_dict
     return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req)
 
 
