@@ -3,6 +3,7 @@ workload, one run.
 
     .venv/bin/python -m bench.engines [--quick] [--dim 512 --layers 12 --heads 8 --kv-heads 2 --ffn 1536]
                                       [--prefix 1024] [--question 32] [--output 32] [--l1-mb 256]
+                                      [--ray-niceness N] [--dump FILE]
 
 One random Llama checkpoint (``tests.hf_checkpoints.build_checkpoint``; head size 64 so that vLLM's
 CPU attention runs it; the row of the end-of-sequence token in the output projection is zeroed, so
@@ -34,12 +35,19 @@ prefix belongs to one tenant: every system has the same reuse to find. Per syste
 - ``cold``: TTFT of a 1-token request whose prompt (prefix + question length) nobody sent before;
   ``warm``: TTFT of a 1-token request on a prefix cached by a cold one, with a new question
   (medians; ``cached`` is the cached prompt tokens of the warm requests);
-- for 1, 4 and 16 concurrent streams (each stream sends its next request when the last one ended):
-  output tokens/s (completion tokens / wall time), TTFT p50 and p99 (request sent -> first streamed
-  chunk with a choice), and the token-weighted prefix-cache hit ratio (``cached_tokens`` /
-  ``prompt_tokens`` of the usage, over the sweep). ``same`` counts the requests whose text equals
-  the peer's (greedy: the two vLLM paths should agree on all; the reference engine's float32 sums
-  differ in order, so a near tie may go the other way).
+- for 1, 4 and 16 concurrent streams (8, 8 and 32 requests; each stream sends its next request when
+  its last one ended): output tokens/s (completion tokens / wall time), TTFT p50 and p99 (request
+  sent -> first streamed chunk with a choice; with 8 requests p99 is close to the maximum), TPOT p50
+  (first chunk -> last, per further token) and the token-weighted prefix-cache hit ratio
+  (``cached_tokens`` / ``prompt_tokens`` of the usage, over the sweep);
+- ``same as serve``: the requests whose text equals the peer's, special tokens and a trailing
+  incomplete character aside (``_plain``; greedy: the two vLLM paths should agree on all; the
+  reference engine's float32 sums differ in order, so a near tie may go the other way);
+- ``nice``: the niceness of the serving processes. Ray starts its workers at ``RAY_worker_niceness``
+  (15 by default; ``make run``'s Ray too), and vLLM's engine-core process inherits it from the
+  replica actor, while ``vllm serve`` runs at 0: on a machine where anything else runs (the web tier,
+  the client, another job) the replica's engine yields to it. ``--ray-niceness 0`` starts this run's
+  Ray with its workers at 0.
 
 Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
 at 1 stream at most 5 ms above it. The reference engine's ratios are printed beside them.
@@ -80,9 +88,9 @@ QUICK = {"dim": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256, "max_po
          "question": 32, "private": 64, "output": 32, "cold": 4, "warm": 8}
 
 
-def _requests(streams: int, quick: bool) -> int:
-    """Requests sent at ``streams`` concurrent streams."""
-    return max(8, 2 * streams) if quick else max(16, 3 * streams)
+def _requests(streams: int) -> int:
+    """Requests sent at ``streams`` concurrent streams: 8, 8, 32."""
+    return max(8, 2 * streams)
 
 
 # ---------------------------------------------------------------------- client process (no shared GIL)
@@ -215,7 +223,7 @@ class System:
     warm: Run | None = None
     sweep: dict[int, Run] = field(default_factory=dict)
     started_s: float = 0.0
-    note: str = ""
+    nice: str = "?"  # the niceness of the serving processes (the server or replica actor and its children)
 
     @property
     def hit(self) -> float:
@@ -253,7 +261,7 @@ class Workload:
     sweep: dict[int, list[tuple[int, list[int]]]]
 
 
-def make_workload(cfg: dict, ids: list[int], quick: bool, seed: int) -> Workload:
+def make_workload(cfg: dict, ids: list[int], seed: int) -> Workload:
     """Prompts of token ids drawn from ``ids`` (``build``), the same for every system."""
     rng = random.Random(seed)
 
@@ -272,7 +280,7 @@ def make_workload(cfg: dict, ids: list[int], quick: bool, seed: int) -> Workload
     sweep = {}
     for c in LEVELS:
         jobs = []
-        for i in range(_requests(c, quick)):
+        for i in range(_requests(c)):
             t = i % TENANTS
             private = i % PRIVATE_EVERY == PRIVATE_EVERY - 1
             jobs.append((t, fresh(cfg["private"]) if private else shared[t] + fresh(question)))
@@ -318,6 +326,24 @@ def measure(system: System, client: ClientProcess, url: str, keys: list[str], mo
         system.sweep[c] = run = drive(wl.sweep[c], c, output)
         say(f"{system.name}: {c} streams {run.tps:.1f} tok/s, TTFT p50 {run.ttft(50) * 1000:.1f} ms"
             + (f", {run.failed} failed ({next(r['error'] for r in run.results if not r['ok'])})" if run.failed else ""))
+
+
+def niceness(pid: int) -> str:
+    """The nice values of ``pid`` and every process under it, e.g. ``"0"`` or ``"15"``."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        values = sorted({p.nice() for p in [proc, *proc.children(recursive=True)]})
+    except psutil.Error:
+        return "?"
+    return "/".join(str(v) for v in values)
+
+
+def actor_niceness(handle) -> str:
+    import ray
+
+    return niceness(ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=30))
 
 
 # ---------------------------------------------------------------------- the peer: vLLM's OpenAI server
@@ -442,7 +468,7 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
             print(f"{s.name:<12} {c:>7} {len(r.results):>4} {r.tps:>9.1f} {ms(r.ttft(50)):>11} {ms(r.ttft(99)):>11} "
                   f"{ms(r.tpot(50)):>11} {hit:>6.1%} {r.failed:>6} {ratio:>8}")
     print()
-    print(f"{'system':<12} {'start s':>7} {'cold TTFT ms':>12} {'warm TTFT ms':>12} {'warm cached':>11} "
+    print(f"{'system':<12} {'start s':>7} {'nice':>4} {'cold TTFT ms':>12} {'warm TTFT ms':>12} {'warm cached':>11} "
           f"{'sweep hit':>9} {'same as serve':>13}")
     for s in systems.values():
         if s.cold is None or s.warm is None:
@@ -452,7 +478,7 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
                    and _plain(a) == _plain(b))
         cached = statistics.median([r["cached"] for r in s.warm.ok]) if s.warm.ok else 0
         warm_prompt = s.warm.results[0]["prompt"]
-        print(f"{s.name:<12} {s.started_s:>7.1f} {ms(s.cold.ttft(50)):>12} {ms(s.warm.ttft(50)):>12} "
+        print(f"{s.name:<12} {s.started_s:>7.1f} {s.nice:>4} {ms(s.cold.ttft(50)):>12} {ms(s.warm.ttft(50)):>12} "
               f"{f'{cached:.0f}/{warm_prompt}':>11} {s.hit:>9.1%} {f'{same}/{len(texts)}':>13}")
     print()
 
@@ -497,11 +523,14 @@ def _on_sigterm(signum, frame) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, str]:
     ap = argparse.ArgumentParser(description="Strata on vLLM and Strata's engine against vllm serve")
-    ap.add_argument("--quick", action="store_true", help="a tiny model, short prompts, fewer requests")
+    ap.add_argument("--quick", action="store_true", help="a tiny model (2 layers, dim 128) and short prompts")
     for name in FULL:
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=None,
                         help=f"default {FULL[name]} (quick {QUICK[name]})")
     ap.add_argument("--l1-mb", type=int, default=256, help="STRATA_L1_MB: vLLM's KV cache size on both vLLM paths")
+    ap.add_argument("--ray-niceness", type=int, default=None,
+                    help="RAY_worker_niceness for this run's local Ray (default: Ray's, 15, as `make run` has it; "
+                         "the replica actors and vLLM's engine core under them run at it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--dump", type=Path, default=None, help="write every request's outcome (JSON) to this file")
@@ -518,6 +547,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
             print(f"[engines {time.perf_counter() - started:5.1f}s] {msg}", file=sys.stderr, flush=True)
 
     os.environ["STRATA_L1_MB"] = str(args.l1_mb)  # read by the replica actors (they inherit it through Ray)
+    if args.ray_niceness is not None:
+        os.environ["RAY_worker_niceness"] = str(args.ray_niceness)  # noqa: SIM112 - Ray reads this exact name
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     work = Path(tempfile.mkdtemp(prefix="strata-bench-engines-"))
     client = ClientProcess()  # spawned before Django, Ray or torch are imported here
@@ -527,7 +558,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         ckpt = work / "llama"
         ids = build(ckpt, cfg)
         say(f"checkpoint built under {ckpt} ({len(ids)} token ids for prompts)")
-        wl = make_workload(cfg, ids, args.quick, args.seed)
+        wl = make_workload(cfg, ids, args.seed)
 
         from workers.config import WorkerConfig
         from workers.vllm_revision import VllmRevision
@@ -545,6 +576,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         say(f"starting vllm serve on {peer_server.url} (KV cache {rev.kv_cache_bytes >> 20} MiB, "
             f"block {rev.block_size}, max_num_seqs {max_batch})")
         systems["vllm serve"].started_s = peer_server.start()
+        systems["vllm serve"].nice = niceness(peer_server.proc.pid)
         say(f"vllm serve up after {systems['vllm serve'].started_s:.1f} s")
         measure(systems["vllm serve"], client, peer_server.url, peer_keys, "engines-peer", wl, cfg["output"], say)
         peer_server.stop()
@@ -562,6 +594,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                 deployment = p.add_model(model, revision=revision, engine=engine)
                 try:
                     systems[name].started_s = time.perf_counter() - t0
+                    systems[name].nice = actor_niceness(p.actor())
                     say(f"{name} up after {systems[name].started_s:.1f} s (block size {p.block_size})")
                     measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say)
                 finally:

@@ -55,23 +55,55 @@ def test_a_freed_slot_goes_to_the_tenant_below_its_share_not_the_flooder():
         t.join(timeout=5)
 
 
-def test_share_weight_counts_running_requests_per_unit_of_weight():
+def test_share_weight_splits_the_slots_of_a_contended_gate():
+    gate = FairGate(1)
+    gate.acquire("filler")
     order: list[str] = []
-    heavy_running = FairGate(4)
-    # heavy (weight 3) runs 2, light (weight 1) runs 1: heavy's 2/3 < light's 1/1, heavy goes first
-    for _ in range(2):
-        heavy_running.acquire("heavy", 3)
-    heavy_running.acquire("light", 1)
-    heavy_running.acquire("filler", 1)
-    threads = [_start(heavy_running, "light", order, 1), _start(heavy_running, "heavy", order, 3)]
-    _wait_waiting(heavy_running, 2)
-    heavy_running.release("filler")
-    deadline = time.monotonic() + 5
-    while not order:
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
-    assert order[0] == "heavy"
-    heavy_running.release("heavy")
+    threads = []
+    for _ in range(8):  # both queue more than they will get
+        threads.append(_start(gate, "heavy", order, 3))
+        threads.append(_start(gate, "light", order, 1))
+    _wait_waiting(gate, 16)
+    gate.release("filler")
+    for _ in range(8):  # eight admissions, one at a time
+        deadline = time.monotonic() + 5
+        n = len(order)
+        while len(order) == n:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        gate.release(order[-1])
+    first8 = order[:8]
+    assert first8.count("heavy") == 6 and first8.count("light") == 2  # 3:1, as weighted
+    while len(order) < 16:
+        deadline = time.monotonic() + 5
+        n = len(order)
+        while len(order) == n:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+        gate.release(order[-1])
+    for t in threads:
+        t.join(timeout=5)
+
+
+def test_a_tenant_back_from_idle_neither_lost_its_turn_nor_banked_credit():
+    gate = FairGate(1)
+    for _ in range(20):  # a long run alone: its virtual time moves far ahead
+        gate.acquire("busy")
+        gate.release("busy")
+    gate.acquire("busy")
+    order: list[str] = []
+    threads = [_start(gate, "busy", order) for _ in range(3)]
+    _wait_waiting(gate, 3)
+    threads.append(_start(gate, "newcomer", order))
+    _wait_waiting(gate, 4)
+    for _ in range(4):
+        gate.release(order[-1] if order else "busy")
+        deadline = time.monotonic() + 5
+        n = len(order)
+        while len(order) == n and len(order) < 4:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+    assert order[0] == "newcomer" and order[1:3] == ["busy", "busy"]  # first, then its share: no banked run
     for t in threads:
         t.join(timeout=5)
 

@@ -309,7 +309,8 @@ class VllmWorker(AdmissionMixin):
             self._requests[key] = _Running(req.tenant, rev.label, len(req.prompt), held)
         admitted = False
         try:
-            admitted = self.gate.acquire(req.tenant, req.share_weight, should_stop=lambda: key in self._cancelled)
+            admitted = self.gate.acquire(req.tenant, req.share_weight, cost=held,
+                                         should_stop=lambda: key in self._cancelled)
         finally:
             if not admitted:
                 self._forget(key)

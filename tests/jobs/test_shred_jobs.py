@@ -235,9 +235,11 @@ def _cached(platform, tenant, prompt):
     return out.usage.prompt_tokens_details.cached_tokens
 
 
-def test_shred_job_through_a_real_celery_worker(platform, admin_client, celery_worker_factory):
+def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, celery_worker_factory):
     from controlplane.jobs.services import workers_hold_data_keys
     from controlplane.tenants.models import DataKey
+
+    platform = engine_platform  # on both engines (a vLLM replica has no L3 object to delete yet)
 
     prompt = "Board minutes, strictly confidential. " * 6
     _cached(platform, "acme", prompt)  # the first request creates acme's data key v1

@@ -148,6 +148,34 @@ def test_cancel_stops_a_running_stream_and_cancel_tenant_waits_for_it(vllm_worke
     assert events[-1]["code"] == "cancelled"
 
 
+def test_a_tenant_below_its_share_starts_ahead_of_a_flooder_s_queue(vllm_worker):
+    from workers.fair_gate import FairGate
+
+    saved, vllm_worker.gate = vllm_worker.gate, FairGate(1)  # one request inside vLLM at a time
+    try:
+        started: list[str] = []
+
+        def run(salt, tenant, n, tag):
+            for ev in vllm_worker.stream(_req(salt, prompt=PROMPT[:20 + n], tenant=tenant, max_tokens=24)):
+                if ev["type"] == "prefilled":
+                    started.append(tag)
+
+        flood = [threading.Thread(target=run, args=(A, "flood", i, f"flood{i}")) for i in range(5)]
+        for t in flood:
+            t.start()
+        deadline = time.monotonic() + 30
+        while vllm_worker.gate.waiting() < 4:  # one runs, four wait
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        victim = threading.Thread(target=run, args=(B, "victim", 0, "victim"))
+        victim.start()
+        for t in [*flood, victim]:
+            t.join(timeout=120)
+        assert started.index("victim") <= 1  # the next slot after the running flood request
+    finally:
+        vllm_worker.gate = saved
+
+
 def test_stats_count_per_tenant_tokens_and_kv_events_match_the_router_s_hashes(vllm_worker):
     prompt = [p + 6 for p in PROMPT]
     since = vllm_worker.events.seq + 1
