@@ -295,9 +295,11 @@ def build(path: Path, cfg: dict) -> list[int]:
     of the prompt in front of it when the prompt ends inside a UTF-8 character, which would make
     its texts differ from the others' where the tokens agree."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from tests.hf_checkpoints import build_checkpoint
 
+    hf_logging.disable_progress_bar()
     model, tok = build_checkpoint("llama", path, seed=18, dim=cfg["dim"], layers=cfg["layers"], heads=cfg["heads"],
                                   kv_heads=cfg["kv_heads"], ffn=cfg["ffn"], max_pos=cfg["max_pos"])
     eos = model.config.eos_token_id
@@ -508,6 +510,7 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
         fields[f"{k}_warm_ms"] = ms(s.warm.ttft(50))
         fields[f"{k}_cold_ms"] = ms(s.cold.ttft(50))
         fields[f"{k}_hit"] = f"{s.hit:.3f}"
+        fields[f"{k}_nice"] = s.nice
     fields.update(ratio_tps_16=f"{tps_ratio:.2f}", ttft_delta_1_ms=f"{ttft_delta:.1f}",
                   ref_ratio_tps_16=f"{ref_tps_ratio:.2f}", ref_ttft_delta_1_ms=f"{ref_ttft_delta:.1f}",
                   failed=str(failed), goal_throughput=str(goal_tps), goal_ttft=str(goal_ttft))

@@ -176,3 +176,22 @@ def test_a_mixtral_our_engine_refuses_is_served_on_vllm_with_isolation(platform,
         assert _complete(platform, name, doc, tenant="globex")[1] > 0
     finally:
         _kill(name)
+
+
+def test_the_kv_api_on_a_vllm_deployment_is_a_clear_501(platform, actor, vllm_checkpoint):
+    from controlplane.registry.services import model_create
+
+    name = "vllm-kv"
+    d = model_create(actor=actor, name=name, preset="", engine="vllm",
+                     revision={"label": "r1", "path": str(vllm_checkpoint[0])})
+    _grant(platform, actor, d)
+    try:
+        headers = {"Authorization": f"Bearer {platform.keys['acme']}"}
+        layout = httpx.get(f"{platform.url}/v1/kv/layout", params={"model": name}, headers=headers, timeout=120)
+        lookup = httpx.post(f"{platform.url}/v1/kv/lookup", headers=headers, timeout=120,
+                            json={"model": name, "tokens": list(range(64))})
+        for resp in (layout, lookup):
+            assert resp.status_code == 501, resp.text
+            assert resp.json()["error"]["code"] == "kv_api_unsupported"
+    finally:
+        _kill(name)

@@ -32,6 +32,7 @@ STATUS_TYPES = {
     422: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    501: "not_implemented_error",
     503: "service_unavailable_error",
 }
 STATUS_CODES = {
@@ -45,6 +46,7 @@ STATUS_CODES = {
     422: "validation_error",
     429: "rate_limited",
     500: "internal_error",
+    501: "not_implemented",
     503: "unavailable",
 }
 
@@ -145,6 +147,7 @@ class Unavailable(ApplicationError):
 # -> (HTTP status, Retry-After seconds or None). A bad request is 4xx; a worker that is alive but
 # momentarily cannot serve it is 503 with Retry-After.
 WORKER_ERRORS = {
+    "kv_api_unsupported": (501, None),  # a deployment on vLLM (the KV API is the strata engine's)
     "invalid_prompt": (400, None),
     "context_length_exceeded": (400, None),
     "invalid_request": (422, None),
