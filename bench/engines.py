@@ -98,13 +98,17 @@ def _client_main(conn) -> None:
     """Runs in a spawned process: each message is the keyword arguments of ``_drive``; the answer is
     ``("ok", result)`` or ``("error", text)``; ``None`` ends it."""
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            break
         if msg is None:
             break
         try:
             conn.send(("ok", asyncio.run(_drive(**msg))))
         except Exception as exc:  # reported to the parent, which stops the run
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            with contextlib.suppress(OSError):  # the parent may be gone
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 async def _one(client, model: str, prompt: list[int], max_tokens: int) -> dict:
@@ -589,6 +593,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         from bench._platform import throwaway_platform
 
         with throwaway_platform(preset=None, tenants=TENANTS, quiet=args.quiet) as p:
+            signal.signal(signal.SIGTERM, _on_sigterm)  # again: ray.init installed its own (it aborts)
             revision = {"label": "r1", "path": str(ckpt)}
             for name, engine, model in (("strata/vllm", "vllm", "engines-vllm"),
                                         ("strata/ref", "strata", "engines-ref")):
@@ -607,7 +612,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                                                     **{f"sweep_{c}": r.results for c, r in s.sweep.items()}}
                                              for name, s in systems.items()}, indent=1))
         return report(systems, cfg, args.quick, started, load)
-    except BaseException:
+    except Exception:
         if peer_server is not None:
             tail = peer_server.tail()
             if tail:

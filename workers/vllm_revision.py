@@ -9,42 +9,36 @@ smaller, so a tiny budget never stops it from starting.
 
 The namespace (``namespace``) binds what a cache key must: the deployment, the weight digest
 (recorded by the control plane, checked here against the files), the tokenizer and chat template
-files, the KV layout (vLLM's block size, layers, KV heads, head size, dtype) and the tensor
-parallel size. ``cache_salt`` turns a request's scope into vLLM's ``cache_salt``: a keyed hash of
-that namespace (so of the tenant's secret scope salt), the scope's flush generation, this process's
-epoch and the client's ``cache_salt`` (which only narrows). vLLM folds it into the hash of every
-block of the request, so its prefix cache never shares across scopes, revisions or flushes.
+(the digest the web tier's ``JinjaChatTemplate`` has), the KV layout (vLLM's block size, layers, KV
+heads, head size, dtype) and the tensor parallel size. ``cache_salt`` turns a request's scope into
+vLLM's ``cache_salt``: a keyed hash of that namespace (so of the tenant's secret scope salt), the
+scope's flush generation, this process's epoch and the client's ``cache_salt`` (which only narrows).
+vLLM folds it into the hash of every block of the request, so its prefix cache never shares across
+scopes, revisions or flushes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachecore.model.hf_config import CheckpointError, checkpoint_dir
-from cachecore.model.hf_weights import checkpoint_digest
+from cachecore.model.checkpoint import inspect_checkpoint
+from cachecore.model.hf_config import CheckpointError, weights_root
 from cachecore.namespace import Namespace, canonical_encode
 from cachecore.routing.hashes import namespace_fields
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
 GPU_BLOCK_SIZE = 16
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
-                   "tokenizer.model", "generation_config.json")
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
-def _text_config(cfg: dict) -> dict:
-    inner = cfg.get("text_config")
-    return inner if isinstance(inner, dict) else cfg
 
 
 @dataclass(frozen=True)
 class CheckpointFacts:
-    """What Strata reads from a checkpoint's ``config.json`` for any architecture vLLM serves."""
+    """What Strata reads from a checkpoint's ``config.json`` for any architecture vLLM serves
+    (``cachecore.model.checkpoint.inspect_checkpoint(..., engine="vllm")``, as the web tier reads it)."""
 
     architecture: str
     vocab_size: int
@@ -55,31 +49,10 @@ class CheckpointFacts:
     dtype: str
 
     @classmethod
-    def read(cls, root: Path) -> CheckpointFacts:
-        try:
-            cfg = json.loads((root / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"config.json: {exc}") from None
-        archs = cfg.get("architectures") or ["?"]
-        text = _text_config(cfg)
-        heads = int(text.get("num_attention_heads") or 1)
-        hidden = int(text.get("hidden_size") or 0)
-        dtype = str(text.get("torch_dtype") or cfg.get("torch_dtype") or cfg.get("dtype") or "float32")
-        return cls(architecture=str(archs[0]), vocab_size=int(text.get("vocab_size") or cfg.get("vocab_size") or 0),
-                   max_seq_len=int(text.get("max_position_embeddings") or 2048),
-                   layers=int(text.get("num_hidden_layers") or 0),
-                   kv_heads=int(text.get("num_key_value_heads") or heads),
-                   head_dim=int(text.get("head_dim") or (hidden // heads if heads else 0)), dtype=dtype)
-
-
-def tokenizer_digest(root: Path) -> str:
-    """SHA-256 over the tokenizer and chat-template files present (names and bytes)."""
-    h = hashlib.sha256(b"strata.vllm.tokenizer\x00")
-    for name in TOKENIZER_FILES:
-        p = root / name
-        if p.is_file():
-            h.update(canonical_encode(name, p.read_bytes()))
-    return h.hexdigest()
+    def of(cls, config) -> CheckpointFacts:
+        m = config.model
+        return cls(architecture=config.architecture, vocab_size=m.vocab_size, max_seq_len=m.max_seq_len,
+                   layers=m.n_layers, kv_heads=m.n_kv_heads, head_dim=m.head_dim, dtype=config.checkpoint_dtype)
 
 
 @dataclass
@@ -93,34 +66,35 @@ class VllmRevision:
     dtype: str
     tensor_parallel_size: int
     kv_cache_bytes: int
+    tokenizer: object = None  # cachecore.model.hf_tokenizer.HFTokenizer: the web tier's, special tokens skipped
     engine: object = None  # vllm.v1.engine.async_llm.AsyncLLM, once started
-    tokenizer: object = None
     num_blocks: int = 0
     epoch: bytes = field(default_factory=lambda: secrets.token_bytes(16))
 
     @classmethod
     def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
-                tensor_parallel_size: int = 1) -> VllmRevision:
+                tensor_parallel_size: int = 1, weights_root_dir: str | None = None) -> VllmRevision:
         """Check the checkpoint (it must be a directory whose bytes match the recorded digest) and
         work out the engine's settings; nothing is started."""
         path = revision.get("checkpoint_path")
         if not path:
             raise CheckpointError("the vllm engine serves Hugging Face checkpoint directories only "
                                   "(a revision with a 'path'); seeded presets run on the strata engine")
-        root = checkpoint_dir(path)
-        digest = checkpoint_digest(root)
+        with weights_root(weights_root_dir):  # no file of it may lead outside the root
+            info = inspect_checkpoint(path, engine="vllm")
+        root, digest = Path(info.path), info.digest
         if revision.get("digest") and revision["digest"] != digest:
             raise CheckpointError(f"checkpoint {root} changed since revision {revision['label']!r} was recorded "
                                   "(its digest differs); add a new revision for new weights")
-        facts = CheckpointFacts.read(root)
+        facts = CheckpointFacts.of(info.config)
         if dtype is None:
             dtype = "float32" if device == "cpu" else ("bfloat16" if facts.dtype == "float32" else facts.dtype)
         block = CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE
         per_token = 2 * max(1, facts.layers) * max(1, facts.kv_heads) * max(1, facts.head_dim) \
             * _DTYPE_BYTES.get(dtype, 4) // max(1, tensor_parallel_size)
         kv_bytes = max(int(l1_mb) << 20, 2 * facts.max_seq_len * per_token + (4 << 20))
-        return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest,
-                   tokenizer_digest=tokenizer_digest(root), block_size=block, dtype=dtype,
+        return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest, tokenizer=info.tokenizer,
+                   tokenizer_digest=info.chat.digest, block_size=block, dtype=dtype,
                    tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes,
                    num_blocks=kv_bytes // max(1, per_token * block))
 
@@ -132,7 +106,9 @@ class VllmRevision:
             enable_prefix_caching=True, block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_bytes,
             max_model_len=self.facts.max_seq_len, max_num_seqs=max_num_seqs,
             tensor_parallel_size=self.tensor_parallel_size,
-            distributed_executor_backend="ray" if self.tensor_parallel_size > 1 else None,
+            # the actor holds the node's GPUs (Ray set CUDA_VISIBLE_DEVICES to them): vLLM's own worker
+            # processes use them; its Ray backend would ask the cluster for GPUs this actor already holds
+            distributed_executor_backend="mp" if self.tensor_parallel_size > 1 else None,
             enforce_eager=device == "cpu" or os.environ.get("STRATA_VLLM_EAGER") == "1",
             disable_log_stats=True,
         )
@@ -142,9 +118,6 @@ class VllmRevision:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
-        self.tokenizer = self.engine.tokenizer
-        if self.tokenizer is None:  # vLLM versions that load it lazily
-            self.tokenizer = await self.engine.get_tokenizer()
 
     def shutdown(self) -> None:
         if self.engine is not None:

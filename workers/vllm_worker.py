@@ -153,7 +153,8 @@ class VllmWorker(AdmissionMixin):
     # ------------------------------------------------------------------ engines
     def _start(self, revision: dict) -> VllmRevision:
         rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=self.config.l1_mb,
-                                   dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size)
+                                   dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size,
+                                   weights_root_dir=self.config.weights_root)
         self.loop.run(rev.start(max_num_seqs=self.config.max_batch, device=self.device), timeout=START_TIMEOUT_S)
         return rev
 

@@ -195,3 +195,28 @@ def test_the_kv_api_on_a_vllm_deployment_is_a_clear_501(platform, actor, vllm_ch
             assert resp.json()["error"]["code"] == "kv_api_unsupported"
     finally:
         _kill(name)
+
+
+def test_greedy_output_through_the_api_is_identical_cold_and_cached_around_block_boundaries(
+        platform, actor, vllm_checkpoint):
+    from controlplane.registry.services import model_create
+
+    name = "vllm-exact"
+    path, hf, _ = vllm_checkpoint
+    d = model_create(actor=actor, name=name, preset="", engine="vllm", revision={"label": "r1", "path": str(path)})
+    _grant(platform, actor, d)
+    client = platform.client("acme")
+    try:
+        for length in (31, 32, 33, 63, 64, 65, 97):
+            prompt = [5 + (i * 11 + length) % 300 for i in range(length)]
+            outs = [client.completions.create(model=name, prompt=prompt, max_tokens=8, temperature=0,
+                                              extra_body={"cache_salt": f"exact-{length}"}) for _ in range(2)]
+            assert outs[0].usage.prompt_tokens_details.cached_tokens == 0
+            assert outs[1].usage.prompt_tokens_details.cached_tokens == (length - 1) // 32 * 32
+            assert outs[1].choices[0].text == outs[0].choices[0].text
+            with torch.no_grad():
+                ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, length:].tolist()
+            n = outs[0].usage.completion_tokens
+            assert n >= 1 and outs[0].choices[0].text == vllm_checkpoint[2].decode(ref[:n])
+    finally:
+        _kill(name)
