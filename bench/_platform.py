@@ -87,6 +87,7 @@ class Platform:
             except Unavailable:
                 if time.monotonic() > deadline or find(name) is None:  # gone: it failed, not slow
                     raise
+                time.sleep(1)
         info = ray.get(handle.info.remote())
         self.model, self.preset, self.deployment = name, preset, deployment
         self.block_size = int(info["layout"]["block_size"])
@@ -204,6 +205,9 @@ def throwaway_platform(
 
         import ray
 
+        from workers.config import apply_ray_env
+
+        apply_ray_env()  # replicas at the normal priority, as `make run` starts them
         ray.init(address="local", num_cpus=ray_cpus, namespace="strata", include_dashboard=False,
                  log_to_driver=False, configure_logging=False, _temp_dir=str(home / "ray"))
         ray_started = True

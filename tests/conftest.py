@@ -63,5 +63,5 @@ def vllm_checkpoint(tmp_path_factory):
     from tests.hf_checkpoints import VLLM_CPU_SHAPE, build_checkpoint
 
     path = tmp_path_factory.mktemp("vllm-llama")
-    hf, tok = build_checkpoint("llama", path, seed=11, max_pos=512, **VLLM_CPU_SHAPE)
+    hf, tok = build_checkpoint("llama", path, seed=11, max_pos=2048, **VLLM_CPU_SHAPE)
     return path, hf, tok

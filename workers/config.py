@@ -122,6 +122,20 @@ class WorkerConfig:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
+# Ray starts every worker process at niceness 15 unless told otherwise (its raylet's
+# ``worker_niceness``): the replicas (and the vLLM engine core they spawn) would then yield the CPU to
+# the web process, Celery and anything else on the machine, so that a flood of requests handled in
+# the web tier slows every tenant's forward pass. Replicas are the serving path: their raylet starts
+# them at the normal priority. Set in the environment of every ``ray start`` / local ``ray.init``.
+RAY_PROCESS_ENV = {"RAY_worker_niceness": "0"}
+
+
+def apply_ray_env(environ: dict | None = None) -> None:
+    """``RAY_PROCESS_ENV`` into ``environ`` (``os.environ`` by default) where not set already."""
+    target = os.environ if environ is None else environ
+    for key, value in RAY_PROCESS_ENV.items():
+        target.setdefault(key, value)
+
 
 def _home() -> Path:
     """``STRATA_HOME`` as the control plane reads it: a relative path is relative to the repository

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.config import apply_ray_env
 from workers.supervisor import Supervisor, private_dir, private_files, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -194,6 +195,7 @@ class Launcher:
         env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
         env["PYTHONUNBUFFERED"] = "1"
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        apply_ray_env(env)  # replicas at the normal priority (workers.config.RAY_PROCESS_ENV)
         return env
 
     def _log(self, name: str) -> Path | None:

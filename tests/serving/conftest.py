@@ -15,7 +15,10 @@ import pytest
 def ray_cluster():
     import ray
 
+    from workers.config import apply_ray_env
+
     if not ray.is_initialized():
+        apply_ray_env()  # replicas at the normal priority, as `make run` starts them
         ray.init(num_cpus=2, namespace="strata", include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
     yield ray.get_runtime_context().gcs_address

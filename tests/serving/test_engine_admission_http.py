@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-LONG = {"strata": 1000, "vllm": 480}  # most of each test model's context: the stream stays open
+LONG = {"strata": 1000, "vllm": 2000}  # most of each test model's context: the stream stays open
 
 
 @pytest.fixture

@@ -105,6 +105,10 @@ def test_routing_over_two_vllm_replicas_follows_the_cached_prefix(platform, acto
 
         router = gateway.router(spec)
         assert complete("acme", prefix + [7]) == 0
+        deadline = time.monotonic() + 60
+        while not any(v.namespace_fields for v in router._views.values()):  # the replicas' info was polled
+            assert time.monotonic() < deadline, "the router never learned the replicas' namespace fields"
+            time.sleep(0.1)
         view = next(v for v in router._views.values() if v.namespace_fields)
         assert view.namespace_fields["block_size"] == 32
         hashes = request_hashes(view.namespace_fields, tenant_scope_salt(platform.tenants["acme"]), prefix)

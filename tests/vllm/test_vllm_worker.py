@@ -112,7 +112,7 @@ def test_stop_logprobs_and_seed(vllm_worker):
 def test_bad_requests_are_error_events(vllm_worker):
     assert vllm_worker.collect(_req(A, prompt=[10 ** 6]))[-1]["code"] == "invalid_prompt"
     assert vllm_worker.collect(_req(A, prompt=[]))[-1]["code"] == "invalid_prompt"
-    assert vllm_worker.collect(_req(A, prompt=[1] * 500, max_tokens=100))[-1]["code"] == "context_length_exceeded"
+    assert vllm_worker.collect(_req(A, prompt=[1] * 2000, max_tokens=100))[-1]["code"] == "context_length_exceeded"
     assert vllm_worker.collect(_req(A, expected_revision="r0"))[-1]["code"] == "revision_changed"
     bad = vllm_worker.collect({**_req(A), "widen": True})
     assert bad[-1]["code"] == "invalid_request"
@@ -127,7 +127,7 @@ def test_tenant_quotas_concurrency_and_inflight_tokens(vllm_worker):
 
 
 def test_cancel_stops_a_running_stream_and_cancel_tenant_waits_for_it(vllm_worker):
-    stream = vllm_worker.stream(_req(A, max_tokens=400, prompt=PROMPT[:40], request_id="cancel-me"))
+    stream = vllm_worker.stream(_req(A, max_tokens=1500, prompt=PROMPT[:40], request_id="cancel-me"))
     assert next(stream)["type"] == "prefilled"
     next(stream)
     assert vllm_worker.cancel("cancel-me")
@@ -137,7 +137,7 @@ def test_cancel_stops_a_running_stream_and_cancel_tenant_waits_for_it(vllm_worke
 
     events: list = []
     t = threading.Thread(target=lambda: events.extend(
-        vllm_worker.stream(_req(B, max_tokens=400, prompt=PROMPT[:40], request_id="tenant-stop"))))
+        vllm_worker.stream(_req(B, max_tokens=1500, prompt=PROMPT[:40], request_id="tenant-stop"))))
     t.start()
     deadline = time.monotonic() + 30
     while not events and time.monotonic() < deadline:
