@@ -234,6 +234,17 @@ class EventLog:
             start = seq + 1 - oldest
             return list(itertools.islice(self._buf, start, start + limit)), False
 
+    def page(self, since_seq: int) -> dict:
+        """Plain data of the batches from ``since_seq`` on (inclusive: the next seq the consumer
+        expects; 1 for everything still buffered): ``{"replica_id", "seq" (the last published),
+        "gap", "batches": [EventBatch.to_dict()...]}``. ``gap`` True (no batches) means batch
+        ``since_seq`` is no longer buffered: reconcile from ``snapshot()``. Raises ``ValueError`` for
+        a ``since_seq`` that is not an int >= 1."""
+        if isinstance(since_seq, bool) or not isinstance(since_seq, int) or since_seq < 1:
+            raise ValueError(f"since_seq must be an int >= 1, got {since_seq!r}")
+        batches, gap = self.since(since_seq - 1)
+        return {"replica_id": self.replica_id, "seq": self.seq, "gap": gap, "batches": [b.to_dict() for b in batches]}
+
     def snapshot(self) -> dict:
         """``{"replica_id", "seq", "tiers": {tier: [hex hashes]}}``: what every tier holds after the
         batches up to ``seq``, by the events (hash order is arbitrary)."""

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from cachecore.errors import TenantBusy
+from workers.protocol import WorkerRequest, error_event
+from workers.stops import apply_stops
 
 MAX_CONCURRENCY = 32  # concurrent requests per actor (threads); the scheduler batches their forwards
 DEFAULT_TENANT_CONCURRENCY = MAX_CONCURRENCY // 4
@@ -31,6 +33,29 @@ def tenant_concurrency(limit) -> int:
 
 
 class AdmissionMixin:
+    def _admitted_stream(self, req: dict, serve) -> Iterator[dict]:
+        """The stream of one request on this worker, whichever engine serves it: ``req`` read back as
+        a ``WorkerRequest`` (a bad one is an ``invalid_request`` error event), one of its tenant's
+        slots taken for it (``tenant_busy`` otherwise) and released at the end, and ``stop`` applied
+        (``workers.stops``) to the events of ``serve(request, key)``, which returns them with the
+        tokenizer that decodes them."""
+        try:
+            wr = WorkerRequest.from_dict(req)
+        except ValueError as exc:
+            yield error_event("invalid_request", str(exc), retryable=False)
+            return
+        key = wr.request_id or f"anon-{uuid.uuid4().hex}"
+        try:
+            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
+        except TenantBusy as exc:
+            yield self._error(exc)
+            return
+        try:
+            events, tokenizer = serve(wr, key)
+            yield from apply_stops(events, tokenizer, wr.stop)
+        finally:
+            self._release(wr.tenant, key)
+
     def _acquire(self, tenant: str, key: str, limit) -> None:
         """Take one of ``tenant``'s concurrent-request slots for the request ``key``, or raise
         ``TenantBusy`` (counted). ``limit``: the tenant's quota (``tenant_concurrency``)."""

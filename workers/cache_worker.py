@@ -20,7 +20,6 @@ import os
 import secrets
 import threading
 import time
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError, Cancelled, TenantBusy
+from cachecore.errors import CacheError, Cancelled
 from cachecore.events import EventLog
 from cachecore.model.hf_config import weights_root
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
@@ -54,7 +53,6 @@ from workers.protocol import (
 )
 from workers.remote_tier import RemoteTier
 from workers.router_stats import DecodeClock, router_section
-from workers.stops import apply_stops
 
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
 
@@ -187,11 +185,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
         "seq" (the last published), "gap", "batches": [EventBatch.to_dict()...]}``. ``gap`` True
         (no batches) means batch ``since_seq`` is no longer buffered: reconcile from
         ``kv_snapshot()``. Raises ``ValueError`` for a ``since_seq`` that is not an int >= 1."""
-        if isinstance(since_seq, bool) or not isinstance(since_seq, int) or since_seq < 1:
-            raise ValueError(f"since_seq must be an int >= 1, got {since_seq!r}")
-        batches, gap = self.events.since(since_seq - 1)
-        return {"replica_id": self.replica_id, "seq": self.events.seq, "gap": gap,
-                "batches": [b.to_dict() for b in batches]}
+        return self.events.page(since_seq)
 
     def kv_snapshot(self) -> dict:
         """Every tier's block hashes (hex) as of ``seq``: ``{"replica_id", "seq", "tiers"}``."""
@@ -208,22 +202,12 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
         checked before a worker is involved). ``stop``: see ``workers.stops`` (token texts are
         decoded incrementally and generation ends at a stop sequence, which is not returned).
         Yields the protocol's events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
-        try:
-            wr = WorkerRequest.from_dict(req)
-        except ValueError as exc:
-            yield error_event("invalid_request", str(exc), retryable=False)
-            return
-        key = wr.request_id or f"anon-{uuid.uuid4().hex}"
-        try:
-            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
-        except TenantBusy as exc:
-            yield self._error(exc)
-            return
-        try:
+
+        def serve(wr: WorkerRequest, key: str):
             active = self._active  # one revision's tokenizer decodes what its model generates
-            yield from apply_stops(self._stream(wr, key, active), active.loaded.tokenizer, wr.stop)
-        finally:
-            self._release(wr.tenant, key)
+            return self._stream(wr, key, active), active.loaded.tokenizer
+
+        yield from self._admitted_stream(req, serve)
 
     def _set_weight(self, tenant: str, weight: int | None) -> None:
         """The tenant's fair-share weight (its quota; ``None`` = 1) in the cache pools and the scheduler."""

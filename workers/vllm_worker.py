@@ -40,7 +40,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from cachecore.errors import CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong, TenantBusy
+from cachecore.errors import CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
 from cachecore.events import EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.metrics import CacheMetrics
@@ -58,7 +58,6 @@ from workers.protocol import (
     token_event,
 )
 from workers.router_stats import DEFAULT_DECODE_STEP_S, DEFAULT_PREFILL_TOKENS_PER_S, L1_TOKENS_PER_S, DecodeClock
-from workers.stops import apply_stops
 from workers.vllm_blocks import DerivedBlocks
 from workers.vllm_revision import VllmRevision
 
@@ -222,11 +221,8 @@ class VllmWorker(AdmissionMixin):
         }
 
     def kv_events(self, since_seq: int) -> dict:
-        if isinstance(since_seq, bool) or not isinstance(since_seq, int) or since_seq < 1:
-            raise ValueError(f"since_seq must be an int >= 1, got {since_seq!r}")
-        batches, gap = self.events.since(since_seq - 1)
-        return {"replica_id": self.replica_id, "seq": self.events.seq, "gap": gap,
-                "batches": [b.to_dict() for b in batches]}
+        """``EventLog.page``: the derived KV event batches from ``since_seq`` on."""
+        return self.events.page(since_seq)
 
     def kv_snapshot(self) -> dict:
         return self.events.snapshot()
@@ -250,22 +246,12 @@ class VllmWorker(AdmissionMixin):
     # ------------------------------------------------------------------ serving
     def stream(self, req: dict) -> Iterator[dict]:
         """Serve one ``WorkerRequest`` (``workers.engine_contract``)."""
-        try:
-            wr = WorkerRequest.from_dict(req)
-        except ValueError as exc:
-            yield error_event("invalid_request", str(exc), retryable=False)
-            return
-        key = wr.request_id or f"anon-{uuid.uuid4().hex}"
-        try:
-            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
-        except TenantBusy as exc:
-            yield self._error(exc)
-            return
-        try:
+
+        def serve(wr: WorkerRequest, key: str):
             rev = self._active
-            yield from apply_stops(self._stream(wr, key, rev), rev.tokenizer, wr.stop)
-        finally:
-            self._release(wr.tenant, key)
+            return self._stream(wr, key, rev), rev.tokenizer
+
+        yield from self._admitted_stream(req, serve)
 
     def collect(self, req: dict) -> list[dict]:
         return list(self.stream(req))

@@ -29,7 +29,7 @@ from cachecore.model.hf_config import (
     CheckpointError,
     checkpoint_dir,
     read_config,
-    read_json,
+    read_config_files,
     token_ids,
 )
 from cachecore.model.hf_tokenizer import HFTokenizer, load_text
@@ -147,13 +147,8 @@ def read_generic_config(path: str | os.PathLike[str]) -> GenericConfig:
     """The checkpoint directory's config read generically, with the EOS ids of
     ``generation_config.json`` when that file exists (they win), as ``read_config`` does. Raises
     ``CheckpointError``."""
-    root = checkpoint_dir(path)
-    eos: tuple[int, ...] = ()
-    gen_path = root / "generation_config.json"
-    if gen_path.is_file():
-        gen = read_json(gen_path, "generation_config.json")
-        eos = token_ids(gen.get("eos_token_id"), "generation_config.json: eos_token_id")
-    return parse_generic_config(read_json(root / "config.json", "config.json"), eos_override=eos)
+    cfg, eos = read_config_files(path)
+    return parse_generic_config(cfg, eos_override=eos)
 
 
 @dataclass(frozen=True)

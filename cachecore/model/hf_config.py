@@ -242,16 +242,23 @@ def parse_config(cfg: dict[str, Any], *, eos_override: tuple[int, ...] = ()) -> 
     )
 
 
-def read_config(path: str | os.PathLike[str]) -> CheckpointConfig:
-    """The checkpoint directory's config: ``config.json`` with the EOS ids of ``generation_config.json``
-    when that file exists (they win). Raises ``CheckpointError``."""
+def read_config_files(path: str | os.PathLike[str]) -> tuple[dict[str, Any], tuple[int, ...]]:
+    """A checkpoint directory's ``config.json`` and the EOS ids of its ``generation_config.json``
+    (empty when it has none; they win over the config's). Raises ``CheckpointError``."""
     root = checkpoint_dir(path)
     eos: tuple[int, ...] = ()
     gen_path = root / "generation_config.json"
     if gen_path.is_file():
         gen = read_json(gen_path, "generation_config.json")
         eos = token_ids(gen.get("eos_token_id"), "generation_config.json: eos_token_id")
-    return parse_config(read_json(root / "config.json", "config.json"), eos_override=eos)
+    return read_json(root / "config.json", "config.json"), eos
+
+
+def read_config(path: str | os.PathLike[str]) -> CheckpointConfig:
+    """The checkpoint directory's config: ``config.json`` with the EOS ids of ``generation_config.json``
+    when that file exists (they win). Raises ``CheckpointError``."""
+    cfg, eos = read_config_files(path)
+    return parse_config(cfg, eos_override=eos)
 
 
 def serving_dtype(checkpoint_dtype: str, device: torch.device, override: str | None = None) -> str:
