@@ -36,6 +36,19 @@ class AsyncLoop:
         self.loop.call_soon_threadsafe(fn, *args)
 
     def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)
+        """Cancel what still runs on the loop (and let it finish cancelling), then stop it."""
+        if not self.loop.is_running():
+            return
+
+        async def cancel_rest() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.run(cancel_rest(), timeout=5)
+        except Exception:  # a task that will not cancel: stop anyway
+            pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)

@@ -30,6 +30,10 @@ logger = logging.getLogger("controlplane.runtime")
 CALL_TIMEOUT_S = 30.0
 GENERATION_TIMEOUT_S = 600.0  # a whole non-streamed generation (long outputs on a CPU)
 CREATE_TIMEOUT_S = 120.0
+# A vLLM replica loads its weights and may compile before it answers (minutes for a large checkpoint):
+# it gets as long as the worker gives its engine (``workers.vllm_worker.START_TIMEOUT_S``), so a slow
+# start is waited for, never taken for a dead replica and restarted from scratch.
+VLLM_CREATE_TIMEOUT_S = 900.0
 _BAD_INPUT = (ValueError, TypeError, ArithmeticError, LookupError)  # bad values the worker refused
 _lock = threading.Lock()
 _sets: dict[str, ReplicaSet] = {}
@@ -145,7 +149,8 @@ def replica_set(spec: WorkerSpec) -> ReplicaSet:
             rs = _sets.get(spec.deployment)
             if rs is None:
                 rs = _sets[spec.deployment] = ReplicaSet(
-                    spec.deployment, join=join, create_timeout=CREATE_TIMEOUT_S,
+                    spec.deployment, join=join,
+                    create_timeout=VLLM_CREATE_TIMEOUT_S if spec.engine == "vllm" else CREATE_TIMEOUT_S,
                     refresh=lambda name=spec.deployment: registry_spec(name))
     return rs.update(spec)
 
