@@ -8,6 +8,7 @@ The replica actor serves each request on one of its threads (Ray's threaded acto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
@@ -46,9 +47,7 @@ class AsyncLoop:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        try:
+        with contextlib.suppress(Exception):  # a task that will not cancel: stop anyway
             self.run(cancel_rest(), timeout=5)
-        except Exception:  # a task that will not cancel: stop anyway
-            pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
