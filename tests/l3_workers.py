@@ -29,8 +29,10 @@ class L3Site:
 
     def worker(self, deployment: str = "l3-policy", seed: int = 31) -> CacheWorker:
         """A fresh worker (empty L1, no L2) over this site's L3: only L3 can give it a hit."""
+        # load_policy always_load: what may be read from L3 is under test here, not the cost model,
+        # which picks recompute for this tiny model whenever earlier tests left its kernels fast
         cfg = WorkerConfig(l1_mb=8, l2_mb=0, l3_url=self.l3.as_uri(), master_key_file=str(self.key_file),
-                           torch_threads=1)
+                           torch_threads=1, load_policy="always_load")
         return CacheWorker(deployment=deployment, preset="tiny", revision={"label": "r1", "seed": seed},
                            device="cpu", config=cfg)
 

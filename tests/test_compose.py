@@ -31,7 +31,7 @@ APP_SERVICES = ("web", "celery", "ray-head", "ray-gpu-worker")
 INIT_SQL = ROOT / "docker" / "postgres-init.sql"
 CONNECTIONS = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS")
 # Read by something other than controlplane.env: Django itself and Ray's token authentication.
-OTHER_READERS = {"DJANGO_SETTINGS_MODULE", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}
+OTHER_READERS = {"DJANGO_SETTINGS_MODULE", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_worker_niceness"}  # not Strata's
 
 
 class _RecordingEnviron(dict):
