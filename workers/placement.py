@@ -3,8 +3,8 @@ import), so the control plane checks a deployment's ``tensor_parallel_size`` bef
 the tests run on CPU with fake node lists.
 
 A replica with ``tensor_parallel_size = tp`` > 1 runs vLLM over ``tp`` GPUs of one node (tensor
-parallelism all-reduces every layer: it stays on one node's interconnect). Its GPUs are reserved by a
-``STRICT_PACK`` placement group of ``tensor_parallel_bundles(tp)``.
+parallelism all-reduces every layer: it stays on one node's interconnect). Its actor asks for ``tp``
+GPUs (``workers.actor.placement``): one actor's resources always come from one node.
 """
 
 from __future__ import annotations
@@ -37,11 +37,3 @@ def tensor_parallel_fit(nodes: Iterable[Mapping[str, Any]], tp: int) -> str | No
         return (f"tensor_parallel_size={tp} needs {tp} GPUs on one node; the Ray cluster has no node with "
                 "a GPU")
     return f"tensor_parallel_size={tp} needs {tp} GPUs on one node; the largest node has {largest}"
-
-
-def tensor_parallel_bundles(tp: int) -> list[dict[str, float]]:
-    """The bundles of the ``STRICT_PACK`` placement group that reserves one replica's ``tp`` GPUs: one
-    GPU each, no CPU (the actor asks for none either)."""
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
-    return [{"GPU": 1, "CPU": 0} for _ in range(tp)]

@@ -8,9 +8,9 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
   the client's ``cache_salt`` as a narrowing salt). vLLM's prefix cache never shares across scopes.
 - **Admission.** The tenant's concurrent-request slots and cancellation are the reference worker's
   (``workers.admission``); its in-flight tokens (prompt + ``max_tokens`` of its running requests)
-  are bounded by ``max_inflight_tokens`` (default: half of vLLM's cache); ``FairGate`` keeps at most
-  ``STRATA_MAX_BATCH`` requests inside vLLM and gives a freed slot to the waiting tenant with the
-  fewest running requests per ``share_weight``.
+  are bounded by ``max_inflight_tokens`` (default: half of vLLM's cache; whole blocks; one request
+  may exceed it alone, as on the reference engine); ``FairGate`` keeps at most ``STRATA_MAX_BATCH``
+  requests inside vLLM and admits the rest by start-time fair queuing weighted by ``share_weight``.
 - **Streams.** vLLM's outputs become ``workers.protocol`` events; the text of each token and
   ``stop`` are applied by ``workers.stops`` with the revision's tokenizer (as on the reference
   engine); ``cached_tokens`` is vLLM's ``num_cached_tokens``. A closed, cancelled or retired stream

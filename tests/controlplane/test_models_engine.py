@@ -65,7 +65,7 @@ def _retag(src, dst, architecture):
 
 # ---------------------------------------------------------------------- pure rules (no database)
 def test_tensor_parallel_fit_over_ray_node_lists():
-    from workers.placement import tensor_parallel_bundles, tensor_parallel_fit
+    from workers.placement import tensor_parallel_fit
 
     one, four = {"Alive": True, "Resources": {"CPU": 8, "GPU": 1.0}}, {"Alive": True, "Resources": {"GPU": 4.0}}
     dead8 = {"Alive": False, "Resources": {"GPU": 8.0}}
@@ -74,9 +74,6 @@ def test_tensor_parallel_fit_over_ray_node_lists():
     assert tensor_parallel_fit([one, one, dead8], 4) == (
         "tensor_parallel_size=4 needs 4 GPUs on one node; the largest node has 1")  # GPUs of one node only
     assert "no node with a GPU" in tensor_parallel_fit([{"Alive": True, "Resources": {"CPU": 2}}], 2)
-    assert tensor_parallel_bundles(2) == [{"GPU": 1, "CPU": 0}, {"GPU": 1, "CPU": 0}]
-    with pytest.raises(ValueError):
-        tensor_parallel_bundles(0)
 
 
 def test_vllm_cpu_head_sizes_are_read_from_the_installed_vllm():
