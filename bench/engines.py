@@ -45,10 +45,10 @@ prefix belongs to one tenant: every system has the same reuse to find. Per syste
   incomplete character aside (``_plain``; greedy: the two vLLM paths should agree on all; the
   reference engine's float32 sums differ in order, so a near tie may go the other way);
 - ``nice``: the niceness of the serving processes. Ray starts its workers at ``RAY_worker_niceness``
-  (15 by default; ``make run``'s Ray too), and vLLM's engine-core process inherits it from the
-  replica actor, while ``vllm serve`` runs at 0: on a machine where anything else runs (the web tier,
-  the client, another job) the replica's engine yields to it. ``--ray-niceness 0`` starts this run's
-  Ray with its workers at 0.
+  (15 unless told otherwise), and vLLM's engine-core process inherits it from the replica actor;
+  ``make run``, compose and this benchmark start Ray with 0 (``workers.config.RAY_PROCESS_ENV``), as
+  ``vllm serve`` runs. ``--ray-niceness 15`` shows what Ray's default costs: on a machine where
+  anything else runs (the web tier, the client, another job) the replica's engine yields to it.
 
 Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
 at 1 stream at most 5 ms above it. The reference engine's ratios are printed beside them.
@@ -84,14 +84,15 @@ SYSTEMS = ("vllm serve", "strata/vllm", "strata/ref")
 KEYS = {"vllm serve": "serve", "strata/vllm": "strata_vllm", "strata/ref": "strata_ref"}  # RESULT prefixes
 
 FULL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1536, "max_pos": 2048, "prefix": 1024,
-        "question": 32, "private": 256, "output": 32, "cold": 4, "warm": 8}
+        "question": 32, "private": 256, "output": 32, "cold": 4, "warm": 8, "per_stream": 4}
 QUICK = {"dim": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256, "max_pos": 512, "prefix": 224,
-         "question": 32, "private": 64, "output": 32, "cold": 4, "warm": 8}
+         "question": 32, "private": 64, "output": 32, "cold": 4, "warm": 8, "per_stream": 2}
 
 
-def _requests(streams: int) -> int:
-    """Requests sent at ``streams`` concurrent streams: 8, 8, 32."""
-    return max(8, 2 * streams)
+def _requests(streams: int, per_stream: int) -> int:
+    """Requests sent at ``streams`` concurrent streams: ``per_stream`` each, at least 4 times that
+    (full: 16, 16, 64; quick: 8, 8, 32), so a level's window is more than a few requests long."""
+    return max(4 * per_stream, per_stream * streams)
 
 
 # ---------------------------------------------------------------------- client process (no shared GIL)
@@ -285,7 +286,7 @@ def make_workload(cfg: dict, ids: list[int], seed: int) -> Workload:
     sweep = {}
     for c in LEVELS:
         jobs = []
-        for i in range(_requests(c)):
+        for i in range(_requests(c, cfg["per_stream"])):
             t = i % TENANTS
             private = i % PRIVATE_EVERY == PRIVATE_EVERY - 1
             jobs.append((t, fresh(cfg["private"]) if private else shared[t] + fresh(question)))
@@ -547,7 +548,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                         help=f"default {FULL[name]} (quick {QUICK[name]})")
     ap.add_argument("--l1-mb", type=int, default=256, help="STRATA_L1_MB: vLLM's KV cache size on both vLLM paths")
     ap.add_argument("--ray-niceness", type=int, default=None,
-                    help="RAY_worker_niceness for this run's local Ray (default: Ray's, 15, as `make run` has it; "
+                    help="RAY_worker_niceness for this run's local Ray (default 0, as `make run` starts it; "
                          "the replica actors and vLLM's engine core under them run at it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
