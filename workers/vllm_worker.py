@@ -65,7 +65,7 @@ RETRYABLE = frozenset({"revision_changed", "inflight_limit", "tenant_busy", "eng
 START_TIMEOUT_S = 900.0  # a vLLM engine start (weights, compile) on a slow CPU
 _END = object()
 _POLL_S = 0.05  # how often a waiting stream checks for cancellation
-_PROBE_MEMORY = 4096  # scopes remembered for flush generations
+_SCOPE_MEMORY = 4096  # flushed scopes whose generation is kept; past it every scope moves on at once
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 
@@ -455,8 +455,11 @@ class VllmWorker(AdmissionMixin):
             for k in keys:
                 self._scope_gen[k] = self._scope_gen.get(k, 0) + 1
                 self._scope_gen.move_to_end(k)
-            while len(self._scope_gen) > _PROBE_MEMORY:
-                self._scope_gen.popitem(last=False)
+            if len(self._scope_gen) > _SCOPE_MEMORY:
+                # forgetting one scope's generation would give it back its pre-flush salt: instead
+                # every scope moves to a new generation at once (a miss for all, never a stale hit)
+                self._generation += 1
+                self._scope_gen.clear()
             return [t for t, ks in self._tenant_scopes.items() if ks & keys] or [tenant]
 
     def flush(self, scope: dict) -> dict:

@@ -209,3 +209,17 @@ def test_rollout_starts_the_new_revision_drains_and_retires_the_old(vllm_worker,
     events = vllm_worker.collect(_req(A, prompt))
     assert events[0]["revision"] == "r2" and events[0]["cached_tokens"] == 0  # a new engine, a new cache
     assert vllm_worker.collect(_req(A, prompt, expected_revision="r1"))[-1]["code"] == "revision_changed"
+
+
+def test_a_flushed_scope_never_gets_its_old_salt_back_when_generations_are_forgotten(vllm_worker, monkeypatch):
+    import workers.vllm_worker as vw
+
+    monkeypatch.setattr(vw, "_SCOPE_MEMORY", 1)
+    prompt = [p + 8 for p in PROMPT]
+    c = secrets.token_bytes(32)
+    _cached(vllm_worker, A, prompt)
+    assert _cached(vllm_worker, A, prompt) > 0
+    vllm_worker.flush({"scope": "tenant", "tenant": "1"})
+    _cached(vllm_worker, c, prompt, tenant="3")
+    vllm_worker.flush({"scope": "tenant", "tenant": "3"})  # a second flushed scope: past the memory
+    assert _cached(vllm_worker, A, prompt) == 0  # still a miss: tenant 1's pre-flush blocks stay unreachable
