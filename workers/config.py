@@ -20,7 +20,8 @@ tenants had work in the last few steps, default 64; 0 = the full budget always; 
 a tenant below its share that just finished one, default 40; 0 = never, at most 1000),
 ``STRATA_TORCH_THREADS``
 (default: every core), ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
-resolve inside it, symlinks followed). Read in the worker's process (the Ray actor inherits
+resolve inside it, symlinks followed), ``STRATA_VLLM_CONNECTOR`` (default 1; 0: a vLLM deployment keeps its
+prefixes in vLLM's device cache only, without Strata's L2 and L3). Read in the worker's process (the Ray actor inherits
 the environment of the process that started Ray).
 """
 
@@ -72,6 +73,7 @@ class WorkerConfig:
     l3_sweep_seconds: int = 300
     master_key_file: str = ""
     weights_root: str | None = None  # STRATA_WEIGHTS_ROOT: checkpoints (and their files) must resolve inside it
+    vllm_connector: bool = True  # STRATA_VLLM_CONNECTOR=0: vLLM deployments keep vLLM's device cache only
 
     @classmethod
     def from_env(cls) -> WorkerConfig:
@@ -94,6 +96,7 @@ class WorkerConfig:
             l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
             master_key_file=os.environ.get("STRATA_MASTER_KEY_FILE", "").strip() or str(_home() / "master.key"),
             weights_root=os.environ.get("STRATA_WEIGHTS_ROOT", "").strip() or None,
+            vllm_connector=_int("STRATA_VLLM_CONNECTOR", 1) != 0,
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
         if cfg.token_budget <= cfg.max_batch:

@@ -25,7 +25,7 @@ from cachecore import crypto
 from cachecore.errors import BackendUnavailable, CacheError
 from cachecore.layout import KVLayout
 from cachecore.tiers.backends import open_backend
-from cachecore.tiers.remote import RemoteStore
+from cachecore.tiers.remote import DEFAULT_CHUNK_BLOCKS, RemoteStore
 from workers.config import WorkerConfig, master_key
 
 logger = logging.getLogger("strata.worker.l3")
@@ -48,7 +48,8 @@ class RemoteTier:
         self._sweeper.start()
 
     @classmethod
-    def build(cls, cfg: WorkerConfig, layout: KVLayout) -> RemoteTier | None:
+    def build(cls, cfg: WorkerConfig, layout: KVLayout, *,
+              chunk_blocks: int = DEFAULT_CHUNK_BLOCKS) -> RemoteTier | None:
         try:
             backend = open_backend(cfg.l3_url)
         except (CacheError, ValueError, OSError) as exc:
@@ -57,7 +58,7 @@ class RemoteTier:
         if backend is None:
             return None
         keyring = crypto.Keyring()
-        store = RemoteStore(backend, keyring, layout, capacity_bytes=cfg.l3_mb * 2**20)
+        store = RemoteStore(backend, keyring, layout, chunk_blocks=chunk_blocks, capacity_bytes=cfg.l3_mb * 2**20)
         return cls(store, keyring, master_key(cfg), cfg)
 
     # ------------------------------------------------------------------ keys

@@ -25,6 +25,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cachecore.layout import KVLayout
 from cachecore.model.checkpoint import inspect_checkpoint
 from cachecore.model.hf_config import CheckpointError, weights_root
 from cachecore.namespace import Namespace, canonical_encode
@@ -70,6 +71,9 @@ class VllmRevision:
     engine: object = None  # vllm.v1.engine.async_llm.AsyncLLM, once started
     num_blocks: int = 0
     epoch: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+    device: str = "cpu"
+    tiers: object = None  # workers.kv_rpc.TierClient to this engine's tier service (None: no connector)
+    connector: dict | None = None  # KVTransferConfig arguments (workers.kv_connector.connector_config)
 
     @classmethod
     def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
@@ -96,12 +100,35 @@ class VllmRevision:
         return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest, tokenizer=info.tokenizer,
                    tokenizer_digest=info.chat.digest, block_size=block, dtype=dtype,
                    tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes,
-                   num_blocks=kv_bytes // max(1, per_token * block))
+                   num_blocks=kv_bytes // max(1, per_token * block), device=device)
+
+    def kv_layout(self) -> KVLayout:
+        """Strata's block layout of this engine's KV (what its L2 and L3 blocks hold)."""
+        return KVLayout(num_layers=self.facts.layers, num_kv_heads=self.facts.kv_heads, head_dim=self.facts.head_dim,
+                        block_size=self.block_size, dtype=self.dtype)
+
+    @property
+    def native_pages(self) -> bool:
+        """Whether blocks keep vLLM's own page layout (``workers.kv_pages``: not on its CPU backend)."""
+        return self.device != "cpu"
+
+    def attach_tiers(self, deployment: str, worker_config: dict) -> None:
+        """Serve this engine with Strata's KV connector (before ``start``): its tier service (L2, L3)
+        will live in vLLM's worker process, reached over a fresh private socket."""
+        from workers.kv_connector import connector_config
+        from workers.kv_rpc import TierClient, new_endpoint
+
+        endpoint = new_endpoint()
+        self.connector = connector_config(endpoint=endpoint, worker_config=worker_config, layout=self.kv_layout(),
+                                          native=self.native_pages, deployment=deployment, revision=self.label)
+        self.tiers = TierClient(endpoint)
 
     def engine_args(self, *, max_num_seqs: int, device: str):
+        from vllm.config import KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         return AsyncEngineArgs(
+            kv_transfer_config=KVTransferConfig(**self.connector) if self.connector else None,
             model=str(self.root), tokenizer=str(self.root), dtype=self.dtype, seed=0,
             enable_prefix_caching=True, block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_bytes,
             max_model_len=self.facts.max_seq_len, max_num_seqs=max_num_seqs,
@@ -120,6 +147,8 @@ class VllmRevision:
         self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
 
     def shutdown(self) -> None:
+        if self.tiers is not None:
+            self.tiers.close()
         if self.engine is not None:
             try:
                 self.engine.shutdown()
@@ -129,7 +158,8 @@ class VllmRevision:
     # -------------------------------------------------------------- cache keys
     def layout(self) -> dict:
         return {"engine": "vllm", "dtype": self.dtype, "block_size": self.block_size, "n_layers": self.facts.layers,
-                "n_kv_heads": self.facts.kv_heads, "head_dim": self.facts.head_dim}
+                "n_kv_heads": self.facts.kv_heads, "head_dim": self.facts.head_dim,
+                "pages": f"native-{self.device}" if self.native_pages else "canonical"}
 
     def namespace(self, deployment: str, scope_salt: bytes) -> Namespace:
         return Namespace.build(scope_salt=bytes(scope_salt), model_id=deployment, weight_digest=self.weight_digest,

@@ -20,17 +20,25 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
   everything it also resets vLLM's prefix cache. A rollout starts a second vLLM engine on the new
   revision (``stage_revision``), switches new requests to it, drains the old one's requests until
   the deadline (the rest end with a retryable ``revision_changed``) and shuts the old engine down.
+- **Tiers.** Behind vLLM's device cache, Strata's KV connector (``workers.kv_connector``) serves
+  each request from Strata's L2 and encrypted L3 (``workers.kv_tiers``, in vLLM's worker process):
+  the actor computes the request's Strata block keys from its scope and hands them, with the
+  tenant's quotas, weight, data keys and L3 policy, to the connector as ``kv_transfer_params``
+  (``workers.kv_params``); jobs and figures reach the tier service over ``workers.kv_rpc``.
+  ``STRATA_VLLM_CONNECTOR=0`` (or tensor parallelism) leaves vLLM's device cache alone.
 - **Routing and figures.** The Strata block hashes of what vLLM computed are recorded
   (``workers.vllm_blocks``) and published as KV events (tier ``l1``); per-tenant prompt and cached
-  tokens go into the same ``CacheMetrics`` as the reference engine's.
+  tokens go into the same ``CacheMetrics`` as the reference engine's, the tiers' figures come from
+  the tier service.
 
-No L2/L3 yet: vLLM's device cache is the only tier here (Strata's KV connector is the next step), so
-L3-only flushes and key shreds have nothing to delete, and the KV API answers ``kv_api_unsupported``.
+The KV API answers ``kv_api_unsupported`` on vLLM deployments.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import logging
 import os
 import queue
 import threading
@@ -40,7 +48,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from cachecore.errors import CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
+from cachecore.errors import BackendUnavailable, CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
 from cachecore.events import EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.metrics import CacheMetrics
@@ -49,6 +57,9 @@ from workers.admission import MAX_CONCURRENCY, AdmissionMixin
 from workers.async_loop import AsyncLoop
 from workers.config import WorkerConfig
 from workers.fair_gate import FairGate
+from workers.kv_params import TransferParams
+from workers.kv_rpc import TierCallError
+from workers.kv_tiers import CHUNK_TOKENS
 from workers.protocol import (
     WorkerRequest,
     error_event,
@@ -61,6 +72,7 @@ from workers.router_stats import DEFAULT_DECODE_STEP_S, DEFAULT_PREFILL_TOKENS_P
 from workers.vllm_blocks import DerivedBlocks
 from workers.vllm_revision import VllmRevision
 
+logger = logging.getLogger("strata.vllm")
 RETRYABLE = frozenset({"revision_changed", "inflight_limit", "tenant_busy", "engine_busy"})
 START_TIMEOUT_S = 900.0  # a vLLM engine start (weights, compile) on a slow CPU
 _END = object()
@@ -145,6 +157,7 @@ class VllmWorker(AdmissionMixin):
         self._scope_gen: OrderedDict[bytes, int] = OrderedDict()  # scope fingerprint -> its flush generation
         self._tenant_scopes: dict[str, set[bytes]] = {}
         self._prefill_rate: float | None = None
+        self._flush_epoch = 0  # bumped by every flush; fences the tier service's loads and saves
         self.gate = FairGate(cfg.max_batch)
         self._active = self._start(revision)
         self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
@@ -154,6 +167,9 @@ class VllmWorker(AdmissionMixin):
         rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=self.config.l1_mb,
                                    dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size,
                                    weights_root_dir=self.config.weights_root)
+        cfg = self.config
+        if cfg.vllm_connector and self.tensor_parallel_size == 1 and (cfg.l2_mb > 0 or cfg.l3_url != "none"):
+            rev.attach_tiers(self.deployment, dataclasses.asdict(cfg))
         self.loop.run(rev.start(max_num_seqs=self.config.max_batch, device=self.device), timeout=START_TIMEOUT_S)
         return rev
 
@@ -167,8 +183,11 @@ class VllmWorker(AdmissionMixin):
         a = self._active
         return {
             "deployment": self.deployment, "engine": "vllm", "preset": self.preset, "revision": a.label,
-            "weight_digest": a.weight_digest, "device": self.device, "num_blocks": a.num_blocks, "l2_blocks": 0,
-            "write_policy": "none", "load_policy": "none", "layout": a.layout(),
+            "weight_digest": a.weight_digest, "device": self.device, "num_blocks": a.num_blocks,
+            "l2_blocks": self.config.blocks(self.config.l2_mb, a.kv_layout().bytes_per_block) if a.tiers else 0,
+            "write_policy": "write_through" if a.tiers else "none",
+            "load_policy": self.config.load_policy if a.tiers else "none", "layout": a.layout(),
+            "tiers": "strata" if a.tiers else "vllm",
             "architecture": a.facts.architecture, "tensor_parallel_size": self.tensor_parallel_size,
             "vocab_size": a.facts.vocab_size, "max_seq_len": a.facts.max_seq_len, "running": len(self._requests),
             "max_concurrency": MAX_CONCURRENCY, "cancelled": self.counters["cancelled"],
@@ -180,7 +199,34 @@ class VllmWorker(AdmissionMixin):
         return True
 
     def check_integrity(self) -> bool:
+        if self._active.tiers is not None:
+            self._tiers("check_integrity")
         return True
+
+    def _tiers(self, op: str, rev: VllmRevision | None = None, *, timeout: float = 120.0, **kwargs):
+        """Call the tier service of ``rev`` (the active revision by default); a backend that cannot be
+        reached there is ``BackendUnavailable`` here (a job retries)."""
+        rev = rev or self._active
+        try:
+            return rev.tiers.call(op, timeout=timeout, **kwargs)
+        except TierCallError as exc:
+            if exc.kind == "BackendUnavailable":
+                raise BackendUnavailable(str(exc)) from None
+            raise
+
+    def _tier_stats(self) -> dict | None:
+        if self._active.tiers is None:
+            return None
+        try:
+            return self._tiers("stats", timeout=30.0)
+        except Exception as exc:  # figures are best effort; serving goes on
+            logger.warning("tier service stats failed: %s", type(exc).__name__)
+            return None
+
+    def drain_writes(self) -> None:
+        """Wait until the L3 writes queued so far have landed (tests, benchmarks)."""
+        if self._active.tiers is not None:
+            self._tiers("drain")
 
     def _bytes_per_block(self) -> int:
         a = self._active
@@ -191,9 +237,19 @@ class VllmWorker(AdmissionMixin):
         used = self.blocks.count()
         l1 = snap["tiers"].setdefault("l1", self.metrics.tier_row("l1"))
         l1.update(capacity_blocks=self._active.num_blocks, used_blocks=used, evictions=self.blocks.evictions)
+        tiers = self._tier_stats()
+        resident = {"l1": self.blocks.by_owner()}
+        if tiers is not None:
+            for name in ("l2", "l3"):
+                if name in tiers["tiers"]:
+                    snap["tiers"][name] = tiers["tiers"][name]
+            resident.update(tiers["resident_blocks"])
+            snap["tier_service"] = tiers["service"]
+            snap["flushed_blocks"] = snap.get("flushed_blocks", 0) + tiers.get("flushed_blocks", 0)
+        a = self._active
         snap.update(evictions=self.blocks.evictions, duplicate_stores=0, bytes_per_block=self._bytes_per_block(),
-                    load_policy={"policy": "none"}, write_policy="none",
-                    resident_blocks={"l1": self.blocks.by_owner()})
+                    load_policy={"policy": self.config.load_policy if a.tiers else "none"},
+                    write_policy="write_through" if a.tiers else "none", resident_blocks=resident)
         snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used}
         snap["worker"] = {"deployment": self.deployment, "engine": "vllm", "revision": self._active.label,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
@@ -319,7 +375,26 @@ class VllmWorker(AdmissionMixin):
             return Cancelled(why)
         return RevisionChanged(f"revision {rev.label} was replaced while this request ran; retry")
 
-    def _sampling(self, req: WorkerRequest):
+    def _hashes(self, rev: VllmRevision, req: WorkerRequest) -> list[bytes]:
+        """Strata's block keys of the prompt in the request's scope (none for an uncached request)."""
+        if not req.use_cache:
+            return []
+        ns = rev.namespace(self.deployment, req.scope_salt)
+        return chain_hashes(ns, req.prompt, rev.block_size, request_salt=request_salt(req.cache_salt))
+
+    def _transfer(self, rev: VllmRevision, req: WorkerRequest, hashes: list[bytes]) -> dict | None:
+        """The request's ``kv_transfer_params`` for Strata's connector (None: vLLM's cache only)."""
+        if rev.tiers is None or not req.use_cache or not hashes:
+            return None
+        ns = rev.namespace(self.deployment, req.scope_salt)
+        return TransferParams(
+            tenant=req.tenant, model=self.deployment, revision=rev.label, ns_digest=ns.digest, hashes=tuple(hashes),
+            epoch=self._flush_epoch, share_weight=req.share_weight, max_cached_tokens=req.max_cached_tokens,
+            max_l3_bytes=req.max_l3_bytes, persist=req.persist, retention_seconds=req.retention_seconds,
+            tenant_retention_seconds=req.tenant_retention_seconds, data_key=req.data_key,
+        ).to_wire()
+
+    def _sampling(self, req: WorkerRequest, transfer: dict | None = None):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -330,6 +405,7 @@ class VllmWorker(AdmissionMixin):
             # a few more than asked: tokens whose texts coincide (parts of one character) share a key
             logprobs=None if req.logprobs is None else min(MAX_LOGPROBS, req.logprobs + 5 if req.logprobs else 0),
             detokenize=False, output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": transfer} if transfer else None,
         )
 
     def _stream(self, req: WorkerRequest, key: str, rev: VllmRevision) -> Iterator[dict]:
@@ -341,10 +417,12 @@ class VllmWorker(AdmissionMixin):
             try:
                 out_q: queue.SimpleQueue = queue.SimpleQueue()
                 prompt = {"prompt_token_ids": list(req.prompt), "cache_salt": self._salt(rev, req)}
+                hashes = self._hashes(rev, req)
                 t0 = time.perf_counter()
-                self.loop.submit(self._pump(rev, prompt, self._sampling(req), rid, out_q))
+                self.loop.submit(self._pump(rev, prompt, self._sampling(req, self._transfer(rev, req, hashes)), rid,
+                                            out_q))
                 submitted = True
-                yield from self._events(req, key, rev, out_q, t0)
+                yield from self._events(req, key, rev, out_q, t0, hashes)
                 submitted = False  # finished normally: nothing to abort
             finally:
                 if submitted:
@@ -369,7 +447,7 @@ class VllmWorker(AdmissionMixin):
             await rev.engine.abort(rid)
 
     def _events(self, req: WorkerRequest, key: str, rev: VllmRevision, out_q: queue.SimpleQueue,
-                t0: float) -> Iterator[dict]:
+                t0: float, hashes: list[bytes]) -> Iterator[dict]:
         prompt_tokens, cached, generated = len(req.prompt), 0, 0
         prefilled, resumed, finish = False, None, None
         while True:
@@ -390,7 +468,7 @@ class VllmWorker(AdmissionMixin):
             if not prefilled:
                 prefilled = True
                 cached = int(item.num_cached_tokens or 0)
-                self._prefilled(req, key, rev, cached, time.perf_counter() - t0)
+                self._prefilled(req, key, rev, cached, time.perf_counter() - t0, hashes)
                 yield prefilled_event(prompt_tokens=prompt_tokens, cached_tokens=cached, revision=rev.label)
             completion = item.outputs[0]
             lps = completion.logprobs or [None] * len(completion.token_ids)
@@ -424,7 +502,8 @@ class VllmWorker(AdmissionMixin):
                     break
         return token_event(tid, "", float(chosen.logprob) if chosen is not None else None, top)
 
-    def _prefilled(self, req: WorkerRequest, key: str, rev: VllmRevision, cached: int, seconds: float) -> None:
+    def _prefilled(self, req: WorkerRequest, key: str, rev: VllmRevision, cached: int, seconds: float,
+                   hashes: list[bytes]) -> None:
         with self._lock:
             r = self._requests.get(key)
             if r is not None:
@@ -437,9 +516,7 @@ class VllmWorker(AdmissionMixin):
         if computed >= 128 and seconds > 0:
             rate = computed / seconds
             self._prefill_rate = rate if self._prefill_rate is None else 0.8 * self._prefill_rate + 0.2 * rate
-        if req.use_cache:
-            ns = rev.namespace(self.deployment, req.scope_salt)
-            hashes = chain_hashes(ns, req.prompt, rev.block_size, request_salt=request_salt(req.cache_salt))
+        if hashes:
             self.blocks.stored(req.tenant, rev.label, hashes)
 
     def _holding(self, tenant: str) -> int:  # AdmissionMixin.cancel_tenant waits for this to reach 0
@@ -465,10 +542,15 @@ class VllmWorker(AdmissionMixin):
     def flush(self, scope: dict) -> dict:
         """``workers.engine_contract.ServingEngine.flush``: a new flush generation for the scope (its
         next requests cannot reach what was cached before), vLLM's prefix cache reset for a model, a
-        revision or everything. L3-only scopes have nothing to delete on vLLM replicas."""
+        revision or everything, and the scope's L2 blocks and L3 objects deleted by the tier service
+        (requests sent before the flush neither load nor save in it afterwards). Raises
+        ``BackendUnavailable`` when L3 could not be reached (the job retries)."""
         t0 = time.perf_counter()
         kind = scope.get("scope")
         freed = 0
+        with self._lock:
+            self._flush_epoch += 1
+            epoch = self._flush_epoch
         if kind == "tenant":
             tenants = set(self._bump(str(scope["tenant"])))
             freed = self.blocks.flush(lambda owner, rev: owner in tenants)
@@ -483,8 +565,16 @@ class VllmWorker(AdmissionMixin):
             freed = self.blocks.flush(lambda owner, rev: kind != "revision" or rev == label)
         elif kind not in ("key_version", "tenant_l3", "l3_expire"):
             raise ValueError(f"unknown flush scope {kind!r}")
-        return {"blocks_freed": freed, "tokens_dropped": freed * self._active.block_size,
-                "tiers": {"l1": freed, "l2": 0, "l3": 0}, "l3_bytes": 0, "bytes": freed * self._bytes_per_block(),
+        n2 = n3 = b3 = 0
+        for rev in (self._active, *self._staged.values()):
+            if rev.tiers is not None:
+                done = self._tiers("flush", rev, scope=scope, epoch=epoch)
+                n2 += done["l2"]
+                if rev is self._active:  # L3 is one store for every revision's service
+                    n3, b3 = done["l3"], done["l3_bytes"]
+        bs, bpb = self._active.block_size, self._bytes_per_block()
+        return {"blocks_freed": freed + n2 + n3 * max(1, CHUNK_TOKENS // bs), "tokens_dropped": (freed + n2) * bs,
+                "tiers": {"l1": freed, "l2": n2, "l3": n3}, "l3_bytes": b3, "bytes": (freed + n2) * bpb + b3,
                 "seconds": round(time.perf_counter() - t0, 6)}
 
     @staticmethod
@@ -504,6 +594,8 @@ class VllmWorker(AdmissionMixin):
             remaining = self.blocks.count()
         else:
             remaining = 0
+        if self._active.tiers is not None:
+            remaining += self._tiers("probe", scope=scope)
         return {"remaining_blocks": remaining, "ok": remaining == 0}
 
     def stage_revision(self, revision: dict) -> dict:
@@ -540,6 +632,11 @@ class VllmWorker(AdmissionMixin):
             self._aborting.discard(old.label)
         freed = self.blocks.flush(lambda owner, rev: rev == old.label)
         old.shutdown()
+        if new.tiers is not None:  # the old revision's L3 objects go; it may never load or save again
+            try:
+                freed += self._tiers("retire", new, revision=old.label)["l2"]
+            except BackendUnavailable:
+                logger.warning("L3 unreachable while retiring revision %s: its objects stay until a flush", old.label)
         return {"switched": True, "from": old.label, "revision": label, "aborted": aborted, "blocks_freed": freed}
 
     def _running_of(self, label: str) -> int:
@@ -547,8 +644,11 @@ class VllmWorker(AdmissionMixin):
             return sum(1 for r in self._requests.values() if r.revision == label)
 
     def drop_data_key(self, req: dict) -> dict:
-        """Nothing of a tenant is stored beyond vLLM's device cache here (no L3 yet)."""
-        return {"objects": 0, "bytes": 0}
+        """Crypto-shred ``{"tenant", "version"}``: the tier service forgets the key at once, then that
+        version's L3 objects are deleted. ``{"objects", "bytes"}``. Idempotent."""
+        if self._active.tiers is None:
+            return {"objects": 0, "bytes": 0}
+        return self._tiers("drop_data_key", tenant=str(req["tenant"]), version=int(req["version"]))
 
     # ------------------------------------------------------------------ KV API (the strata engine's)
     def _no_kv(self, *args, **kwargs):

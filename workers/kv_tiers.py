@@ -1,0 +1,370 @@
+"""Strata's L2 and L3 for one vLLM engine: the tier service that Strata's KV connector
+(``workers.kv_connector``) serves from, living in vLLM's worker process beside the KV pages.
+
+It is made of the reference engine's parts, not copies of them: L2 is a ``HostStore`` (a
+``BlockPool`` with fair-share LRU among tenants, ``share_weight``, ``max_cached_tokens`` as a cap,
+CRC-checked bytes), L3 the worker's ``RemoteTier`` (``RemoteStore`` over the file or Redis backend,
+AES-GCM under per-tenant data keys unwrapped in memory, per-object expiry, retention sweep,
+quarantine of corrupt objects, fair capacity and ``max_l3_bytes``), load versus recompute is
+``LoadCost``, figures are ``CacheMetrics``, and L3 writes run on a ``Writer`` thread.
+
+- ``stage`` (asked by the connector's scheduler side, over ``workers.kv_rpc``, before vLLM computes
+  a request): the longest run of blocks after vLLM's own hit that L2 and then L3 hold for the
+  request's keys, fetched and verified into a staging tensor now, so what vLLM is told it may skip
+  is exactly what arrived (a block that is missing, corrupt, undecryptable or late is a miss from
+  it on). Chunks read from L3 are promoted into L2.
+- ``take`` hands the staged blocks to the worker side, which copies them into vLLM's pages.
+- ``save`` (the worker side, after the forward): the full prompt blocks vLLM computed go to L2
+  (write-through: vLLM's own evictions are not seen), and every L3 chunk the request completed is
+  sealed and written in the background when the request may persist.
+- Flushes are fenced by the actor's flush epoch (``TransferParams.epoch``): a request sent before a
+  flush that matches it neither loads nor saves after it, and an L3 write that lands during the
+  flush is deleted again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from cachecore.layout import KVLayout
+from cachecore.loadcost import LoadCost
+from cachecore.metrics import CacheMetrics
+from cachecore.tiers.base import Tag
+from cachecore.tiers.host import HostStore
+from cachecore.writeback import Writer
+from workers.config import WorkerConfig
+from workers.kv_params import TransferParams
+from workers.remote_tier import RemoteTier
+
+MAX_L3_BACKLOG = 64  # chunks waiting for the L3 writer; past it new chunks are skipped (counted)
+MAX_FLUSHES = 4096  # flush records kept for the fence; a request older than all of them is stale
+STAGE_TTL_S = 300.0  # staged blocks of a request vLLM never scheduled are dropped after this
+CHUNK_TOKENS = 256  # L3 object size in tokens, as on the reference engine (16 blocks of 16)
+
+
+class TierService:
+    def __init__(self, cfg: WorkerConfig, layout: KVLayout, *, deployment: str, revision: str) -> None:
+        self.cfg = cfg
+        self.layout = layout
+        self.deployment = deployment
+        self.revision = revision
+        self.block_size = layout.block_size
+        l2_blocks = cfg.blocks(cfg.l2_mb, layout.bytes_per_block)
+        self.l2 = HostStore(layout, l2_blocks) if l2_blocks > 0 else None
+        self.l3 = RemoteTier.build(cfg, layout, chunk_blocks=max(1, CHUNK_TOKENS // layout.block_size))
+        self.metrics = CacheMetrics()
+        self.cost = LoadCost(cfg.load_policy)
+        self.deadline_s = cfg.load_deadline_ms / 1000
+        self._lock = threading.RLock()
+        self._staged: dict[str, tuple[float, int, torch.Tensor, dict]] = {}
+        self._flushes: list[tuple[int, Callable[[Tag], bool]]] = []
+        self._floor = 0  # requests with an epoch below this are older than every flush record kept
+        self._retired: set[str] = set()
+        self._writer = Writer("strata-vllm-l3-writer") if self.l3 is not None else None
+        self.counters = {"staged": 0, "stage_blocks": 0, "saved_blocks": 0, "fenced": 0, "l3_chunks": 0}
+
+    # ------------------------------------------------------------------ per request
+    def tag(self, p: TransferParams) -> Tag:
+        return Tag(p.tenant, p.model, p.revision, p.ns_digest, p.persist)
+
+    def learn(self, p: TransferParams) -> None:
+        """The tenant's quotas, weight and keys, as the actor sent them with this request."""
+        if self.l2 is not None:
+            with self._lock:
+                self.l2.pool.set_weight(p.tenant, 1 if p.share_weight is None else p.share_weight)
+                self.l2.pool.set_cap(p.tenant, p.max_cached_tokens)
+        if self.l3 is not None:
+            retention = p.tenant_retention_seconds
+            self.l3.learn(p.tenant, p.data_key, p.retention_seconds if retention is None else retention)
+            self.l3.store.set_tenant_limit(p.tenant, p.max_l3_bytes)
+
+    def _retention(self, p: TransferParams) -> float | None:
+        if self.l3 is None:
+            return None
+        return float(p.retention_seconds) if p.retention_seconds is not None else self.l3.retention(p.tenant)
+
+    def stale(self, p: TransferParams) -> bool:
+        """Whether a flush matching the request ran after the actor sent it (or it is a retired revision's)."""
+        tag = self.tag(p)
+        with self._lock:
+            if p.revision in self._retired or p.epoch < self._floor:
+                return True
+            return any(e > p.epoch and match(tag) for e, match in self._flushes)
+
+    def stage(self, req_id: str, p: TransferParams, tokens: list[int], start: int, limit: int) -> dict:
+        """Fetch blocks ``start ..`` (at most ``limit``) of the request from L2, then L3, into staging;
+        ``{"blocks", "l2", "l3"}`` staged from ``start`` on."""
+        self._expire_staged()
+        self.learn(p)
+        bs, bpb = self.block_size, self.layout.bytes_per_block
+        out = {"blocks": 0, "l2": 0, "l3": 0}
+        limit = min(limit, len(p.hashes), len(tokens) // bs)
+        if start >= limit or self.stale(p):
+            return out
+        tag = self.tag(p)
+        parts: list[torch.Tensor] = []
+        covered = start
+        t_start = time.perf_counter()
+        if self.l2 is not None:
+            items = []
+            for i in range(start, limit):
+                key, toks = p.hashes[i], tuple(tokens[i * bs:(i + 1) * bs])
+                if not self.l2.contains(key, toks):
+                    break
+                items.append((key, toks))
+            if items and self.cost.should_load("l2", nbytes=len(items) * bpb, tokens=len(items) * bs):
+                t0 = time.perf_counter()
+                fetched = self.l2.get(items)
+                secs = time.perf_counter() - t0
+                got = int(fetched.kv.shape[0])
+                tier = self.metrics.tier("l2")
+                if got:
+                    parts.append(fetched.kv)
+                    covered += got
+                    out["l2"] = got
+                    self.metrics.observe_load("l2", tokens=got * bs, nbytes=got * bpb, seconds=secs)
+                    self.cost.observe_load("l2", nbytes=got * bpb, seconds=secs, blocks=got)
+                    tier.promotions += got
+                if fetched.stopped == "corrupt":
+                    tier.corrupt_loads += 1
+                    tier.fallbacks_to_recompute += 1
+            elif items:
+                self.metrics.tier("l2").fallbacks_to_recompute += 1
+        if self.l3 is not None and p.persist and covered < limit and time.perf_counter() - t_start < self.deadline_s:
+            got = self._stage_l3(p, tag, tokens, covered, limit, parts)
+            covered += got
+            out["l3"] = got
+        out["blocks"] = covered - start
+        if out["blocks"]:
+            kv = torch.cat(parts) if len(parts) > 1 else parts[0]
+            with self._lock:
+                self._staged[req_id] = (time.monotonic(), start, kv, out)
+            self.counters["staged"] += 1
+            self.counters["stage_blocks"] += out["blocks"]
+        return out
+
+    def _stage_l3(self, p: TransferParams, tag: Tag, tokens: list[int], covered: int, limit: int,
+                  parts: list[torch.Tensor]) -> int:
+        store = self.l3.store
+        bs, bpb, cb = self.block_size, self.layout.bytes_per_block, store.chunk_blocks
+        c0 = covered // cb * cb
+        t0 = time.perf_counter()
+        found = store.probe(p.hashes[c0:], tag)
+        end = min(c0 + found, limit)
+        if end <= covered:
+            return 0
+        tier = self.metrics.tier("l3")
+        if not self.cost.should_load("l3", nbytes=(end - covered) * bpb, tokens=(end - covered) * bs):
+            tier.fallbacks_to_recompute += 1
+            return 0
+        fetched = store.get(p.hashes, tokens, tag, end, first_block=covered, retention_seconds=self._retention(p))
+        secs = time.perf_counter() - t0
+        got = int(fetched.kv.shape[0])
+        if fetched.stopped == "corrupt":
+            tier.corrupt_loads += 1
+            tier.fallbacks_to_recompute += 1
+        if secs > self.deadline_s:  # arrived, but too late to count on: recomputed
+            tier.late_loads += 1
+            return 0
+        if not got:
+            return 0
+        parts.append(fetched.kv)
+        self.metrics.observe_load("l3", tokens=got * bs, nbytes=got * bpb, seconds=secs)
+        self.cost.observe_load("l3", nbytes=got * bpb, seconds=secs, blocks=got)
+        tier.promotions += got
+        if self.l2 is not None:  # chunks read from L3 land in L2 too (promotion)
+            rows = range(covered, covered + got)
+            stored = self.l2.put_many([(p.hashes[i], tuple(tokens[i * bs:(i + 1) * bs]), tag) for i in rows],
+                                      fetched.kv)
+            self.metrics.tier("l2").bytes_in += stored * bpb
+        return got
+
+    def take(self, req_id: str) -> tuple[int, torch.Tensor] | None:
+        """The staged blocks of ``req_id`` (first block index, ``[n, *page_shape]``), handed over once."""
+        with self._lock:
+            entry = self._staged.pop(req_id, None)
+        return None if entry is None else (entry[1], entry[2])
+
+    def staged(self, req_id: str) -> dict | None:
+        with self._lock:
+            entry = self._staged.get(req_id)
+        return None if entry is None else {"start": entry[1], **entry[3]}
+
+    def forget(self, req_id: str) -> None:
+        with self._lock:
+            self._staged.pop(req_id, None)
+
+    def _expire_staged(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for rid in [r for r, e in self._staged.items() if now - e[0] > STAGE_TTL_S]:
+                del self._staged[rid]
+
+    def save(self, p: TransferParams, tokens: list[int], first: int, kv: torch.Tensor) -> int:
+        """Blocks ``first .. first + len(kv) - 1`` of the request, as vLLM computed them, into L2;
+        how many were new. Nothing when a flush matching the request ran since it was sent."""
+        if self.l2 is None or not len(kv):
+            return 0
+        bs = self.block_size
+        tag = self.tag(p)
+        entries = [(p.hashes[i], tuple(tokens[i * bs:(i + 1) * bs]), tag) for i in range(first, first + len(kv))]
+        with self._lock:  # a flush cannot run between the fence check and the put
+            if self.stale(p):
+                self.counters["fenced"] += 1
+                return 0
+            stored = self.l2.put_many(entries, kv)
+        tier = self.metrics.tier("l2")
+        tier.demotions += stored
+        tier.bytes_in += stored * self.layout.bytes_per_block
+        self.counters["saved_blocks"] += stored
+        return stored
+
+    def write_chunk(self, p: TransferParams, tokens: list[int], chunk: int, kv: torch.Tensor) -> bool:
+        """Queue L3 chunk ``chunk`` of the request (``kv``: its ``chunk_blocks`` blocks) for sealing and
+        writing; False when L3 is off, the request may not persist, or the writer is behind."""
+        if self.l3 is None or not p.persist:
+            return False
+        store = self.l3.store
+        if self._writer.backlog() >= MAX_L3_BACKLOG:
+            self.metrics.tier("l3").skipped_writes += 1
+            return False
+        cb, bs = store.chunk_blocks, self.block_size
+        hashes = p.hashes[chunk * cb:(chunk + 1) * cb]
+        toks = tokens[chunk * cb * bs:(chunk + 1) * cb * bs]
+        tag, retention = self.tag(p), self._retention(p)
+
+        def job() -> None:
+            if self.stale(p):
+                return
+            if store.put_chunk(hashes, toks, tag, kv, retention_seconds=retention):
+                tier = self.metrics.tier("l3")
+                tier.demotions += cb
+                tier.bytes_in += cb * self.layout.bytes_per_block
+                self.counters["l3_chunks"] += 1
+                if self.stale(p):  # a flush ran while this chunk was being written: it stays flushed
+                    store.delete_chunk(tag, hashes[-1])
+
+        self._writer.submit(job)
+        return True
+
+    def chunk_blocks(self) -> int:
+        return self.l3.store.chunk_blocks if self.l3 is not None else 0
+
+    # ------------------------------------------------------------------ jobs
+    def flush(self, scope: dict, epoch: int) -> dict:
+        """``ServingEngine.flush`` for the tiers: drop L2 blocks and L3 objects of ``scope`` (as the
+        reference worker's ``operations.flush``); requests sent before ``epoch`` matching it are
+        fenced from then on."""
+        kind = scope.get("scope")
+        match = _matcher(scope)
+        n2 = n3 = b3 = 0
+        if match is not None:
+            with self._lock:
+                self._flushes.append((int(epoch), match))
+                if len(self._flushes) > MAX_FLUSHES:
+                    self._floor = self._flushes.pop(0)[0]
+                n2 = self.l2.delete(match) if self.l2 is not None else 0
+                self.metrics.flushed_blocks += n2
+        if self.l3 is not None:
+            if kind == "l3_expire":
+                n3, b3 = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
+            else:
+                self._writer.drain()  # writes queued before the flush land first (and skip themselves)
+                n3, b3 = self.l3.store.delete_scope(**self._l3_scope(scope))
+        return {"l2": n2, "l3": n3, "l3_bytes": b3}
+
+    def _l3_scope(self, scope: dict) -> dict:
+        kind = scope.get("scope")
+        if kind in ("tenant", "tenant_l3"):
+            return {"tenant": str(scope["tenant"])}
+        if kind == "key_version":
+            return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
+        if kind == "revision":
+            return {"model": self.deployment, "revision": scope["revision"]}
+        return {"model": self.deployment}
+
+    def probe(self, scope: dict) -> int:
+        kind = scope.get("scope")
+        match = _matcher(scope)
+        n = self.l2.count(match) if self.l2 is not None and match is not None else 0
+        if self.l3 is not None:
+            if kind == "l3_expire":
+                n += self.l3.store.count_expired(tenant=str(scope["tenant"]),
+                                                 retention_seconds=int(scope["retention_seconds"]))
+            else:
+                n += self.l3.store.count_scope(**self._l3_scope(scope))[0]
+        return n
+
+    def retire(self, revision: str) -> dict:
+        """A rollout replaced ``revision``: it may neither load nor save again; its blocks go."""
+        with self._lock:
+            self._retired.add(revision)
+        return self.flush({"scope": "revision", "revision": revision}, epoch=0)
+
+    def drop_data_key(self, tenant: str, version: int) -> dict:
+        if self.l3 is None:
+            return {"objects": 0, "bytes": 0}
+        return self.l3.drop(tenant, version)
+
+    def drain(self) -> None:
+        if self._writer is not None:
+            self._writer.drain()
+
+    # ------------------------------------------------------------------ figures
+    def stats(self) -> dict:
+        snap = self.metrics.snapshot()
+        resident: dict[str, dict] = {}
+        info = {"l2_blocks": 0, "l3_chunk_blocks": self.chunk_blocks(), "counters": dict(self.counters)}
+        if self.l2 is not None:
+            g = self.l2.gauges()
+            snap["tiers"].setdefault("l2", self.metrics.tier_row("l2")).update(
+                capacity_blocks=g["total"], used_blocks=g["used"], evictions=g["evictions"],
+                rejected_puts=g["rejected"])
+            resident["l2"] = self.l2.resident()
+            info["l2_blocks"] = g["total"]
+        if self.l3 is not None:
+            store = self.l3.store
+            g = store.gauges()
+            row = snap["tiers"].setdefault("l3", self.metrics.tier_row("l3"))
+            chunk_bytes = store.chunk_blocks * self.layout.bytes_per_block
+            row.update(capacity_blocks=(g["capacity_bytes"] // chunk_bytes) * store.chunk_blocks,
+                       used_blocks=g["objects"] * store.chunk_blocks, objects=g["objects"],
+                       stored_bytes=g["used_bytes"],
+                       corrupt_objects=g["corrupt"], quarantined=g["quarantined"], unavailable=g["unavailable"])
+            bpb = self.layout.bytes_per_block
+            resident["l3"] = {t: b // bpb for t, b in store.usage_by_tenant().items()}
+        snap["resident_blocks"] = resident
+        snap["service"] = info
+        return snap
+
+    def check_integrity(self) -> bool:
+        if self.l2 is not None:
+            self.l2.check_integrity()
+        if self.l3 is not None:
+            self.l3.store.check_integrity()
+        return True
+
+    def close(self) -> None:
+        if self.l3 is not None:
+            self.drain()
+            self.l3.close()
+
+
+def _matcher(scope: dict) -> Callable[[Tag], bool] | None:
+    """The L2 blocks a flush scope selects (None: the scope is L3's only)."""
+    kind = scope.get("scope")
+    if kind == "tenant":
+        tenant = str(scope["tenant"])
+        return lambda t: t.owner == tenant
+    if kind == "revision":
+        label = scope["revision"]
+        return lambda t: t.revision == label
+    if kind in ("model", "all"):
+        return lambda t: True
+    if kind in ("key_version", "tenant_l3", "l3_expire"):
+        return None
+    raise ValueError(f"unknown flush scope {kind!r}")
