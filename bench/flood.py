@@ -25,17 +25,47 @@ page writes, charged to A) and their mean time; the base64 decode and transfer b
 process's and Ray's, outside the scheduler. ``holds`` / ``B came``: steps the worker held for B after
 B's request finished (``STRATA_ANTICIPATE_MS``) and how many of those B's next request ended early.
 Goals: B's hit ratio under flood >= 95% of alone; TTFT p50 <= 1.5x and p99 <= 2x of alone.
+
+**On vLLM** (``--engine vllm``; the default ``--engine strata`` is the run above):
+
+    .venv/bin/python -m bench.flood --engine vllm [--quick] [--l1-mb 8] [--l2-mb 4] [--connector both|on|off]
+
+One random Llama checkpoint vLLM's CPU build runs (``tests.hf_checkpoints.build_checkpoint``, head
+size 64, context 2048), a deployment ``engine="vllm"`` on it, and the phases **alone** and **flood**
+(A: ``--streams`` completion loops of long fresh prompts; no KV uploads, the KV API is the strata
+engine's) twice, each on a platform of its own (a fresh process, so a fresh local Ray whose replica
+inherits the environment): **vllm+strata** (``STRATA_VLLM_CONNECTOR=1``: a prefix evicted from vLLM's
+device cache comes back from Strata's L2, fair share per tenant) and **vllm alone**
+(``STRATA_VLLM_CONNECTOR=0``: vLLM's global LRU only). vLLM's device cache is ``--l1-mb`` MiB (8:
+``VllmRevision`` raises anything smaller to two context lengths plus 4 MiB, 256 blocks of 32 tokens
+here), so A's flood evicts B's prefix from it; L2 is ``--l2-mb`` MiB (4: 128 blocks, A's flood
+overruns it while B's half holds its prefix); L3 is off (``STRATA_L3_URL=none``), so a hit under flood
+is vLLM's or L2's. Printed side by side: B's cached/prompt ratio and TTFT p50/p99 alone and under
+flood, vLLM's evictions and L2's hits during the flood phase; goals: B's hit ratio under flood >= 95%
+of alone, TTFT p50 <= 1.5x of alone. ``--connector on`` / ``off`` runs one configuration only.
+
+Under flood B waits, before each request, until none of its blocks is left in vLLM's cache by the
+worker's mirror of vLLM's LRU (``workers.vllm_blocks``; at most a minute): on a CPU A pushes far fewer
+tokens per second than vLLM's cache holds, and B's back-to-back requests would keep their prefix the
+most recently used. So every flood request of B finds its prefix evicted from vLLM; the question is
+whether it comes back (from L2) or is recomputed. ``--no-pace``: back to back, as on the strata engine.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
 import random
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -195,10 +225,13 @@ def _breakdown(before: dict, after: dict, owner: str) -> dict:
             "queue_steps": per_first("queue_steps") / 1e3}
 
 
-def _phase(url: str, headers: dict, model: str, hot: list[int], rng: random.Random, n: int) -> dict:
+def _phase(url: str, headers: dict, model: str, hot: list[int], rng: random.Random, n: int, pace=None) -> dict:
+    """B's ``n`` requests, one after another; ``pace()``, when given, runs before each."""
     ttfts, prompt, cached = [], 0, 0
     with httpx.Client(timeout=300) as client:
         for _ in range(n):
+            if pace is not None:
+                pace()
             t, p, c = _first_token(client, url, headers, {
                 "model": model, "prompt": hot + _tokens(rng, 8), "max_tokens": 1, "temperature": 0})
             ttfts.append(t)
@@ -211,14 +244,28 @@ def _phase(url: str, headers: dict, model: str, hot: list[int], rng: random.Rand
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="tenant B's hits and TTFT while tenant A floods")
-    ap.add_argument("--quick", action="store_true", help="tiny model, few requests (under a minute)")
-    ap.add_argument("--preset", default=None, help="model preset (default small; tiny with --quick)")
-    ap.add_argument("--l1-mb", type=int, default=None, help="page pool per worker in MiB")
+    ap.add_argument("--engine", choices=("strata", "vllm"), default="strata",
+                    help="strata: the reference engine (default); vllm: vLLM with and without Strata's connector")
+    ap.add_argument("--quick", action="store_true", help="tiny model, few requests (under a minute; vllm: minutes)")
+    ap.add_argument("--preset", default=None, help="model preset (default small; tiny with --quick; strata only)")
+    ap.add_argument("--l1-mb", type=int, default=None, help="page pool per worker in MiB (vllm: its KV cache, 8)")
+    ap.add_argument("--l2-mb", type=int, default=None, help="vllm: Strata's L2 per worker in MiB (default 4)")
     ap.add_argument("--requests", type=int, default=None, help="B's requests per phase")
-    ap.add_argument("--hot-tokens", type=int, default=None, help="B's shared prefix (512 tiny, 1024 small)")
+    ap.add_argument("--hot-tokens", type=int, default=None,
+                    help="B's shared prefix (512 tiny, 1024 small; vllm 1024)")
     ap.add_argument("--streams", type=int, default=3, help="A's concurrent completion loops")
-    ap.add_argument("--uploaders", type=int, default=1, help="A's concurrent KV-upload loops (0: completions only)")
+    ap.add_argument("--uploaders", type=int, default=1,
+                    help="A's concurrent KV-upload loops (0: completions only; strata only)")
+    ap.add_argument("--connector", choices=("both", "on", "off"), default="both",
+                    help="vllm: with Strata's connector (on), without (off) or both, one platform each")
+    ap.add_argument("--no-pace", action="store_true",
+                    help="vllm: under flood, B sends back to back instead of after A evicted its prefix from vLLM")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="vllm: serve this checkpoint directory")
+    ap.add_argument("--json", type=Path, default=None, help="vllm, one configuration: write its figures here")
     args = ap.parse_args(argv)
+    if args.engine == "vllm":
+        _vllm_main(args)
+        return
     preset = args.preset or ("tiny" if args.quick else "small")
     n = args.requests or (10 if args.quick else 30)
     l1_mb = args.l1_mb or (1 if preset == "tiny" else 48)
@@ -297,6 +344,206 @@ def main(argv: list[str] | None = None) -> None:
           f"b_queue_ms_flood={why_flood['queue_ms']:.1f} b_worker_ttft_ms_flood={why_flood['worker_ttft_ms']:.1f} "
           f"flood_uploaded_tokens={flooded_tokens} pool_tokens={pool_tokens} "
           f"goal_hit={int(hit_vs >= 0.95)} goal_ttft={int(p50_x <= 1.5 and p99_x <= 2.0)}")
+
+
+
+# ---------------------------------------------------------------------- vLLM (``--engine vllm``)
+VLLM_CONFIGS = (("on", "strata", "vllm+strata"), ("off", "vllm", "vllm alone"))  # --connector, RESULT key, name
+PACE_TIMEOUT_S = 60.0  # B's longest wait for A to evict its prefix from vLLM's cache
+
+
+def _build_vllm_checkpoint(path: Path) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from tests.hf_checkpoints import VLLM_CPU_SHAPE, build_checkpoint
+
+    hf_logging.disable_progress_bar()
+    build_checkpoint("llama", path, seed=11, max_pos=2048, **VLLM_CPU_SHAPE)
+
+
+def _l2(stats: dict) -> dict:
+    return stats.get("tiers", {}).get("l2") or {}
+
+
+def _vllm_one(args, ckpt: Path, connector: bool) -> dict:
+    """One configuration on a platform of its own (this process's only one): B alone, then B under A's
+    flood; the figures as a dict."""
+    name = "vllm+strata" if connector else "vllm alone"
+    os.environ["STRATA_VLLM_CONNECTOR"] = "1" if connector else "0"  # read by the replica actor (via Ray)
+    os.environ["STRATA_L1_MB"] = str(args.l1_mb)
+    os.environ["STRATA_L2_MB"] = str(args.l2_mb)
+    os.environ["STRATA_L3_URL"] = "none"  # a hit under flood is vLLM's or L2's
+    with throwaway_platform(preset=None, tenants=2, model="flood-vllm", log_level="ERROR") as p:
+        import ray
+
+        deployment = p.add_model("flood-vllm", revision={"label": "r1", "path": str(ckpt)}, engine="vllm")
+        try:
+            actor = p.actor()
+            info = ray.get(actor.info.remote())
+            if (info["tiers"] == "strata") != connector:
+                raise SystemExit(f"{name}: the replica runs tiers {info['tiers']!r}, not what was asked")
+            pool_tokens = info["num_blocks"] * p.block_size
+            a_prompt = min(1536, pool_tokens // 4, info["max_seq_len"] - 16)
+            rng = random.Random(1)
+            hot = _tokens(rng, args.hot_tokens)
+            warm = _phase(p.url, p.headers(1), p.model, hot, rng, 2)  # caches B's prefix; warms the engine
+            alone = _phase(p.url, p.headers(1), p.model, hot, rng, args.requests)
+            flood = FloodProcess(url=p.url, headers=p.headers(0), model=p.model, streams=args.streams,
+                                 prompt_tokens=a_prompt, upload_blocks=0, layout={}, uploaders=0, seed=2)
+            b_owner = str(p.tenants[1].pk)
+            waits: list[float] = []
+
+            def b_resident() -> int:
+                return ray.get(actor.__ray_call__.remote(lambda a: a.worker.blocks.by_owner().get(b_owner, 0)))
+
+            if not b_resident():
+                raise SystemExit(f"{name}: the worker's mirror of vLLM's cache holds nothing of B's")
+
+            def evicted() -> None:
+                """Wait until, by the worker's mirror of vLLM's LRU (``workers.vllm_blocks``), none of B's
+                blocks is left in vLLM's cache: A pushed a whole cache past B since its last request."""
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < PACE_TIMEOUT_S:
+                    if b_resident() == 0:
+                        break
+                    time.sleep(0.05)
+                waits.append(time.perf_counter() - t0)
+
+            with flood:
+                s0 = ray.get(actor.stats.remote())
+                under = _phase(p.url, p.headers(1), p.model, hot, rng, args.requests,
+                               pace=None if args.no_pace else evicted)
+                s1 = ray.get(actor.stats.remote())
+        finally:
+            p.stop_model(deployment)
+    a = flood.counts
+    if a["served"] == 0 or under["requests"] != args.requests:
+        raise SystemExit(f"{name}: the flood never reached the worker: nothing measured")
+    l2_0, l2_1 = _l2(s0), _l2(s1)
+    return {
+        "name": name, "tiers": info["tiers"], "num_blocks": info["num_blocks"], "block_size": p.block_size,
+        "pool_tokens": pool_tokens, "l2_blocks": info["l2_blocks"], "a_prompt_tokens": a_prompt,
+        "warm": warm, "alone": alone, "flood": under,
+        "a_served": a["served"], "a_throttled": a["throttled"], "a_other": a["other"],
+        "a_tok_s": a["completion_tokens"] / a["seconds"] if a["seconds"] else 0.0,
+        "l1_evictions_flood": s1.get("evictions", 0) - s0.get("evictions", 0),
+        "l2_hit_tokens_flood": l2_1.get("hit_tokens", 0) - l2_0.get("hit_tokens", 0),
+        "l2_evictions_flood": l2_1.get("evictions", 0) - l2_0.get("evictions", 0),
+        "l2_resident_b": s1.get("resident_blocks", {}).get("l2", {}).get(b_owner, 0),
+        "paced": not args.no_pace, "pace_s": statistics.mean(waits) if waits else 0.0,
+        "pace_timeouts": sum(1 for w in waits if w >= PACE_TIMEOUT_S),
+    }
+
+
+def _figures(r: dict) -> dict:
+    alone, under = r["alone"], r["flood"]
+    hit_vs = under["ratio"] / alone["ratio"] if alone["ratio"] else 0.0
+    p50_x, p99_x = under["p50"] / alone["p50"], under["p99"] / alone["p99"]
+    return {"hit_vs": hit_vs, "p50_x": p50_x, "p99_x": p99_x, "goal_hit": int(hit_vs >= 0.95),
+            "goal_ttft": int(p50_x <= 1.5)}
+
+
+def _vllm_print_one(r: dict) -> None:
+    print(f"{r['name']}: vLLM cache {r['num_blocks']} blocks of {r['block_size']} ({r['pool_tokens']} tokens), "
+          f"L2 {r['l2_blocks']} blocks, tiers {r['tiers']}; A {r['a_prompt_tokens']}-token prompts: "
+          f"{r['a_served']} served, {r['a_throttled']} throttled, {r['a_tok_s']:.1f} out tok/s; during the flood "
+          f"phase vLLM evicted {r['l1_evictions_flood']} blocks, L2 served {r['l2_hit_tokens_flood']} tokens "
+          f"and evicted {r['l2_evictions_flood']} blocks, B holds {r['l2_resident_b']} L2 blocks; "
+          f"B waited {r['pace_s']:.1f} s per flood request for its prefix to leave vLLM's cache "
+          f"({r['pace_timeouts']} timed out); warm-up ratio {r['warm']['ratio']:.3f}", flush=True)
+
+
+def _vllm_main(args) -> None:
+    args.requests = args.requests or (10 if args.quick else 30)
+    args.l1_mb = args.l1_mb or 8
+    args.l2_mb = args.l2_mb if args.l2_mb is not None else 4
+    args.hot_tokens = args.hot_tokens or 1024
+    if args.connector != "both":  # one configuration, in this process
+        work = None
+        if args.checkpoint is None:
+            work = Path(tempfile.mkdtemp(prefix="strata-bench-flood-"))
+            args.checkpoint = work / "llama"
+            _build_vllm_checkpoint(args.checkpoint)
+        try:
+            r = _vllm_one(args, args.checkpoint, args.connector == "on")
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+        _vllm_print_one(r)
+        if args.json is not None:
+            args.json.write_text(json.dumps(r))
+        else:
+            _vllm_report({r["name"]: r}, args)
+        return
+    work = Path(tempfile.mkdtemp(prefix="strata-bench-flood-"))
+    try:
+        ckpt = args.checkpoint or work / "llama"
+        if args.checkpoint is None:
+            _build_vllm_checkpoint(ckpt)
+        results = {}
+        for connector, _, name in VLLM_CONFIGS:  # one process each: a fresh platform, a fresh Ray
+            out = work / f"{connector}.json"
+            cmd = [sys.executable, "-m", "bench.flood", "--engine", "vllm", "--connector", connector,
+                   "--checkpoint", str(ckpt), "--json", str(out), "--requests", str(args.requests),
+                   "--l1-mb", str(args.l1_mb), "--l2-mb", str(args.l2_mb), "--hot-tokens", str(args.hot_tokens),
+                   "--streams", str(args.streams), *(["--quick"] if args.quick else []),
+                   *(["--no-pace"] if args.no_pace else [])]
+            env = {**os.environ, "STRATA_VLLM_CONNECTOR": "1" if connector == "on" else "0"}
+            print(f"[flood] {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+            done = subprocess.run(cmd, env=env, cwd=str(Path(__file__).resolve().parents[1]))
+            if done.returncode != 0 or not out.is_file():
+                raise SystemExit(f"{name}: the run failed (exit status {done.returncode})")
+            results[name] = json.loads(out.read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _vllm_report(results, args)
+
+
+def _vllm_report(results: dict[str, dict], args) -> None:
+    first = next(iter(results.values()))
+    print(f"cache flood on vLLM{' [quick]' if args.quick else ''}: vLLM cache {first['pool_tokens']} tokens "
+          f"(STRATA_L1_MB={args.l1_mb}), L2 {args.l2_mb} MiB, B hot prefix {args.hot_tokens} tokens + 8 fresh, "
+          f"{args.requests} requests per phase; A {args.streams} completion streams of "
+          f"{first['a_prompt_tokens']}-token fresh prompts; under flood B sends "
+          + ("each request once its prefix left vLLM's cache (worker's LRU mirror)" if first["paced"]
+             else "back to back"))
+    print(f"{'config':<12} {'B cached/prompt':>15} {'':>6} {'':>9} {'TTFT p50 ms':>11} {'':>8} {'':>6} "
+          f"{'TTFT p99 ms':>11} {'':>8} {'':>6} {'A':>6} {'A':>5} {'vLLM':>8} {'L2 hit':>8}")
+    print(f"{'':<12} {'alone':>15} {'flood':>6} {'vs alone':>9} {'alone':>11} {'flood':>8} {'x':>6} "
+          f"{'alone':>11} {'flood':>8} {'x':>6} {'served':>6} {'429':>5} {'evicted':>8} {'tokens':>8}")
+    for name, r in results.items():
+        f, alone, under = _figures(r), r["alone"], r["flood"]
+        print(f"{name:<12} {alone['ratio']:>15.3f} {under['ratio']:>6.3f} {f['hit_vs']:>9.3f} "
+              f"{alone['p50'] * 1e3:>11.1f} {under['p50'] * 1e3:>8.1f} {f['p50_x']:>6.2f} "
+              f"{alone['p99'] * 1e3:>11.1f} {under['p99'] * 1e3:>8.1f} {f['p99_x']:>6.2f} "
+              f"{r['a_served']:>6} {r['a_throttled']:>5} {r['l1_evictions_flood']:>8} {r['l2_hit_tokens_flood']:>8}")
+    for name, r in results.items():
+        f = _figures(r)
+        print(f"{name}: B's hit ratio under flood {f['hit_vs']:.3f} of alone (goal >= 0.95: "
+              f"{'met' if f['goal_hit'] else 'MISSED'}); TTFT p50 {f['p50_x']:.2f}x of alone (goal <= 1.5x: "
+              f"{'met' if f['goal_ttft'] else 'MISSED'}), p99 {f['p99_x']:.2f}x")
+    fields: dict[str, str] = {}
+    for _, key, name in VLLM_CONFIGS:
+        r = results.get(name)
+        if r is None:
+            continue
+        f, alone, under = _figures(r), r["alone"], r["flood"]
+        fields.update({
+            f"hit_ratio_alone_{key}": f"{alone['ratio']:.3f}", f"hit_ratio_flood_{key}": f"{under['ratio']:.3f}",
+            f"hit_vs_alone_{key}": f"{f['hit_vs']:.3f}",
+            f"ttft_p50_alone_ms_{key}": f"{alone['p50'] * 1e3:.1f}",
+            f"ttft_p50_flood_ms_{key}": f"{under['p50'] * 1e3:.1f}", f"ttft_p50_ratio_{key}": f"{f['p50_x']:.2f}",
+            f"ttft_p99_alone_ms_{key}": f"{alone['p99'] * 1e3:.1f}",
+            f"ttft_p99_flood_ms_{key}": f"{under['p99'] * 1e3:.1f}", f"ttft_p99_ratio_{key}": f"{f['p99_x']:.2f}",
+            f"flood_served_{key}": str(r["a_served"]), f"flood_throttled_{key}": str(r["a_throttled"]),
+            f"a_tok_s_{key}": f"{r['a_tok_s']:.1f}", f"vllm_evictions_flood_{key}": str(r["l1_evictions_flood"]),
+            f"l2_hit_tokens_flood_{key}": str(r["l2_hit_tokens_flood"]),
+            f"l2_evictions_flood_{key}": str(r["l2_evictions_flood"]), f"b_pace_s_{key}": f"{r['pace_s']:.2f}",
+            f"goal_hit_{key}": str(f["goal_hit"]), f"goal_ttft_{key}": str(f["goal_ttft"]),
+        })
+    fields.update(pool_tokens=str(first["pool_tokens"]), l2_blocks=str(max(r["l2_blocks"] for r in results.values())),
+                  hot_tokens=str(args.hot_tokens), requests=str(args.requests))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The tier hierarchy: what L2 (host memory) under L1 buys, and whether load-vs-recompute decides well.
 
     .venv/bin/python -m bench.tiers [--quick] [--trace FILE] [--scale 16] [--preset small] [--tokens 2048]
+    .venv/bin/python -m bench.tiers --engine vllm [--quick] [--tokens 2048] [--reps N]
 
 Three questions, one run:
 
@@ -26,17 +27,44 @@ Three questions, one run:
 
 Each replay asserts that its engine saw every request (its query-token counter equals the trace's
 prompt tokens), so a figure never comes from a path the server no longer takes.
+
+``--engine vllm`` asks the same of vLLM deployments (``workers.vllm_worker.VllmWorker`` in-process, Strata's
+KV connector ``workers.kv_connector`` behind vLLM's device cache) instead, in one run on one random Llama
+checkpoint (``tests.hf_checkpoints``; head_dim 64 for vLLM's CPU attention; dim 256 x 4 layers with
+``--quick``, else dim 512 x 8 layers; fp32 on a CPU). vLLM's KV cache is as small as Strata lets it be
+(``l1_mb=1``: two sequences of the context length); Strata's L2 and vLLM's OffloadingConnector CPU tier are
+both twice that.
+
+5. **TTFT of an evicted prefix**: a ``--tokens``-token prefix (+16 tokens), greedy ``max_tokens=1``, time
+   to the first token event of ``VllmWorker.stream``, median of ``--reps`` interleaved rounds (after one
+   warm-up round): vLLM recomputing it (connector off), Strata loading it from L2 after vLLM's prefix
+   cache was reset, and a fresh engine (no L2, empty vLLM cache: a restart) loading it from the encrypted
+   file L3. Goals: L2 at most 0.3x and L3 at most 0.5x of recompute; every row's output identical.
+6. **Hit ratio of a shared-prefix replay**: 3 tenants, each a system prompt and Zipf-popular documents,
+   a question of its own per request, working set about 3.5x vLLM's cache, one request at a time, each
+   on every engine in turn: vLLM alone, vLLM with its ``OffloadingConnector`` (``cpu_bytes_to_use`` = the
+   L2 size; vLLM supports it on CUDA-alike and XPU GPUs only, so on a CPU its row is n/a with vLLM's
+   error), vLLM with Strata's L2 (``persist=False``: no L3), and (after, not interleaved) with L2 + L3.
+   Hit ratio = sum of ``cached_tokens`` (vLLM's ``num_cached_tokens``) / prompt tokens, beside the
+   infinite-cache bound and Belady's optimum. Goal: Strata L2 >= the OffloadingConnector.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import hashlib
+import os
 import random
+import re
 import secrets
 import shutil
 import statistics
+import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -162,7 +190,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--preset", default=None, help="model of the TTFT table (default small; tiny with --quick)")
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--engine", choices=("strata", "vllm"), default="strata",
+                    help="strata: Strata's engine (the default); vllm: the vLLM part (module docstring)")
     args = ap.parse_args(argv)
+    if args.engine == "vllm":
+        vllm_part(args)
+        return
     preset = args.preset or ("tiny" if args.quick else "small")
     reps = args.reps or (2 if args.quick else 3)
     torch.manual_seed(0)
@@ -277,6 +310,309 @@ def main(argv: list[str] | None = None) -> None:
           f"l1_l2_l3_vs_infinite={tiered['ratio'] / infinite:.3f} goal_l3_ttft={int(worst_l3 <= 0.3)} "
           f"goal_redis={int(redis_ratio >= 0.8)} goal_fs={int(fs_ratio >= 0.6)} "
           f"goal_l3_hit={int(tiered['ratio'] / infinite >= 0.95)}")
+
+
+# ================================================================ --engine vllm
+# The same questions on vLLM (workers.vllm_worker.VllmWorker): what Strata's KV connector
+# (workers.kv_connector) gives back a prefix vLLM's device cache lost, against vLLM recomputing it and
+# against vLLM's own OffloadingConnector (a CPU tier of the same size as Strata's L2).
+
+VLLM_SHAPES = {True: {"dim": 256, "layers": 4, "heads": 4, "kv_heads": 2, "ffn": 768},  # --quick
+               False: {"dim": 512, "layers": 8, "heads": 8, "kv_heads": 2, "ffn": 1536}}  # head_dim 64 both
+VLLM_TAIL = 16  # tokens after the evicted prefix: every one of the prefix's blocks may be loaded
+GOAL_VLLM_L2, GOAL_VLLM_L3 = 0.3, 0.5
+WORKING_SET_X = 3.5  # the replay's working set, in vLLM KV caches
+
+
+def _vllm_tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 300) for _ in range(n)]
+
+
+def _vllm_run(worker, req: dict) -> tuple[float, dict]:
+    """Seconds from submitting ``req`` to its first token event, and the folded completion."""
+    from workers.protocol import fold_completion
+
+    events, first = [], None
+    start = time.perf_counter()
+    for ev in worker.stream(req):
+        if first is None and ev["type"] == "token":
+            first = time.perf_counter() - start
+        events.append(ev)
+    out = fold_completion(events)
+    if out.get("type") != "finished" or first is None:
+        raise SystemExit(f"a vLLM request failed: {out.get('code')}: {out.get('message')}")
+    return first, out
+
+
+def _vllm_reset(worker) -> None:
+    """vLLM forgets every prefix it holds (what other traffic would have evicted)."""
+    if not worker.loop.run(worker._reset(worker._active), timeout=60):
+        raise SystemExit("vLLM refused to reset its prefix cache")
+
+
+def _vllm_capacity(worker) -> int:
+    """Tokens vLLM's KV cache holds (vLLM's own block count; block 0 is its null block)."""
+    rev = worker._active
+    blocks = getattr(getattr(rev.engine, "vllm_config", None), "cache_config", None)
+    blocks = getattr(blocks, "num_gpu_blocks", None) or rev.num_blocks + 1
+    return (int(blocks) - 1) * rev.block_size
+
+
+@contextlib.contextmanager
+def _output_to(path: Path):
+    """Standard output and error (this process's and those of the vLLM processes it starts meanwhile,
+    whose logs go to standard output) into ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in ((1, saved[0]), (2, saved[1])):
+            os.dup2(fd, target)
+            os.close(fd)
+
+
+def _root_cause(log: Path, exc: BaseException) -> str:
+    """The first exception line the failed vLLM engine core logged (its root cause), else ``exc``."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    generic = ("Engine core initialization failed", "Worker failed with error", "EngineCore encountered")
+    for line in text.splitlines():
+        m = re.search(r"(?:^|\] |\s)(\w*(?:Error|Exception)): (.+)$", line.strip())
+        if m and not any(g in line for g in generic):
+            return f"{m.group(1)}: {m.group(2)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _offload_worker(path: Path, cfg, cpu_bytes: int, log: Path):
+    """A VllmWorker whose engine runs vLLM's ``OffloadingConnector`` (CPU tier of ``cpu_bytes``) in place of
+    Strata's; everything else (KV cache size, block size, scheduling, scopes) as the others'."""
+    from workers.vllm_revision import VllmRevision
+    from workers.vllm_worker import START_TIMEOUT_S, VllmWorker
+
+    class OffloadWorker(VllmWorker):
+        def _start(self, revision: dict) -> VllmRevision:
+            try:
+                rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=self.config.l1_mb,
+                                           dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size,
+                                           weights_root_dir=self.config.weights_root)
+                rev.connector = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                 "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes)}}
+                self.loop.run(rev.start(max_num_seqs=self.config.max_batch, device=self.device),
+                              timeout=START_TIMEOUT_S)
+                return rev
+            except BaseException:
+                self.loop.stop()
+                raise
+
+    with _output_to(log):
+        return OffloadWorker(deployment="bench-vllm-offload", preset="", config=replace(cfg, vllm_connector=False),
+                             revision={"label": "r1", "checkpoint_path": str(path)})
+
+
+def _vllm_trace(capacity: int, n_requests: int, *, tenants: int = 3, system: int = 256, doc: int = 1024,
+                seed: int = 0) -> tuple[list[tuple[str, int, list[int]]], int]:
+    """A shared-prefix replay: ``tenants`` tenants, each with a system prompt and documents of its own;
+    a request is system + document (Zipf-popular within its tenant) + a question of its own. Working
+    set about ``WORKING_SET_X`` times vLLM's cache. ``(tenant, document, prompt)`` per request."""
+    rng = random.Random(seed)
+    per_tenant = max(2, round((WORKING_SET_X * capacity / tenants - system) / doc))
+    systems = [_vllm_tokens(rng, system) for _ in range(tenants)]
+    docs = [[_vllm_tokens(rng, doc) for _ in range(per_tenant)] for _ in range(tenants)]
+    weights = [1 / (k + 1) ** 0.8 for k in range(per_tenant)]
+    out = []
+    for _ in range(n_requests):
+        t = rng.randrange(tenants)
+        d = rng.choices(range(per_tenant), weights)[0]
+        out.append((f"tenant{t}", d, systems[t] + docs[t][d] + _vllm_tokens(rng, rng.randint(32, 96))))
+    return out, per_tenant
+
+
+def _vllm_replay(worker, site, trace, *, persist: bool, salt_tag: bytes, drain: bool = False) -> dict:
+    salts = {}
+    cached = total = 0
+    ttfts = []
+    for tenant, _, prompt in trace:
+        salt = salts.setdefault(tenant, hashlib.sha256(salt_tag + tenant.encode()).digest())
+        t, out = _vllm_run(worker, {**site.request(tenant, prompt, scope_salt=salt, persist=persist),
+                                    "max_tokens": 1})
+        if drain:
+            worker.drain_writes()  # requests arrive seconds apart: their L3 writes have landed
+        ttfts.append(t)
+        cached += out["usage"]["cached_tokens"]
+        total += len(prompt)
+    return {"ratio": cached / total, "mean_ttft": statistics.fmean(ttfts), "cached": cached, "total": total}
+
+
+def vllm_part(args) -> None:
+    """``--engine vllm``: TTFT of an evicted prefix (recompute / Strata L2 / Strata L3) and the hit ratio of a
+    shared-prefix replay larger than vLLM's cache (vLLM alone / vLLM's OffloadingConnector / Strata)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # before vLLM is imported: keep the tables readable
+    from tests.hf_checkpoints import build_checkpoint
+    from tests.l3_workers import L3Site
+    from workers.config import WorkerConfig
+    from workers.vllm_worker import VllmWorker
+
+    quick = args.quick
+    reps = args.reps or (5 if quick else 9)
+    n_prefix = args.tokens
+    shape = VLLM_SHAPES[quick]
+    root = Path(tempfile.mkdtemp(prefix="strata-bench-vllm-"))
+    workers: list = []
+    try:
+        # vLLM's processes read STRATA_MASTER_KEY (it wins over a key file): wrap the data keys with it
+        os.environ.setdefault("STRATA_MASTER_KEY", base64.b64encode(secrets.token_bytes(32)).decode())
+        site = L3Site(root)
+        site.master = base64.b64decode(os.environ["STRATA_MASTER_KEY"])
+        ckpt = root / "ckpt"
+        build_checkpoint("llama", ckpt, seed=11, max_pos=max(2304, n_prefix + VLLM_TAIL + 256), **shape)
+        # l1_mb=1: vLLM's cache as small as Strata lets it be (two sequences of the context length)
+        base = WorkerConfig(l1_mb=1, l2_mb=0, l3_url="none", master_key_file=str(site.key_file),
+                            load_policy="always_load")
+        revision = {"label": "r1", "checkpoint_path": str(ckpt)}
+
+        def start(**cfg) -> VllmWorker:
+            w = VllmWorker(deployment="bench-vllm", preset="", config=replace(base, **cfg), revision=revision)
+            workers.append(w)
+            return w
+
+        t0 = time.perf_counter()
+        off = start(vllm_connector=False)
+        capacity = _vllm_capacity(off)
+        kv_bytes = off._active.kv_cache_bytes
+        bs = off._active.block_size
+        l2_mb = -(-2 * kv_bytes // 2**20)  # Strata's L2 (and the offloading CPU tier): twice vLLM's cache
+        strata = start(l2_mb=l2_mb, l3_url=(root / "l3").as_uri())
+        fresh = start(l2_mb=0, l3_url=(root / "l3").as_uri())  # a restart: empty vLLM cache, no L2
+        log = root / "offload.log"
+        offload, offload_error = None, None
+        try:
+            offload = _offload_worker(ckpt, base, l2_mb << 20, log)
+            workers.append(offload)
+        except Exception as exc:
+            offload_error = _root_cause(log, exc)
+        print(f"vLLM {_vllm_version()} on {off.device}, llama dim {shape['dim']} x {shape['layers']} layers, "
+              f"head_dim 64, fp32; vLLM KV cache {capacity} tokens ({kv_bytes / 2**20:.1f} MiB, block {bs}); "
+              f"Strata L2 = OffloadingConnector CPU tier = {l2_mb} MiB; engines started in "
+              f"{time.perf_counter() - t0:.0f} s")
+
+        # ------------------------------------------------------------ 1. TTFT of an evicted prefix
+        rng = random.Random(5)
+        tail = _vllm_tokens(rng, VLLM_TAIL)
+        rows: dict[str, list[float]] = {"recompute (vLLM)": [], "strata cold (compute + save)": [],
+                                        "strata L2": [], "strata L3 (file)": []}
+        cached: dict[str, int] = {}
+        same = True
+        for rep in range(reps + 1):  # round 0 warms every engine and path up (discarded)
+            prompt = _vllm_tokens(rng, n_prefix) + tail
+            req = {**site.request("ttft", prompt, scope_salt=secrets.token_bytes(32)), "max_tokens": 1}
+            outs = {}
+            # interleaved, so that load drift on a shared machine hits every row alike
+            steps = (("recompute (vLLM)", off), ("strata cold (compute + save)", strata),
+                     ("strata L2", strata), ("strata L3 (file)", fresh))
+            for name, worker in steps:
+                if worker is not off:
+                    strata.drain_writes()  # requests arrive seconds apart: the L3 writes have landed
+                if name in ("strata L2", "strata L3 (file)"):
+                    _vllm_reset(worker)  # vLLM lost the prefix
+                t, out = _vllm_run(worker, req)
+                outs[name] = out["token_ids"]
+                if rep:
+                    rows[name].append(t)
+                    cached[name] = out["usage"]["cached_tokens"]
+            same &= len({tuple(v) for v in outs.values()}) == 1
+        want = n_prefix // bs * bs
+        for name in ("strata L2", "strata L3 (file)"):
+            if cached[name] < want:
+                raise SystemExit(f"the {name} row loaded {cached[name]} of {want} tokens: nothing measured")
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        rec = med["recompute (vLLM)"]
+        l2_x, l3_x = med["strata L2"] / rec, med["strata L3 (file)"] / rec
+        print()
+        print(f"TTFT of a {n_prefix}-token prefix (+{VLLM_TAIL} tokens) evicted from vLLM's cache, greedy "
+              f"max_tokens=1, median of {reps}; outputs identical: {'yes' if same else 'NO'}")
+        print(f"{'served from':<30} {'cached tok':>10} {'TTFT ms':>9} {'vs recompute':>13} {'min..max ms':>15}")
+        for name, secs in med.items():
+            lo, hi = min(rows[name]) * 1e3, max(rows[name]) * 1e3
+            print(f"{name:<30} {cached[name]:>10} {secs * 1e3:>9.1f} {secs / rec:>13.3f} {f'{lo:.0f}..{hi:.0f}':>15}")
+        print(f"L2 {l2_x:.3f}x of recompute (goal <= {GOAL_VLLM_L2}); L3 (a fresh engine, no L2) {l3_x:.3f}x "
+              f"(goal <= {GOAL_VLLM_L3})")
+        fresh.close()
+        workers.remove(fresh)
+        strata.flush({"scope": "tenant", "tenant": "ttft"})  # part 1's blocks leave L2 (and L3)
+
+        # ------------------------------------------------------------ 2. shared-prefix replay
+        trace, per_tenant = _vllm_trace(capacity, 36 if quick else 96)
+        bt = traces.BlockTrace.from_prompts([p for _, _, p in trace], block_size=bs)
+        cap_blocks = capacity // bs
+        l2_blocks = l2_mb * 2**20 // strata._bytes_per_block()
+        configs = {"vLLM alone (connector off)": off, "vLLM + OffloadingConnector": offload,
+                   "vLLM + Strata L2": strata}
+        acc = {name: {"cached": 0, "total": 0, "ttft": []} for name, w in configs.items() if w is not None}
+        for w in configs.values():
+            if w is not None:
+                _vllm_reset(w)
+        salts = {}
+        for tenant, _, prompt in trace:  # each request on each engine in turn (interleaved, as above)
+            salt = salts.setdefault(tenant, hashlib.sha256(b"replay" + tenant.encode()).digest())
+            req = {**site.request(tenant, prompt, scope_salt=salt, persist=False), "max_tokens": 1}  # L2 only
+            for name, a in acc.items():
+                t, out = _vllm_run(configs[name], req)
+                a["ttft"].append(t)
+                a["cached"] += out["usage"]["cached_tokens"]
+                a["total"] += len(prompt)
+        results: dict[str, dict | None] = {
+            name: ({"ratio": acc[name]["cached"] / acc[name]["total"], "mean_ttft": statistics.fmean(acc[name]["ttft"])}
+                   if name in acc else None) for name in configs}
+        _vllm_reset(strata)  # then with L3 too (persist), in scopes of their own: not interleaved
+        results["vLLM + Strata L2 + L3 (file)"] = _vllm_replay(strata, site, trace, persist=True, salt_tag=b"l3",
+                                                               drain=True)
+        infinite = bt.infinite().ratio
+        print()
+        print(f"replay of {len(trace)} requests ({bt.query_tokens} prompt tokens) from 3 tenants (system prompt 256 "
+              f"+ one of {per_tenant} documents of 1024 + a question), working set {bt.unique_blocks * bs} tokens = "
+              f"{bt.unique_blocks / cap_blocks:.1f}x vLLM's cache; L2 / CPU tier {l2_blocks * bs} tokens ({l2_mb} MiB)")
+        print(f"{'configuration':<30} {'hit ratio':>9} {'vs infinite':>12} {'mean TTFT ms':>13}")
+        print(f"{'infinite cache (bound)':<30} {infinite:>9.3f} {1.0:>12.3f} {'':>13}")
+        for name, cap in (("Belady @ vLLM cache", cap_blocks), ("Belady @ vLLM cache + L2", cap_blocks + l2_blocks)):
+            r = bt.belady(cap).ratio
+            print(f"{name:<30} {r:>9.3f} {r / infinite:>12.3f} {'':>13}")
+        for name, r in results.items():
+            if r is None:
+                print(f"{name:<30} {'n/a':>9} {'n/a':>12} {'n/a':>13}")
+            else:
+                print(f"{name:<30} {r['ratio']:>9.3f} {r['ratio'] / infinite:>12.3f} {r['mean_ttft'] * 1e3:>13.1f}")
+        if offload_error:
+            print(f"vLLM + OffloadingConnector: n/a, its engine did not start: {offload_error}")
+        hit_vllm = results["vLLM alone (connector off)"]["ratio"]
+        hit_strata = results["vLLM + Strata L2"]["ratio"]
+        hit_l3 = results["vLLM + Strata L2 + L3 (file)"]["ratio"]
+        off_r = results["vLLM + OffloadingConnector"]
+        hit_offload = f"{off_r['ratio']:.3f}" if off_r else "na"
+        goal_hit = str(int(hit_strata >= off_r["ratio"])) if off_r else "na"
+        cold = med["strata cold (compute + save)"]
+        print(f"RESULT ttft_recompute_ms={rec * 1e3:.1f} ttft_strata_cold_ms={cold * 1e3:.1f} "
+              f"ttft_l2_ms={med['strata L2'] * 1e3:.1f} ttft_l3_ms={med['strata L3 (file)'] * 1e3:.1f} "
+              f"l2_vs_recompute={l2_x:.3f} l3_vs_recompute={l3_x:.3f} identical={int(same)} "
+              f"hit_vllm={hit_vllm:.3f} hit_offload={hit_offload} hit_strata={hit_strata:.3f} "
+              f"hit_strata_l3={hit_l3:.3f} hit_infinite={infinite:.3f} "
+              f"goal_l2={int(l2_x <= GOAL_VLLM_L2)} goal_l3={int(l3_x <= GOAL_VLLM_L3)} goal_hit={goal_hit}")
+    finally:
+        for w in workers:
+            w.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
 
 
 if __name__ == "__main__":

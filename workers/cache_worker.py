@@ -195,6 +195,10 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
         self.engine.check_integrity()
         return True
 
+    def drain_writes(self) -> None:
+        """Wait until the tier writes queued so far have landed (tests, benchmarks)."""
+        self.engine.drain_writes()
+
     # ------------------------------------------------------------------ serving
     def stream(self, req: dict) -> Iterator[dict]:
         """Serve one request: a ``workers.protocol.WorkerRequest`` as a dict (its fields are documented

@@ -95,3 +95,9 @@ class ServingEngine(Protocol):
 
     def ping(self) -> bool:
         """True: the replica is up."""
+
+    def check_integrity(self) -> bool:
+        """Assert every tier's invariants (``AssertionError`` naming the first broken one); True."""
+
+    def drain_writes(self) -> None:
+        """Wait until the tier writes queued so far (L2 write-through, L3 chunks) have landed."""

@@ -73,7 +73,7 @@ def test_tenant_flush_makes_its_prefixes_unreachable_and_spares_others(vllm_work
     _cached(vllm_worker, A, prompt)
     _cached(vllm_worker, B, prompt)
     result = vllm_worker.flush({"scope": "tenant", "tenant": "1"})
-    assert result["blocks_freed"] >= 4 and result["tiers"]["l1"] == result["blocks_freed"]
+    assert result["tiers"]["l1"] >= 4 and result["blocks_freed"] >= result["tiers"]["l1"]
     assert vllm_worker.probe({"scope": "tenant", "tenant": "1"}) == {"remaining_blocks": 0, "ok": True}
     assert _cached(vllm_worker, A, prompt) == 0
     assert _cached(vllm_worker, B, prompt) > 0
