@@ -2,13 +2,15 @@
 and scatter Strata blocks back into vLLM's pages.
 
 vLLM hands the connector one tensor per attention layer (``register_kv_caches``) whose logical shape
-is ``[num_blocks, H, N, C]`` (kv heads, tokens per block, content). On its CPU backend (``CPU_ATTN``)
-the content of a block's head is K then V (``[2, N, D]`` in memory: it views ``[N, 2D]`` as
-``[2N, D]`` and splits it), so a vLLM page converts exactly to Strata's canonical block
-``[layers, 2, N, H, D]`` (``cachecore.layout.KVLayout.page_shape``): the same bytes the reference
-engine stores, so the KV API means the same thing on both engines. On other backends the page's
-bytes are kept as vLLM lays them out (``native``), and the layout the namespace binds says so: blocks
-of two layouts never share a key.
+is ``[num_blocks, H, N, C]`` (kv heads, tokens per block, content). What a page's bytes mean depends
+on the attention kernel. On vLLM's CPU backend with its ``vec`` kernel (x86, float32/bfloat16 without
+AMX, block size a multiple of 32) each head's content is K transposed (``[D, N]``) then V
+(``[N, D]``) — checked against transformers' own K and V in ``tests/vllm/test_vllm_tiers.py`` — so a
+page converts exactly to Strata's canonical block ``[layers, 2, N, H, D]``
+(``cachecore.layout.KVLayout.page_shape``), the reference engine's, and the KV API means the same
+thing on both engines (``pages="canonical"``). For any other kernel the bytes are kept as vLLM lays
+them out (``pages="native-<kernel>"``); the namespace binds that descriptor, so blocks of two layouts
+never share a key.
 """
 
 from __future__ import annotations
@@ -19,7 +21,21 @@ import torch
 
 from cachecore.layout import KVLayout
 
-CANONICAL_BACKENDS = frozenset({"CPU_ATTN"})
+CANONICAL = "canonical"
+
+
+def page_format(device: str, dtype: str, block_size: int, head_dim: int) -> str:
+    """``"canonical"`` where the pages convert exactly (module doc), else ``"native-<kernel>"``."""
+    if device != "cpu":
+        return f"native-{device}"
+    try:
+        import torch as _torch
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        isa = _get_attn_isa(getattr(_torch, dtype), block_size, head_dim)
+    except Exception:  # another vLLM: its kernel's layout is not known here
+        return "native-cpu"
+    return CANONICAL if isa == "vec" else f"native-cpu-{isa}"
 
 
 def _layer_order(name: str) -> tuple:
@@ -52,7 +68,13 @@ class PageCodec:
             out = torch.stack(parts, dim=1)
         else:
             h, bs, d = lay.num_kv_heads, lay.block_size, lay.head_dim
-            out = torch.stack([p.reshape(n, h, 2, bs, d).permute(0, 2, 3, 1, 4) for p in parts], dim=1)
+            blocks = []
+            for p in parts:
+                flat = p.reshape(n, h, 2, bs * d)
+                k = flat[:, :, 0].reshape(n, h, d, bs).transpose(2, 3)  # [n, H, N, D]
+                v = flat[:, :, 1].reshape(n, h, bs, d)
+                blocks.append(torch.stack((k, v), dim=1).permute(0, 1, 3, 2, 4))  # [n, 2, N, H, D]
+            out = torch.stack(blocks, dim=1)
         return out.reshape(n, *lay.page_shape).to("cpu", copy=out.device.type == "cpu").contiguous()
 
     def scatter(self, block_ids: list[int], kv: torch.Tensor) -> None:
@@ -66,5 +88,8 @@ class PageCodec:
             if self.native:
                 src = src.reshape(n, heads, tokens, content)
             else:
-                src = src.permute(0, 3, 1, 2, 4).contiguous().reshape(n, heads, tokens, content)
+                k = src[:, 0].permute(0, 2, 3, 1)  # [n, H, D, N]
+                v = src[:, 1].permute(0, 2, 1, 3)  # [n, H, N, D]
+                src = torch.cat((k.reshape(n, heads, -1), v.reshape(n, heads, -1)), dim=2)
+                src = src.reshape(n, heads, tokens, content)
             page.index_copy_(0, ids, src.to(page.dtype))

@@ -254,6 +254,59 @@ class TierService:
     def chunk_blocks(self) -> int:
         return self.l3.store.chunk_blocks if self.l3 is not None else 0
 
+    # ------------------------------------------------------------------ KV API (workers.vllm_kv_api)
+    def kv_lookup(self, hashes: list[bytes], tokens: list[int]) -> int:
+        """Leading blocks of ``hashes`` held in L2 (index only)."""
+        if self.l2 is None:
+            return 0
+        bs, n = self.block_size, 0
+        for i, key in enumerate(hashes):
+            if not self.l2.contains(key, tuple(tokens[i * bs:(i + 1) * bs])):
+                break
+            n += 1
+        return n
+
+    def kv_retrieve(self, hashes: list[bytes], tokens: list[int]) -> dict:
+        """The L2 blocks of ``hashes`` (the contiguous part that arrives and verifies), as raw bytes."""
+        from workers.vllm_kv_api import to_wire
+
+        bs = self.block_size
+        items = [(key, tuple(tokens[i * bs:(i + 1) * bs])) for i, key in enumerate(hashes)]
+        t0 = time.perf_counter()
+        fetched = self.l2.get(items) if self.l2 is not None and items else None
+        kv = fetched.kv if fetched is not None else torch.empty((0, *self.layout.page_shape),
+                                                                dtype=self.layout.torch_dtype)
+        if len(kv):
+            self.metrics.observe_load("l2", tokens=len(kv) * bs, nbytes=len(kv) * self.layout.bytes_per_block,
+                                      seconds=time.perf_counter() - t0)
+        return to_wire(kv)
+
+    def kv_store(self, *, tenant: str, model: str, revision: str, ns_digest: bytes, hashes: list[bytes],
+                 tokens: list[int], kv: dict, share_weight: int | None, max_cached_tokens: int | None) -> int:
+        """Uploaded blocks (checked by the caller) into L2 under their own keys, never persisted."""
+        from workers.vllm_kv_api import from_wire
+
+        if self.l2 is None:
+            return 0
+        blocks = from_wire(kv)
+        bs = self.block_size
+        tag = Tag(tenant, model, revision, ns_digest, False)
+        with self._lock:
+            self.l2.pool.set_weight(tenant, 1 if share_weight is None else share_weight)
+            self.l2.pool.set_cap(tenant, max_cached_tokens)
+            if revision in self._retired:
+                return 0
+            return self.l2.put_many([(h, tuple(tokens[i * bs:(i + 1) * bs]), tag) for i, h in enumerate(hashes)],
+                                    blocks[:len(hashes)])
+
+    def corrupt_l2(self, hashes: list[bytes]) -> int:
+        """Test hook (``STRATA_TEST_HOOKS``): flip bytes of these L2 blocks (their CRC then fails)."""
+        import os
+
+        if os.environ.get("STRATA_TEST_HOOKS") != "1" or self.l2 is None:
+            raise PermissionError("test hooks are disabled")
+        return sum(self.l2.corrupt(h) for h in hashes)
+
     # ------------------------------------------------------------------ jobs
     def flush(self, scope: dict, epoch: int) -> dict:
         """``ServingEngine.flush`` for the tiers: drop L2 blocks and L3 objects of ``scope`` (as the

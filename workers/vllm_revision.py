@@ -108,9 +108,17 @@ class VllmRevision:
                         block_size=self.block_size, dtype=self.dtype)
 
     @property
+    def pages(self) -> str:
+        """What the bytes of this engine's blocks are (``workers.kv_pages.page_format``)."""
+        from workers.kv_pages import page_format
+
+        return page_format(self.device, self.dtype, self.block_size, self.facts.head_dim)
+
+    @property
     def native_pages(self) -> bool:
-        """Whether blocks keep vLLM's own page layout (``workers.kv_pages``: not on its CPU backend)."""
-        return self.device != "cpu"
+        from workers.kv_pages import CANONICAL
+
+        return self.pages != CANONICAL
 
     def attach_tiers(self, deployment: str, worker_config: dict) -> None:
         """Serve this engine with Strata's KV connector (before ``start``): its tier service (L2, L3)
@@ -159,12 +167,12 @@ class VllmRevision:
     def layout(self) -> dict:
         return {"engine": "vllm", "dtype": self.dtype, "block_size": self.block_size, "n_layers": self.facts.layers,
                 "n_kv_heads": self.facts.kv_heads, "head_dim": self.facts.head_dim,
-                "pages": f"native-{self.device}" if self.native_pages else "canonical"}
+                "pages": self.pages}
 
-    def namespace(self, deployment: str, scope_salt: bytes) -> Namespace:
+    def namespace(self, deployment: str, scope_salt: bytes, *, origin: str = "model") -> Namespace:
         return Namespace.build(scope_salt=bytes(scope_salt), model_id=deployment, weight_digest=self.weight_digest,
                                tokenizer_digest=self.tokenizer_digest, layout=self.layout(), rope={},
-                               tp_size=self.tensor_parallel_size)
+                               tp_size=self.tensor_parallel_size, origin=origin)
 
     def namespace_fields(self, deployment: str) -> dict:
         """The router's fields (every namespace field but the salt, plus vLLM's block size)."""

@@ -31,7 +31,8 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
   tokens go into the same ``CacheMetrics`` as the reference engine's, the tiers' figures come from
   the tier service.
 
-The KV API answers ``kv_api_unsupported`` on vLLM deployments.
+- **KV API** (``workers.vllm_kv_api``): layout, lookup, retrieve and uploads over the tier service's
+  L2, as on the reference engine; ``kv_api_unsupported`` without the connector.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from workers.protocol import (
 )
 from workers.router_stats import DEFAULT_DECODE_STEP_S, DEFAULT_PREFILL_TOKENS_PER_S, L1_TOKENS_PER_S, DecodeClock
 from workers.vllm_blocks import DerivedBlocks
+from workers.vllm_kv_api import VllmKVApi
 from workers.vllm_revision import VllmRevision
 
 logger = logging.getLogger("strata.vllm")
@@ -83,10 +85,6 @@ MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
 class RevisionChanged(CacheError):
     code = "revision_changed"
-
-
-class KVApiUnsupported(CacheError):
-    code = "kv_api_unsupported"
 
 
 @dataclass
@@ -161,6 +159,7 @@ class VllmWorker(AdmissionMixin):
         self.gate = FairGate(cfg.max_batch)
         self._active = self._start(revision)
         self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
+        self.kv_api = VllmKVApi(self)
 
     # ------------------------------------------------------------------ engines
     def _start(self, revision: dict) -> VllmRevision:
@@ -650,11 +649,18 @@ class VllmWorker(AdmissionMixin):
             return {"objects": 0, "bytes": 0}
         return self._tiers("drop_data_key", tenant=str(req["tenant"]), version=int(req["version"]))
 
-    # ------------------------------------------------------------------ KV API (the strata engine's)
-    def _no_kv(self, *args, **kwargs):
-        raise KVApiUnsupported("the KV API is served by deployments on the strata engine; this one runs vLLM")
+    # ------------------------------------------------------------------ KV API (workers.vllm_kv_api)
+    def kv_layout(self) -> dict:
+        return self.kv_api.layout()
 
-    kv_layout = kv_lookup = kv_store = kv_retrieve = _no_kv
+    def kv_lookup(self, req: dict) -> dict:
+        return self.kv_api.lookup(req)
+
+    def kv_retrieve(self, req: dict):
+        return self.kv_api.retrieve(req)
+
+    def kv_store(self, req: dict, kv) -> int:
+        return self.kv_api.store(req, kv)
 
     def poison_free_blocks(self) -> int:
         raise PermissionError("test hooks are not available on vLLM replicas")

@@ -182,21 +182,31 @@ def test_a_mixtral_our_engine_refuses_is_served_on_vllm_with_isolation(platform,
         _kill(name)
 
 
-def test_the_kv_api_on_a_vllm_deployment_is_a_clear_501(platform, actor, vllm_checkpoint):
+def test_the_kv_api_on_a_vllm_deployment_serves_the_tenant_s_model_kv(platform, actor, vllm_checkpoint):
     from controlplane.registry.services import model_create
 
     name = "vllm-kv"
     d = model_create(actor=actor, name=name, preset="", engine="vllm",
                      revision={"label": "r1", "path": str(vllm_checkpoint[0])})
-    _grant(platform, actor, d)
+    _grant(platform, actor, d, "acme", "globex")
     try:
-        headers = {"Authorization": f"Bearer {platform.keys['acme']}"}
-        layout = httpx.get(f"{platform.url}/v1/kv/layout", params={"model": name}, headers=headers, timeout=120)
-        lookup = httpx.post(f"{platform.url}/v1/kv/lookup", headers=headers, timeout=120,
-                            json={"model": name, "tokens": list(range(64))})
-        for resp in (layout, lookup):
-            assert resp.status_code == 501, resp.text
-            assert resp.json()["error"]["code"] == "kv_api_unsupported"
+        tokens = [7 + (i * 5) % 280 for i in range(100)]
+        platform.client("acme").completions.create(model=name, prompt=tokens, max_tokens=1, temperature=0)
+
+        def call(tenant, path, **body):
+            headers = {"Authorization": f"Bearer {platform.keys[tenant]}"}
+            if path == "layout":
+                return httpx.get(f"{platform.url}/v1/kv/layout", params={"model": name}, headers=headers, timeout=120)
+            return httpx.post(f"{platform.url}/v1/kv/{path}", headers=headers, timeout=120,
+                              json={"model": name, "tokens": tokens, **body})
+
+        layout = call("acme", "layout")
+        assert layout.status_code == 200, layout.text
+        assert layout.json()["block_size"] == 32 and layout.json()["pages"] == "canonical"
+        lookup = call("acme", "lookup")
+        assert lookup.status_code == 200, lookup.text
+        assert lookup.json()["hit_tokens"] == 96 and lookup.json()["origin"] == "model"
+        assert call("globex", "lookup").json()["hit_tokens"] == 0  # another tenant's scope
     finally:
         _kill(name)
 

@@ -170,3 +170,69 @@ def test_tenant_fair_share_in_l2_survives_a_flood(site, vllm_checkpoint):
         assert worker.check_integrity()
     finally:
         worker.close()
+
+
+def _kv_req(tenant: str, scope: bytes, tokens: list[int], own: bytes | None = None) -> dict:
+    return {"tenant": tenant, "scope_salt": scope, "tenant_salt": own or scope, "tokens": tokens}
+
+
+def test_kv_api_retrieves_the_model_kv_vllm_computed_in_the_canonical_layout(tiered, site, vllm_checkpoint):
+    hf = vllm_checkpoint[1]
+    salt = secrets.token_bytes(32)
+    prompt = _prompt(100, 61)
+    _run(tiered, site, "kv", salt, prompt)
+    layout = tiered.kv_layout()
+    assert layout["page_shape"] == [2, 2, BS, 1, 64] and layout["pages"] == "canonical"
+    assert tiered.kv_lookup(_kv_req("kv", salt, prompt)) == {"hit_tokens": 96, "origin": "model"}
+    kv, mask, origin = tiered.kv_retrieve(_kv_req("kv", salt, prompt))
+    assert origin == "model" and tuple(kv.shape) == (3, 2, 2, BS, 1, 64) and int(mask.sum()) == 96
+    with torch.no_grad():  # the reference: transformers' own K and V for the same tokens
+        past = hf(torch.tensor([prompt[:96]]), use_cache=True).past_key_values
+    for layer in range(2):
+        k_ref, v_ref = (t[0] for t in (past.layers[layer].keys, past.layers[layer].values))  # [H, T, D]
+        k = kv[:, layer, 0].reshape(96, 1, 64).permute(1, 0, 2)
+        v = kv[:, layer, 1].reshape(96, 1, 64).permute(1, 0, 2)
+        assert torch.allclose(k, k_ref, atol=1e-4) and torch.allclose(v, v_ref, atol=1e-4)
+    # another scope sees nothing of it
+    assert tiered.kv_lookup(_kv_req("kv2", secrets.token_bytes(32), prompt))["hit_tokens"] == 0
+
+
+def test_kv_api_uploads_stay_apart_and_never_feed_a_completion(tiered, site):
+    scope = secrets.token_bytes(32)
+    prompt = _prompt(130, 71)
+    layout = tiered.kv_layout()
+    kv = torch.randn(4, *layout["page_shape"])
+    assert tiered.kv_store(_kv_req("up", scope, prompt), kv) == 4
+    assert tiered.kv_lookup(_kv_req("up", scope, prompt)) == {"hit_tokens": 128, "origin": "upload"}
+    got, mask, origin = tiered.kv_retrieve(_kv_req("up", scope, prompt))
+    assert origin == "upload" and torch.equal(got, kv)
+    assert tiered.kv_lookup(_kv_req("other", secrets.token_bytes(32), prompt))["hit_tokens"] == 0
+    _reset_vllm(tiered)
+    assert _run(tiered, site, "up", scope, prompt)["usage"]["cached_tokens"] == 0  # never the uploaded bytes
+    bad = kv.clone()
+    bad[0].view(-1)[0] = float("nan")
+    with pytest.raises(Exception, match="NaN"):
+        tiered.kv_store(_kv_req("up", scope, _prompt(130, 72)), bad)
+    with pytest.raises(Exception, match="shape"):
+        tiered.kv_store(_kv_req("up", scope, _prompt(130, 73)), kv[:2])
+
+
+def test_a_corrupt_l2_block_is_recomputed_from_it_on(tiered, site):
+    from workers.kv_params import TransferParams as TP
+
+    salt = secrets.token_bytes(32)
+    prompt = _prompt(200, 81)
+    cold = _run(tiered, site, "cx", salt, prompt, persist=False)
+    rev = tiered._active
+    wr = {"tenant": "cx", "scope_salt": salt, "prompt": prompt}
+    from workers.protocol import WorkerRequest
+
+    hashes = tiered._hashes(rev, WorkerRequest.from_dict(wr))
+    assert TP.from_wire(tiered._transfer(rev, WorkerRequest.from_dict(wr), hashes)).hashes == tuple(hashes)
+    assert tiered._tiers("corrupt_l2", hashes=hashes[3:4]) == 1
+    _reset_vllm(tiered)
+    warm = _run(tiered, site, "cx", salt, prompt, persist=False)
+    assert warm["usage"]["cached_tokens"] == 3 * BS  # blocks 0-2 from L2, block 3 on recomputed
+    assert warm["token_ids"] == cold["token_ids"]
+    assert tiered.stats()["tiers"]["l2"]["corrupt_loads"] >= 1
+    assert tiered.check_integrity()
