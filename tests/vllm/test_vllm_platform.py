@@ -5,7 +5,10 @@ tenant isolation and cached tokens."""
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -53,7 +56,10 @@ def second_checkpoint(tmp_path_factory):
 
 def test_rollout_on_vllm_starts_the_new_revision_and_nothing_cached_before_is_reused(
         platform, admin_client, actor, celery_worker_factory, vllm_checkpoint, second_checkpoint):
+    import ray
+
     from controlplane.registry.services import model_create, revision_create
+    from workers import actor as worker_actor
 
     name = "vllm-roll"
     d = model_create(actor=actor, name=name, preset="", engine="vllm",
@@ -63,6 +69,10 @@ def test_rollout_on_vllm_starts_the_new_revision_and_nothing_cached_before_is_re
     try:
         old_text, _ = _complete(platform, name, PROMPT)
         assert _complete(platform, name, PROMPT)[1] > 0
+        _complete(platform, name, PROMPT * 4, max_tokens=1)  # long enough for an L3 chunk of r1
+        l3_root = Path(urlparse(os.environ["STRATA_L3_URL"]).path)
+        ray.get(worker_actor.find(name, 0).drain_writes.remote(), timeout=120)
+        assert [p for p in l3_root.glob(f"*/{name}/r1/**/*") if p.is_file()]
         celery_worker_factory()
         resp = post(admin_client, f"/api/admin/models/{name}/rollout", {"revision": "r2", "reason": "new weights"})
         assert resp.status_code == 202, resp.content
@@ -72,6 +82,8 @@ def test_rollout_on_vllm_starts_the_new_revision_and_nothing_cached_before_is_re
         assert job["status"] == "succeeded" and job["verified"] is True, job
         new_text, cached = _complete(platform, name, PROMPT)
         assert cached == 0 and new_text != old_text
+        # the old revision's L3 objects are gone (Strata's tiers under vLLM): none can ever be served
+        assert not [p for p in l3_root.glob(f"*/{name}/r1/**/*") if p.is_file()]
         assert _complete(platform, name, PROMPT) == (new_text, cached + _complete(platform, name, PROMPT)[1])
         models = {m["name"]: m for m in admin_client.get("/api/admin/models").json()}
         assert models[name]["active_revision"] == "r2" and models[name]["engine"] == "vllm"
