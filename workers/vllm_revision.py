@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,6 +163,9 @@ class VllmRevision:
                 self.engine.shutdown()
             finally:
                 self.engine = None
+        if self.connector is not None:  # the socket's private directory
+            endpoint = self.connector["kv_connector_extra_config"]["strata"]["endpoint"]
+            shutil.rmtree(os.path.dirname(endpoint["socket"]), ignore_errors=True)
 
     # -------------------------------------------------------------- cache keys
     def layout(self) -> dict:
