@@ -17,24 +17,52 @@ from tests.l3_workers import L3Site, cached_tokens, prompt
 URL = "/api/admin/tenants/acme"
 
 
-@pytest.fixture
-def stored(db, actor, tenant, model, tmp_path, monkeypatch):
-    """A real worker of ``tiny-llama`` whose L3 holds one chunk of acme's and one of another tenant's;
-    the jobs' gateway calls go to it."""
+def _stored(engine, request, actor, tenant, model, tmp_path, monkeypatch):
     from controlplane.jobs import services
     from controlplane.runtime import gateway
     from controlplane.tenants.services import tenant_create
 
-    monkeypatch.delenv("STRATA_MASTER_KEY", raising=False)
+    monkeypatch.delenv("STRATA_MASTER_KEY", raising=False)  # the site's key file (vLLM's processes inherit this)
     monkeypatch.setattr(services, "_enqueue", lambda job: None)  # the test runs the job itself
     site = L3Site(tmp_path)
-    worker = site.worker(deployment=model.name)
+    if engine == "vllm":
+        from workers.config import WorkerConfig
+        from workers.vllm_worker import VllmWorker
+
+        path = request.getfixturevalue("vllm_checkpoint")[0]
+        cfg = WorkerConfig(l1_mb=8, l2_mb=0, l3_url=site.l3.as_uri(), master_key_file=str(site.key_file),
+                           load_policy="always_load")
+        worker = VllmWorker(deployment=model.name, preset="", config=cfg,
+                            revision={"label": "r1", "checkpoint_path": str(path)})
+        request.addfinalizer(worker.close)
+    else:
+        worker = site.worker(deployment=model.name)
     other = tenant_create(actor=actor, slug="other", name="Other")
     for t in (tenant, other):
-        cached_tokens(worker, site.request(str(t.pk), prompt(300, 9), scope_salt=secrets.token_bytes(32)))
+        req = site.request(str(t.pk), prompt(300, 9), scope_salt=secrets.token_bytes(32))
+        if engine == "vllm":
+            worker.collect(req)
+            worker.drain_writes()
+        else:
+            cached_tokens(worker, req)
     assert len(site.files(str(tenant.pk))) == 1 and len(site.files(str(other.pk))) == 1
     monkeypatch.setattr(gateway, "call", lambda spec, method, *args, **kwargs: getattr(worker, method)(*args))
     return site, worker, tenant, other
+
+
+@pytest.fixture
+def stored(request, db, actor, tenant, model, tmp_path, monkeypatch):
+    """A real worker of ``tiny-llama`` whose L3 holds one chunk of acme's and one of another tenant's;
+    the jobs' gateway calls go to it."""
+    return _stored("strata", request, actor, tenant, model, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["strata", "vllm"])
+def stored_on(request, db, actor, tenant, model, tmp_path, monkeypatch):
+    """``stored`` on each engine (on vLLM, the L3 of Strata's KV connector)."""
+    if request.param == "vllm":
+        pytest.importorskip("vllm")
+    return _stored(request.param, request, actor, tenant, model, tmp_path, monkeypatch)
 
 
 def _only_job(kind: str):
@@ -45,12 +73,12 @@ def _only_job(kind: str):
     return jobs[0]
 
 
-def test_turning_persistence_off_queues_an_audited_job_that_deletes_the_tenants_l3_objects(admin_client, stored):
+def test_turning_persistence_off_queues_an_audited_job_that_deletes_the_tenants_l3_objects(admin_client, stored_on):
     """Defence: ``tenant_update`` queues ``l3_delete``. Without it, no job exists and acme's L3 file
     stays on disk."""
     from controlplane.jobs.services import job_execute
 
-    site, worker, tenant, other = stored
+    site, worker, tenant, other = stored_on
     resp = patch(admin_client, URL, {"cache_policy": {"persist": False}, "reason": "customer opted out"})
     assert resp.status_code == 200 and resp.json()["cache_policy"]["persist"] is False
     job = _only_job("l3_delete")

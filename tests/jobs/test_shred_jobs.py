@@ -239,10 +239,16 @@ def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, c
     from controlplane.jobs.services import workers_hold_data_keys
     from controlplane.tenants.models import DataKey
 
-    platform = engine_platform  # on both engines (a vLLM replica has no L3 object to delete yet)
+    import ray
+
+    from workers import actor as worker_actor
+
+    platform = engine_platform  # on both engines (on vLLM, the L3 of Strata's KV connector)
 
     prompt = "Board minutes, strictly confidential. " * 6
     _cached(platform, "acme", prompt)  # the first request creates acme's data key v1
+    _cached(platform, "acme", prompt * 4)  # long enough for an L3 object sealed under v1
+    ray.get(worker_actor.find(platform.model, 0).drain_writes.remote(), timeout=120)
     url = "/api/admin/tenants/acme/data-keys"
     assert post(admin_client, f"{url}/rotate").status_code == 201
     celery_worker_factory()
@@ -253,6 +259,8 @@ def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, c
     assert job["progress"]["done"] == job["progress"]["total"] >= 1
     row = next(r for r in job["results"] if r["worker"] == f"cache-worker:{platform.model}:0:drop:v1")
     assert row["status"] == ("ok" if workers_hold_data_keys() else "skipped")
+    if workers_hold_data_keys():
+        assert row["objects"] >= 1 and row["bytes"] > 0  # v1's L3 objects deleted
     key = DataKey.objects.get(tenant=platform.tenants["acme"], version=1)
     assert key.state == "shredded" and key.wrapped is None
     assert _cached(platform, "acme", prompt) > 0  # v2 serves on; L1 pages are not encrypted objects
