@@ -236,11 +236,10 @@ def _cached(platform, tenant, prompt):
 
 
 def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, celery_worker_factory):
-    from controlplane.jobs.services import workers_hold_data_keys
-    from controlplane.tenants.models import DataKey
-
     import ray
 
+    from controlplane.jobs.services import workers_hold_data_keys
+    from controlplane.tenants.models import DataKey
     from workers import actor as worker_actor
 
     platform = engine_platform  # on both engines (on vLLM, the L3 of Strata's KV connector)
