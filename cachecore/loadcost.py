@@ -49,6 +49,12 @@ class LoadCost:
             with self._lock:
                 self._sec_per_token.add(seconds / tokens)
 
+    def set_prefill_rate(self, tokens_per_s: float) -> None:
+        """The model's prefill rate as measured elsewhere (a vLLM replica's actor): recompute cost."""
+        if tokens_per_s > 0:
+            with self._lock:
+                self._sec_per_token.value = 1.0 / tokens_per_s
+
     def estimate_load(self, tier: str, nbytes: int) -> float:
         bw_prior, lat_prior = PRIORS.get(tier, PRIORS["l3"])
         bw = self._bandwidth.get(tier, _Ema(bw_prior)).value or bw_prior

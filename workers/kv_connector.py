@@ -10,7 +10,8 @@ vLLM runs the connector twice, in two processes:
 - **scheduler side** (vLLM's engine core): ``get_num_new_matched_tokens`` asks the tier service to
   stage the blocks after vLLM's own hit that L2 and L3 hold for the request (``TierService.stage``,
   over ``workers.kv_rpc``) and tells vLLM how many tokens it may skip: only what arrived and was
-  verified; a service that is slow or gone is a miss. ``build_connector_meta`` tells the worker side,
+  verified; while a fetch is still running it answers "not yet" (vLLM serves the other requests and
+  asks again next step); a service that is slow or gone is a miss. ``build_connector_meta`` tells the worker side,
   each step, which staged blocks go into which of vLLM's pages, and which full prompt blocks (and L3
   chunks) the step computes, to be saved.
 - **worker side** (vLLM's worker process, which also hosts the tier service and its socket):
@@ -19,7 +20,8 @@ vLLM runs the connector twice, in two processes:
   ``wait_for_save`` copies the computed blocks out of the pages into L2 and queues the completed L3
   chunks, after the forward.
 
-Loads are synchronous (vLLM computes the rest of the prompt in the same step), saves are
+Fetches from L2/L3 run on the service's loader threads while vLLM goes on; the copy into vLLM's
+pages is synchronous (vLLM computes the rest of the prompt in the same step); saves are
 write-through. Tensor parallelism is not supported (each rank would hold a shard of every block).
 """
 
@@ -90,6 +92,7 @@ class _Req:
     tokens: list[int]
     stage_start: int = -1
     staged: int = 0  # blocks staged from stage_start
+    pending: bool = False  # the service is still fetching (vLLM asks again next step)
     load: tuple[int, int] | None = None  # (first block, n) to load at the next step
     block_ids: list[int] = field(default_factory=list)
     saved: int = -1  # blocks [0, saved) need no save
@@ -133,15 +136,27 @@ class StrataConnector(KVConnectorBase_V1):
             st = self._reqs[rid] = _Req(p, list(request.prompt_token_ids or ()))
         start = num_computed_tokens // bs
         limit = (len(st.tokens) - 1) // bs  # the last prompt token is always computed (its logits)
-        if start != st.stage_start:
-            st.stage_start, st.staged = start, 0
-            if start < limit:
-                try:
-                    reply = self._client.call("stage", timeout=STAGE_TIMEOUT_S, connect_wait=STAGE_TIMEOUT_S,
-                                              req_id=rid, p=p, tokens=st.tokens, start=start, limit=limit)
-                    st.staged = int(reply["blocks"])
-                except Exception as exc:  # the service slow or gone: vLLM computes it
-                    logger.warning("Strata tier lookup failed (%s): computing the prompt", type(exc).__name__)
+        try:
+            if start != st.stage_start:
+                st.stage_start, st.staged, st.pending = start, 0, False
+                if start >= limit:
+                    return 0, False
+                reply = self._client.call("stage", timeout=STAGE_TIMEOUT_S, connect_wait=STAGE_TIMEOUT_S,
+                                          req_id=rid, p=p, tokens=st.tokens, start=start, limit=limit)
+            elif st.pending:
+                reply = self._client.call("stage_poll", timeout=STAGE_TIMEOUT_S, connect_wait=STAGE_TIMEOUT_S,
+                                          req_id=rid)
+            else:
+                return st.staged * bs, False
+        except Exception as exc:  # the service slow or gone: vLLM computes it
+            logger.warning("Strata tier lookup failed (%s): computing the prompt", type(exc).__name__)
+            st.pending = False
+            return 0, False
+        if not reply["done"]:
+            st.pending = True
+            return None, False  # not yet: vLLM schedules the others and asks again next step
+        st.pending = False
+        st.staged = int(reply["blocks"])
         return st.staged * bs, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -202,7 +217,7 @@ class StrataConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         st = self._reqs.pop(request.request_id, None)
-        if st is not None and st.staged:
+        if st is not None and (st.staged or st.pending):
             self._forgets.append(request.request_id)
         return False, None
 

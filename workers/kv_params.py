@@ -44,6 +44,7 @@ class TransferParams:
     retention_seconds: int | None = None
     tenant_retention_seconds: int | None = None
     data_key: dict | None = field(default=None, repr=False)
+    prefill_tokens_per_s: float | None = None  # the model's prefill rate the actor measured (load vs recompute)
 
     def to_wire(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

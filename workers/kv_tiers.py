@@ -10,9 +10,13 @@ quarantine of corrupt objects, fair capacity and ``max_l3_bytes``), load versus 
 
 - ``stage`` (asked by the connector's scheduler side, over ``workers.kv_rpc``, before vLLM computes
   a request): the longest run of blocks after vLLM's own hit that L2 and then L3 hold for the
-  request's keys, fetched and verified into a staging tensor now, so what vLLM is told it may skip
-  is exactly what arrived (a block that is missing, corrupt, undecryptable or late is a miss from
-  it on). Chunks read from L3 are promoted into L2.
+  request's keys, fetched and verified into a staging tensor on a loader thread, so what vLLM is
+  told it may skip is exactly what arrived (a block that is missing, corrupt, undecryptable or later
+  than the load deadline is a miss from it on). The call answers at once when the fetch is quick (an
+  L2 copy) and otherwise ``done: False``; vLLM's scheduler then asks again at its next step
+  (``stage_poll``) while it serves the other requests, so a slow L3 never stalls them. Chunks read
+  from L3 are promoted into L2. Load versus recompute is ``LoadCost`` with the tiers' measured
+  bandwidth and the model's prefill rate the actor measured (``TransferParams.prefill_tokens_per_s``).
 - ``take`` hands the staged blocks to the worker side, which copies them into vLLM's pages.
 - ``save`` (the worker side, after the forward): the full prompt blocks vLLM computed go to L2
   (write-through: vLLM's own evictions are not seen), and every L3 chunk the request completed is
@@ -27,6 +31,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -44,6 +49,8 @@ MAX_L3_BACKLOG = 64  # chunks waiting for the L3 writer; past it new chunks are 
 MAX_FLUSHES = 4096  # flush records kept for the fence; a request older than all of them is stale
 STAGE_TTL_S = 300.0  # staged blocks of a request vLLM never scheduled are dropped after this
 CHUNK_TOKENS = 256  # L3 object size in tokens, as on the reference engine (16 blocks of 16)
+INLINE_WAIT_S = 0.005  # how long a stage call waits for its fetch before answering "not yet"
+POLL_WAIT_S = 0.002  # how long a poll waits (vLLM's scheduler polls once per step)
 
 
 class TierService:
@@ -61,6 +68,9 @@ class TierService:
         self.deadline_s = cfg.load_deadline_ms / 1000
         self._lock = threading.RLock()
         self._staged: dict[str, tuple[float, int, torch.Tensor, dict]] = {}
+        self._pending: dict[str, Future] = {}
+        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strata-vllm-load")
+        self._load_delay_s = 0.0
         self._flushes: list[tuple[int, Callable[[Tag], bool]]] = []
         self._floor = 0  # requests with an epoch below this are older than every flush record kept
         self._retired: set[str] = set()
@@ -73,6 +83,8 @@ class TierService:
 
     def learn(self, p: TransferParams) -> None:
         """The tenant's quotas, weight and keys, as the actor sent them with this request."""
+        if p.prefill_tokens_per_s:
+            self.cost.set_prefill_rate(p.prefill_tokens_per_s)
         if self.l2 is not None:
             with self._lock:
                 self.l2.pool.set_weight(p.tenant, 1 if p.share_weight is None else p.share_weight)
@@ -96,9 +108,42 @@ class TierService:
             return any(e > p.epoch and match(tag) for e, match in self._flushes)
 
     def stage(self, req_id: str, p: TransferParams, tokens: list[int], start: int, limit: int) -> dict:
-        """Fetch blocks ``start ..`` (at most ``limit``) of the request from L2, then L3, into staging;
-        ``{"blocks", "l2", "l3"}`` staged from ``start`` on."""
+        """Start fetching blocks ``start ..`` (at most ``limit``) of the request from L2, then L3, into
+        staging; ``{"done", "blocks", "l2", "l3"}`` (``blocks`` staged from ``start`` on) when the fetch
+        finished within ``INLINE_WAIT_S``, else ``{"done": False}`` (ask ``stage_poll``)."""
         self._expire_staged()
+        with self._lock:
+            self._staged.pop(req_id, None)
+            future = self._pending[req_id] = self._loader.submit(self._stage, req_id, p, tokens, start, limit,
+                                                                          time.perf_counter())
+        return self._answer(req_id, future, INLINE_WAIT_S)
+
+    def stage_poll(self, req_id: str) -> dict:
+        """The outcome of ``stage`` for ``req_id`` (``{"done": False}`` while it runs; a request never
+        staged is done with nothing)."""
+        with self._lock:
+            future = self._pending.get(req_id)
+        if future is None:
+            return {"done": True, "blocks": 0, "l2": 0, "l3": 0}
+        return self._answer(req_id, future, POLL_WAIT_S)
+
+    def _answer(self, req_id: str, future: Future, wait_s: float) -> dict:
+        try:
+            out = future.result(timeout=wait_s)
+        except TimeoutError:
+            return {"done": False}
+        except Exception:  # a store failing outright is a miss
+            out = {"blocks": 0, "l2": 0, "l3": 0}
+        with self._lock:
+            if self._pending.get(req_id) is future:
+                del self._pending[req_id]
+        return {"done": True, **out}
+
+    def _stage(self, req_id: str, p: TransferParams, tokens: list[int], start: int, limit: int,
+               t_start: float) -> dict:
+        """The fetch of ``stage`` (loader thread); ``t_start``: when the request asked (the deadline's origin)."""
+        if self._load_delay_s:  # test hook: a slow tier
+            time.sleep(self._load_delay_s)
         self.learn(p)
         bs, bpb = self.block_size, self.layout.bytes_per_block
         out = {"blocks": 0, "l2": 0, "l3": 0}
@@ -108,7 +153,6 @@ class TierService:
         tag = self.tag(p)
         parts: list[torch.Tensor] = []
         covered = start
-        t_start = time.perf_counter()
         if self.l2 is not None:
             items = []
             for i in range(start, limit):
@@ -135,7 +179,7 @@ class TierService:
             elif items:
                 self.metrics.tier("l2").fallbacks_to_recompute += 1
         if self.l3 is not None and p.persist and covered < limit and time.perf_counter() - t_start < self.deadline_s:
-            got = self._stage_l3(p, tag, tokens, covered, limit, parts)
+            got = self._stage_l3(p, tag, tokens, covered, limit, parts, t_start)
             covered += got
             out["l3"] = got
         out["blocks"] = covered - start
@@ -148,7 +192,7 @@ class TierService:
         return out
 
     def _stage_l3(self, p: TransferParams, tag: Tag, tokens: list[int], covered: int, limit: int,
-                  parts: list[torch.Tensor]) -> int:
+                  parts: list[torch.Tensor], t_start: float) -> int:
         store = self.l3.store
         bs, bpb, cb = self.block_size, self.layout.bytes_per_block, store.chunk_blocks
         c0 = covered // cb * cb
@@ -167,7 +211,7 @@ class TierService:
         if fetched.stopped == "corrupt":
             tier.corrupt_loads += 1
             tier.fallbacks_to_recompute += 1
-        if secs > self.deadline_s:  # arrived, but too late to count on: recomputed
+        if time.perf_counter() - t_start > self.deadline_s:  # arrived, but too late to count on: recomputed
             tier.late_loads += 1
             return 0
         if not got:
@@ -197,6 +241,7 @@ class TierService:
     def forget(self, req_id: str) -> None:
         with self._lock:
             self._staged.pop(req_id, None)
+            self._pending.pop(req_id, None)
 
     def _expire_staged(self) -> None:
         now = time.monotonic()
@@ -298,6 +343,14 @@ class TierService:
                 return 0
             return self.l2.put_many([(h, tuple(tokens[i * bs:(i + 1) * bs]), tag) for i, h in enumerate(hashes)],
                                     blocks[:len(hashes)])
+
+    def slow_loads(self, seconds: float) -> None:
+        """Test hook (``STRATA_TEST_HOOKS``): every fetch takes ``seconds`` longer (a slow tier)."""
+        import os
+
+        if os.environ.get("STRATA_TEST_HOOKS") != "1":
+            raise PermissionError("test hooks are disabled")
+        self._load_delay_s = float(seconds)
 
     def corrupt_l2(self, hashes: list[bytes]) -> int:
         """Test hook (``STRATA_TEST_HOOKS``): flip bytes of these L2 blocks (their CRC then fails)."""
@@ -402,6 +455,7 @@ class TierService:
         return True
 
     def close(self) -> None:
+        self._loader.shutdown(wait=False, cancel_futures=True)
         if self.l3 is not None:
             self.drain()
             self.l3.close()

@@ -391,6 +391,7 @@ class VllmWorker(AdmissionMixin):
             epoch=self._flush_epoch, share_weight=req.share_weight, max_cached_tokens=req.max_cached_tokens,
             max_l3_bytes=req.max_l3_bytes, persist=req.persist, retention_seconds=req.retention_seconds,
             tenant_retention_seconds=req.tenant_retention_seconds, data_key=req.data_key,
+            prefill_tokens_per_s=self._prefill_rate,
         ).to_wire()
 
     def _sampling(self, req: WorkerRequest, transfer: dict | None = None):

@@ -135,3 +135,43 @@ def test_f5_objects_moved_to_another_tenant_are_never_served_to_it(site, vllm_ch
         assert _run(worker, site, "victim", salt_a, prompt, retention=1)["usage"]["cached_tokens"] == 0
     finally:
         worker.close()
+
+
+def test_a_slow_tier_fetch_never_stalls_another_tenant_and_a_late_one_is_recomputed(redis_worker, redis_l3, site):
+    """Defence: the fetch runs on the tier service's loader thread and vLLM's scheduler is told "not
+    yet" (``get_num_new_matched_tokens`` -> None). Without it, vLLM's engine loop waits out the fetch
+    and Y's request, which needs nothing from the tiers, finishes after X's first token."""
+    import threading
+
+    _up(redis_l3)
+    salt_x, salt_y = secrets.token_bytes(32), secrets.token_bytes(32)
+    px, py = _prompt(600, 7), _prompt(100, 8)
+    cold = _run(redis_worker, site, "sx", salt_x, px)
+    _reset(redis_worker)
+    _run(redis_worker, site, "sy", salt_y, py)  # Y's prompt now sits in vLLM's own cache
+    redis_worker._tiers("slow_loads", seconds=2.0)
+    marks: dict[str, float] = {}
+    out: dict = {}
+
+    def run_x():
+        events = []
+        for ev in redis_worker.stream({**site.request("sx", px, scope_salt=salt_x), "max_tokens": 6}):
+            if ev["type"] == "prefilled":
+                marks["x_first"] = time.monotonic()
+            events.append(ev)
+        out["x"] = events
+
+    try:
+        thread = threading.Thread(target=run_x)
+        thread.start()
+        time.sleep(0.3)  # X is waiting for its fetch now
+        y = _run(redis_worker, site, "sy", salt_y, py)
+        marks["y_done"] = time.monotonic()
+        thread.join(60)
+    finally:
+        redis_worker._tiers("slow_loads", seconds=0.0)
+    assert y["usage"]["cached_tokens"] == 96
+    assert marks["y_done"] < marks["x_first"]  # Y was served while X's fetch ran
+    finished = out["x"][-1]
+    assert finished["type"] == "finished" and finished["usage"]["cached_tokens"] == 0  # late: recomputed
+    assert [e["id"] for e in out["x"] if e["type"] == "token"] == cold["token_ids"]
