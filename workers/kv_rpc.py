@@ -24,7 +24,8 @@ from typing import Any
 logger = logging.getLogger("strata.vllm.kv_rpc")
 
 OPS = frozenset({"stage", "stage_poll", "staged", "forget", "flush", "probe", "retire", "drop_data_key", "stats",
-                 "check_integrity", "drain", "kv_lookup", "kv_retrieve", "kv_store", "corrupt_l2", "slow_loads"})
+                 "check_integrity", "drain", "kv_lookup", "kv_retrieve", "kv_store", "corrupt_l2", "slow_loads",
+                 "events_since", "events_snapshot"})
 _CONNECT_TIMEOUT_S = 600.0  # vLLM's worker may take minutes to start on a slow CPU
 
 

@@ -21,6 +21,9 @@ quarantine of corrupt objects, fair capacity and ``max_l3_bytes``), load versus 
 - ``save`` (the worker side, after the forward): the full prompt blocks vLLM computed go to L2
   (write-through: vLLM's own evictions are not seen), and every L3 chunk the request completed is
   sealed and written in the background when the request may persist.
+- What L2 and L3 store and drop is published as KV events (``cachecore.event_recorders``, the
+  reference engine's recorders) into the service's own log, which the actor forwards into the
+  replica's, so the router hears a vLLM replica's L2 and L3 too.
 - Flushes are fenced by the actor's flush epoch (``TransferParams.epoch``): a request sent before a
   flush that matches it neither loads nor saves after it, and an L3 write that lands during the
   flush is deleted again.
@@ -35,6 +38,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from cachecore.event_recorders import L3Recorder, PoolRecorder
+from cachecore.events import EventLog
 from cachecore.layout import KVLayout
 from cachecore.loadcost import LoadCost
 from cachecore.metrics import CacheMetrics
@@ -75,6 +80,12 @@ class TierService:
         self._floor = 0  # requests with an epoch below this are older than every flush record kept
         self._retired: set[str] = set()
         self._writer = Writer("strata-vllm-l3-writer") if self.l3 is not None else None
+        # what the tiers store and drop, as KV events; the actor forwards them into the replica's log
+        self.events = EventLog(f"tiers:{deployment}:{revision}")
+        if self.l2 is not None:
+            self.l2.stored_listeners.append(PoolRecorder(self.events, "l2", self.l2.pool).stored)
+        if self.l3 is not None:
+            L3Recorder(self.events).attach(self.l3.store)
         self.counters = {"staged": 0, "stage_blocks": 0, "saved_blocks": 0, "fenced": 0, "l3_chunks": 0}
 
     # ------------------------------------------------------------------ per request
@@ -419,6 +430,13 @@ class TierService:
     def drain(self) -> None:
         if self._writer is not None:
             self._writer.drain()
+
+    def events_since(self, since_seq: int) -> dict:
+        """``EventLog.page`` of the tiers' KV events (``workers.vllm_worker`` forwards them)."""
+        return self.events.page(since_seq)
+
+    def events_snapshot(self) -> dict:
+        return self.events.snapshot()
 
     # ------------------------------------------------------------------ figures
     def stats(self) -> dict:

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from cachecore.errors import BackendUnavailable, CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
-from cachecore.events import EventLog
+from cachecore.events import AllCleared, BlockStored, EventBatch, EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.metrics import CacheMetrics
 from cachecore.routing.hashes import request_salt
@@ -156,6 +156,8 @@ class VllmWorker(AdmissionMixin):
         self._tenant_scopes: dict[str, set[bytes]] = {}
         self._prefill_rate: float | None = None
         self._flush_epoch = 0  # bumped by every flush; fences the tier service's loads and saves
+        self._tier_seq = 1  # the next batch of the active tier service's KV events to forward
+        self._events_lock = threading.Lock()
         self.gate = FairGate(cfg.max_batch)
         self._active = self._start(revision)
         self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
@@ -276,11 +278,38 @@ class VllmWorker(AdmissionMixin):
         }
 
     def kv_events(self, since_seq: int) -> dict:
-        """``EventLog.page``: the derived KV event batches from ``since_seq`` on."""
+        """``EventLog.page``: the KV event batches from ``since_seq`` on (vLLM's derived device-cache
+        blocks, and the tier service's L2 and L3 events, forwarded first)."""
+        self._forward_tier_events()
         return self.events.page(since_seq)
 
     def kv_snapshot(self) -> dict:
+        self._forward_tier_events()
         return self.events.snapshot()
+
+    def _forward_tier_events(self) -> None:
+        """Republish the tier service's new KV event batches in this replica's log (a service that
+        cannot answer now is asked again at the next call)."""
+        rev = self._active
+        if rev.tiers is None:
+            return
+        with self._events_lock:
+            try:
+                page = self._tiers("events_since", rev, since_seq=self._tier_seq, timeout=10.0)
+                if page["gap"]:  # the service's buffer moved on: start again from its snapshot
+                    snap = self._tiers("events_snapshot", rev, timeout=10.0)
+                    self.events.publish(AllCleared("l2"), AllCleared("l3"), *(
+                        BlockStored(tier, tuple(bytes.fromhex(h) for h in hashes))
+                        for tier, hashes in snap["tiers"].items() if tier in ("l2", "l3")))
+                    self._tier_seq = snap["seq"] + 1
+                    return
+            except Exception as exc:
+                logger.warning("tier service events unavailable: %s", type(exc).__name__)
+                return
+            for raw in page["batches"]:
+                batch = EventBatch.from_dict(raw)
+                self.events.publish(*batch.events)
+                self._tier_seq = batch.seq + 1
 
     # ------------------------------------------------------------------ scope
     @staticmethod
@@ -632,6 +661,9 @@ class VllmWorker(AdmissionMixin):
             self._aborting.discard(old.label)
         freed = self.blocks.flush(lambda owner, rev: rev == old.label)
         old.shutdown()
+        with self._events_lock:  # the old engine's L2 is gone with it; the new service's log starts at 1
+            self.events.publish(AllCleared("l2"))
+            self._tier_seq = 1
         if new.tiers is not None:  # the old revision's L3 objects go; it may never load or save again
             try:
                 freed += self._tiers("retire", new, revision=old.label)["l2"]

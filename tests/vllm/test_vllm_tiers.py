@@ -236,3 +236,21 @@ def test_a_corrupt_l2_block_is_recomputed_from_it_on(tiered, site):
     assert warm["token_ids"] == cold["token_ids"]
     assert tiered.stats()["tiers"]["l2"]["corrupt_loads"] >= 1
     assert tiered.check_integrity()
+
+
+def test_the_tiers_kv_events_reach_the_replica_s_log(tiered, site):
+    """The router hears what Strata's L2 and L3 hold on a vLLM replica (tiers ``l2``/``l3`` of the
+    replica's KV events), not only vLLM's derived device-cache blocks."""
+    salt = secrets.token_bytes(32)
+    prompt = _prompt(300, 91)
+    before = tiered.kv_events(1)["seq"]
+    _run(tiered, site, "ev", salt, prompt)
+    page = tiered.kv_events(before + 1)
+    stored = {ev["tier"]: len(ev["hashes"]) for b in page["batches"] for ev in b["events"] if ev["type"] == "stored"}
+    assert stored.get("l2", 0) >= 9 and stored.get("l3", 0) >= 8
+    snap = tiered.kv_snapshot()
+    assert len(snap["tiers"]["l2"]) >= 9
+    tiered.flush({"scope": "tenant", "tenant": "ev"})
+    after = tiered.kv_events(page["seq"] + 1)
+    removed = [ev for b in after["batches"] for ev in b["events"] if ev["type"] in ("removed", "cleared")]
+    assert any(ev.get("tier") == "l2" for ev in removed)
