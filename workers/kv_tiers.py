@@ -463,6 +463,7 @@ class TierService:
             resident["l3"] = {t: b // bpb for t, b in store.usage_by_tenant().items()}
         snap["resident_blocks"] = resident
         snap["service"] = info
+        snap["load_cost"] = self.cost.snapshot()
         return snap
 
     def check_integrity(self) -> bool:

@@ -74,6 +74,7 @@ class VllmRevision:
     epoch: bytes = field(default_factory=lambda: secrets.token_bytes(16))
     device: str = "cpu"
     tiers: object = None  # workers.kv_rpc.TierClient to this engine's tier service (None: no connector)
+    tier_events: object = None  # a second client, for the KV events (never queued behind a slow job call)
     connector: dict | None = None  # KVTransferConfig arguments (workers.kv_connector.connector_config)
 
     @classmethod
@@ -131,6 +132,7 @@ class VllmRevision:
         self.connector = connector_config(endpoint=endpoint, worker_config=worker_config, layout=self.kv_layout(),
                                           native=self.native_pages, deployment=deployment, revision=self.label)
         self.tiers = TierClient(endpoint)
+        self.tier_events = TierClient(endpoint)
 
     def engine_args(self, *, max_num_seqs: int, device: str):
         from vllm.config import KVTransferConfig
@@ -156,8 +158,9 @@ class VllmRevision:
         self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
 
     def shutdown(self) -> None:
-        if self.tiers is not None:
-            self.tiers.close()
+        for client in (self.tiers, self.tier_events):
+            if client is not None:
+                client.close()
         if self.engine is not None:
             try:
                 self.engine.shutdown()

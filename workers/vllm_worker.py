@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 from cachecore.errors import BackendUnavailable, CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
 from cachecore.events import AllCleared, BlockStored, EventBatch, EventLog
 from cachecore.hashing import chain_hashes
+from cachecore.loadcost import PRIORS
 from cachecore.metrics import CacheMetrics
 from cachecore.routing.hashes import request_salt
 from workers.admission import MAX_CONCURRENCY, AdmissionMixin
@@ -157,6 +158,7 @@ class VllmWorker(AdmissionMixin):
         self._prefill_rate: float | None = None
         self._flush_epoch = 0  # bumped by every flush; fences the tier service's loads and saves
         self._tier_seq = 1  # the next batch of the active tier service's KV events to forward
+        self._tier_bandwidth: dict[str, float] = {}  # the tiers' measured load bandwidth (last stats)
         self._events_lock = threading.Lock()
         self.gate = FairGate(cfg.max_batch)
         self._active = self._start(revision)
@@ -246,10 +248,11 @@ class VllmWorker(AdmissionMixin):
                     snap["tiers"][name] = tiers["tiers"][name]
             resident.update(tiers["resident_blocks"])
             snap["tier_service"] = tiers["service"]
+            self._tier_bandwidth = dict(tiers.get("load_cost", {}).get("bandwidth_bytes_per_s") or {})
             snap["flushed_blocks"] = snap.get("flushed_blocks", 0) + tiers.get("flushed_blocks", 0)
         a = self._active
         snap.update(evictions=self.blocks.evictions, duplicate_stores=0, bytes_per_block=self._bytes_per_block(),
-                    load_policy={"policy": self.config.load_policy if a.tiers else "none"},
+                    load_policy=(tiers or {}).get("load_cost") or {"policy": "none"},
                     write_policy="write_through" if a.tiers else "none", resident_blocks=resident)
         snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used}
         snap["worker"] = {"deployment": self.deployment, "engine": "vllm", "revision": self._active.label,
@@ -272,10 +275,21 @@ class VllmWorker(AdmissionMixin):
             "queued_prefill_tokens": queued, "queued_requests": waiting, "running": running,
             "cached_tokens": self.blocks.count() * self._active.block_size,
             "rates": {"prefill_tokens_per_s": self._prefill_rate or DEFAULT_PREFILL_TOKENS_PER_S,
-                      "load_tokens_per_s": {"l1": L1_TOKENS_PER_S},
+                      "load_tokens_per_s": self._load_rates(),
                       "decode_step_s": self.decode.value if self.decode.value is not None else DEFAULT_DECODE_STEP_S},
             "measured": {"prefill": self._prefill_rate is not None, "decode": self.decode.value is not None},
         }
+
+    def _load_rates(self) -> dict:
+        """Tokens per second each tier loads at (``workers.router_stats``): L1 is vLLM's device cache;
+        L2 and L3, with the connector, the tier service's measured bandwidth (its priors until then)."""
+        rates = {"l1": L1_TOKENS_PER_S}
+        a = self._active
+        if a.tiers is not None:
+            per_token = a.kv_layout().bytes_per_block / a.block_size
+            for tier in ("l2", "l3"):
+                rates[tier] = (self._tier_bandwidth.get(tier) or PRIORS[tier][0]) / per_token
+        return rates
 
     def kv_events(self, since_seq: int) -> dict:
         """``EventLog.page``: the KV event batches from ``since_seq`` on (vLLM's derived device-cache
@@ -295,9 +309,9 @@ class VllmWorker(AdmissionMixin):
             return
         with self._events_lock:
             try:
-                page = self._tiers("events_since", rev, since_seq=self._tier_seq, timeout=10.0)
+                page = rev.tier_events.call("events_since", since_seq=self._tier_seq, timeout=1.0)
                 if page["gap"]:  # the service's buffer moved on: start again from its snapshot
-                    snap = self._tiers("events_snapshot", rev, timeout=10.0)
+                    snap = rev.tier_events.call("events_snapshot", timeout=1.0)
                     self.events.publish(AllCleared("l2"), AllCleared("l3"), *(
                         BlockStored(tier, tuple(bytes.fromhex(h) for h in hashes))
                         for tier, hashes in snap["tiers"].items() if tier in ("l2", "l3")))

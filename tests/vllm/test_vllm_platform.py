@@ -129,7 +129,16 @@ def test_routing_over_two_vllm_replicas_follows_the_cached_prefix(platform, acto
             assert time.monotonic() < deadline, "the router's index never learned the prefix vLLM computed"
             time.sleep(0.1)
         (holder,) = router.index.match(hashes, 32)
+        def idle_views():
+            # the router's figures are polled: one taken while the previous request ran still counts it
+            # as queued, and a replica with a queue rightly loses to an idle one; wait for a fresh poll
+            deadline = time.monotonic() + 20
+            while any(v.router.get("queued_requests") or v.router.get("running") for v in router._views.values()):
+                assert time.monotonic() < deadline, "the router's view of the replicas never went idle"
+                time.sleep(0.05)
+
         for i in range(4):
+            idle_views()
             assert complete("acme", prefix + [100 + i, 7]) >= 128  # 4 of 5 blocks at least: the holder served it
         assert set(router.index.match(hashes, 32)) == {holder}
         other = request_hashes(view.namespace_fields, tenant_scope_salt(platform.tenants["globex"]), prefix)
