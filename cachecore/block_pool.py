@@ -25,6 +25,15 @@ prefixes. Deepest-first order holds inside an owner.
 Per-owner caps (``set_cap``) are hard limits on top: an owner over its cap evicts its own least
 recently freed blocks.
 
+**Soft pins** (``pin``/``unpin``, named caches). A pin is kept by hash (``hash -> until``, unix time
+of ``clock``), so a block registered later under a pinned hash (re-stored, promoted) is pinned too,
+and it lapses by itself once ``until`` passes (the block is then an ordinary LRU block again). A pin
+only reorders an owner's own evictions: its unpinned cached-free blocks go first (least recently
+freed first), then its pinned ones. Which owner gives up a block is decided exactly as without pins,
+so a pin never protects an owner over its share from another owner's allocation once it has no
+unpinned blocks left, and pins never take another owner below its share. With no pins the eviction
+paths are the plain ones; with pins an eviction also skips past the owner's pinned blocks.
+
 **Listeners.** Every hash the pool drops is announced first to each callable in ``listeners`` as
 ``listener(block, reason)`` with ``reason`` one of ``"evicted"`` (reused by ``allocate``), ``"capped"``
 (its owner's cap) or ``"flushed"`` (``drop_where``), while the block still holds its hash, tokens, tag
@@ -40,8 +49,10 @@ lock around every call.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cachecore.errors import OutOfBlocks
@@ -90,6 +101,10 @@ class BlockPool:
         self.batch_listeners: list[Callable[[], None]] = []
         self._batch_depth = 0
         self._batch = _Batch(self)
+        # Soft pins: block hash -> until (``clock`` time); the earliest until is when to purge next.
+        self._pins: dict[bytes, float] = {}
+        self._pins_expire_at = float("inf")
+        self.clock: Callable[[], float] = time.time
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -145,6 +160,57 @@ class BlockPool:
         """Free blocks in reuse order, next to be reused first (plain ones, then cached LRU first).
         O(num_free); for tests and debugging. Do not mutate the pool while iterating."""
         return iter(self._free)
+
+    # ------------------------------------------------------------------ soft pins
+    def pin(self, hashes: Iterable[bytes], until: float) -> None:
+        """Pin ``hashes`` until ``until`` (``clock`` time; replaces an earlier pin's until). Blocks
+        indexed under them now or later are evicted after their owner's unpinned ones (module doc)."""
+        until = float(until)
+        self._expire_pins(self.clock())
+        for h in hashes:
+            self._pins[h] = until
+        if until < self._pins_expire_at:
+            self._pins_expire_at = until
+
+    def unpin(self, hashes: Iterable[bytes]) -> int:
+        """Remove the pins of ``hashes``; returns how many were pinned."""
+        n = 0
+        for h in hashes:
+            n += self._pins.pop(h, None) is not None
+        if not self._pins:
+            self._pins_expire_at = float("inf")
+        return n
+
+    def is_pinned(self, block_hash: bytes) -> bool:
+        until = self._pins.get(block_hash)
+        return until is not None and until > self.clock()
+
+    def pinned_tokens(self, owner: str | None) -> int:
+        """Tokens of ``owner``'s indexed blocks (held or free) whose pin has not lapsed. O(pins)."""
+        now, index = self.clock(), self._index
+        self._expire_pins(now)
+        n = 0
+        for h in self._pins:
+            block = index.get(h)
+            n += block is not None and block.owner == owner
+        return n * self.block_size
+
+    def _expire_pins(self, now: float) -> None:
+        """Forget the pins that lapsed (O(pins), only once the earliest until has passed)."""
+        if now < self._pins_expire_at:
+            return
+        self._pins = {h: u for h, u in self._pins.items() if u > now}
+        self._pins_expire_at = min(self._pins.values(), default=float("inf"))
+
+    def _evict_order(self, owner: str | None) -> Iterator[Block]:
+        """``owner``'s cached free blocks in the order they are evicted: least recently freed first,
+        the pinned ones after all others (lazily; nothing may mutate the pool while it is iterated)."""
+        blocks = self._owner_lru[owner].values()
+        if not self._pins:
+            return iter(blocks)
+        now = self.clock()
+        self._expire_pins(now)
+        return _unpinned_first(blocks, self._pins, now) if self._pins else iter(blocks)
 
     # ------------------------------------------------------------------ lookup
     def get_cached(self, block_hash: bytes, token_ids: Sequence[int]) -> Block | None:
@@ -236,7 +302,7 @@ class BlockPool:
             return None
         usage = Counter(self._usage)
         usage[owner] += n - need
-        cursors = {o: iter(lru.values()) for o, lru in self._owner_lru.items()}
+        cursors = {o: self._evict_order(o) for o in self._owner_lru}
         heads: dict[str | None, Block] = {o: next(it) for o, it in cursors.items()}
         victims: list[Block] = []
         while len(victims) < need:
@@ -389,7 +455,15 @@ class BlockPool:
         become plain free blocks (reused first). ``predicate`` sees indexed blocks only and must not
         call back into the pool.
         """
-        matches = [b for b in self._index.values() if predicate(b)]
+        return self._drop([b for b in self._index.values() if predicate(b)], reason)
+
+    def drop_hashes(self, hashes: Iterable[bytes], *, reason: str = "flushed") -> int:
+        """``drop_where`` for the blocks indexed under ``hashes`` (O(len(hashes))); their pins stay
+        (``unpin`` them too)."""
+        index = self._index
+        return self._drop([index[h] for h in dict.fromkeys(hashes) if h in index], reason)
+
+    def _drop(self, matches: list[Block], reason: str) -> int:
         for block in matches:
             was_free = block.ref_cnt == 0
             self._notify(block, reason)
@@ -468,11 +542,14 @@ class BlockPool:
         self.stats.evictions_by_owner[block.owner] += 1
 
     def _trim(self, owner: str, max_tokens: int) -> None:
-        """Evict ``owner``'s least recently freed blocks until it fits ``max_tokens`` or has none free."""
-        trimmed = False
-        while owner in self._owner_lru and self._owner_cached[owner] * self.block_size > max_tokens:
-            trimmed = True
-            block = next(iter(self._owner_lru[owner].values()))
+        """Evict ``owner``'s free blocks (``_evict_order``: least recently freed first, pinned last)
+        until it fits ``max_tokens`` or has none free."""
+        if owner not in self._owner_lru:
+            return
+        excess = self._owner_cached[owner] - max_tokens // self.block_size
+        if excess <= 0:
+            return
+        for block in list(itertools.islice(self._evict_order(owner), excess)):
             self._count_eviction(block)
             self.stats.cap_evictions += 1
             self._notify(block, "capped")
@@ -480,8 +557,7 @@ class BlockPool:
             self._set_owner(block, None)
             self._free.remove(block)
             self._free.appendleft(block)
-        if trimmed:
-            self._batch_done()
+        self._batch_done()
 
     # ------------------------------------------------------------------ invariants
     def check_integrity(self) -> None:
@@ -549,6 +625,19 @@ class BlockPool:
 
         for owner, cap in self._caps.items():
             assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"
+        assert all(type(h) is bytes and type(u) is float for h, u in self._pins.items()), "malformed pin"
+        assert self._pins_expire_at <= min(self._pins.values(), default=float("inf")), "pin expiry horizon too late"
+
+
+def _unpinned_first(blocks: Iterable[Block], pins: dict[bytes, float], now: float) -> Iterator[Block]:
+    held_back = []
+    for block in blocks:
+        until = pins.get(block.block_hash)
+        if until is not None and until > now:
+            held_back.append(block)
+        else:
+            yield block
+    yield from held_back
 
 
 class _Batch:

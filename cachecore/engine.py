@@ -27,6 +27,9 @@ KV events (``events``, an :class:`~cachecore.events.EventLog`): every tier annou
 and drops (L1 through this engine's commits and its pool's listeners, L2 and L3 through their stores'
 hooks), one batch per store operation; see :mod:`cachecore.events`.
 
+Named caches (:mod:`cachecore.engine_pins`): ``resident`` / ``pin`` / ``drop`` of one prefix in every
+tier (soft pins by hash in L1, L2 and L3).
+
 All public methods are thread-safe (one lock); model forwards and L2 loads run outside it.
 """
 
@@ -45,6 +48,7 @@ from cachecore.block_pool import Block
 from cachecore.config import EngineConfig
 from cachecore.engine_kv import KVApiMixin
 from cachecore.engine_loads import LoadsMixin
+from cachecore.engine_pins import PinsMixin
 from cachecore.engine_writes import WritesMixin
 from cachecore.errors import InflightLimit, InvalidPrompt
 from cachecore.event_recorders import wire_engine
@@ -64,7 +68,7 @@ from cachecore.writeback import WritePolicy, Writer
 __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
 
 
-class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
+class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
     """Orchestrator over L1 (``num_blocks`` device pages, allocated once) and, when
     ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's."""
 
@@ -162,10 +166,11 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
             lookup_blocks = len(index_hits) + len(l2_items)
             l2_items = l2_items[: max(0, limit - len(usable))]
             l2_found = len(l2_items)  # the L2 prefix as found (before the cost decision)
+            declined = None
             if l2_items and not self.cost.should_load("l2", nbytes=len(l2_items) * self.layout.bytes_per_block,
                                                       tokens=len(l2_items) * bs):
                 self.metrics.tier("l2").fallbacks_to_recompute += 1
-                l2_items = []
+                l2_items, declined = [], "recompute"
             total = -(-(len(tokens) + max_new_tokens) // bs)
             held, allowed = self._inflight.get(owner, 0), self.inflight_limit(owner)
             # One request may exceed the limit alone (else a long prompt could never run); a limit
@@ -186,6 +191,8 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                 flush_gen=self._gen, use_cache=use_cache,
             )
             seq.retention_seconds = retention_seconds
+            seq.tier_tokens["l1"] = hit_tokens
+            seq.load_stop = declined
             self._gens_in_use[seq.flush_gen] += 1
             self._running[seq.seq_id] = seq
             self._inflight[owner] = held + len(seq.blocks)
@@ -261,12 +268,15 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, Tier):
                     parent=seq.hashes[-1] if seq.hashes else None,
                 )
             new: list[Block] = []
+            prompt_blocks = seq.prompt_len // bs
             for i in range(seq.num_registered, full):
                 block = seq.blocks[i]
                 kept = self.pool.cache(block, seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]),
                                        seq.tag.owner, seq.tag)
                 if kept is block and block.block_hash is not None:
                     new.append(block)
+                    if i < prompt_blocks:
+                        seq.written_tokens += bs
             seq.num_registered = full
             if new and self._l1_events is not None:
                 self._l1_events.stored([b.block_hash for b in new])

@@ -71,11 +71,18 @@ class LoadsMixin:
             result = future.result(timeout=max(0.0, waited))
         except FutureTimeout:  # late: a miss now; counted as load success if its bytes arrive later
             future.add_done_callback(lambda f, seq=seq: self._late_arrival(seq, f))
+            seq.load_stop = "late"
         except Exception:  # a store failing outright is a miss too
             result = None
+            seq.load_stop = "failed"
         n2 = result["l2"] if result else 0
         n3 = result["l3"] if result else 0
         n = min(n2 + n3, len(seq.load_blocks))
+        if result:
+            stops = [s for s in (result["l2_stop"], result["l3_stop"]) if s not in (None, "miss")]
+            seq.load_stop = stops[0] if stops else None
+        seq.tier_tokens["l2"] += min(n2, n) * bs
+        seq.tier_tokens["l3"] += (n - min(n2, n)) * bs
         if n:
             kv = torch.cat(result["parts"]) if len(result["parts"]) > 1 else result["parts"][0]
             self.l1.write(seq.load_blocks[:n], kv[:n])

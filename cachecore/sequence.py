@@ -35,6 +35,12 @@ class CachedSequence:
     load_started: float = 0.0
     l3_chunks: int = 0  # leading L3 chunks of this request already written (or submitted)
     retention_seconds: float | None = None
+    # Where its cached prefix came from (tokens per tier), why a lower-tier load stopped short
+    # ("late", "failed", "corrupt", "unavailable", "expired", "recompute"; None when it did not), and
+    # the prompt tokens this sequence added to L1 (its own full prompt blocks newly registered).
+    tier_tokens: dict[str, int] = field(default_factory=lambda: {"l1": 0, "l2": 0, "l3": 0})
+    load_stop: str | None = None
+    written_tokens: int = 0
     extra: dict = field(default_factory=dict)
 
     @property

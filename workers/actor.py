@@ -56,6 +56,7 @@ _DELEGATED = (
     "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve", "flush",
     "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks", "cancel",
     "drop_data_key", "kv_events", "kv_snapshot", "cancel_tenant", "drain_writes",
+    "prewarm", "cache_pin", "cache_drop", "cache_resident",
 )
 
 

@@ -42,6 +42,7 @@ from workers.admission import (  # noqa: F401  (re-exported: callers import them
 )
 from workers.config import WorkerConfig
 from workers.kv_api import KVApiMixin
+from workers.named_caches import NamedCachesMixin
 from workers.operations import OperationsMixin
 from workers.protocol import (
     WorkerRequest,
@@ -75,10 +76,11 @@ def replica_id(deployment: str, replica: int) -> str:
     return f"{deployment}:{int(replica)}:{secrets.token_hex(4)}"
 
 
-class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
+class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin):
     """One model deployment: the active revision, one L1 engine, and revisions being rolled out.
     The KV API lives in ``workers/kv_api.py``, flush/probe/rollout in ``workers/operations.py``,
-    concurrency slots and cancellation in ``workers/admission.py``."""
+    concurrency slots and cancellation in ``workers/admission.py``, named caches (prewarm, soft pins,
+    drop) in ``workers/named_caches.py``."""
 
     def __init__(
         self,
@@ -284,7 +286,9 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin):
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
                     yield finished_event(finish_reason=ev.finish_reason, revision=revision,
                                          prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
-                                         cached_tokens=ev.cached_tokens)
+                                         cached_tokens=ev.cached_tokens, by_tier=ev.cached_by_tier,
+                                         write_tokens=ev.write_tokens, load_stop=ev.load_stop,
+                                         replica=self.replica_id, block_size=self.engine.block_size)
         except CacheError as exc:
             yield self._error(exc)
 

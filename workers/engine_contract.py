@@ -78,6 +78,30 @@ class ServingEngine(Protocol):
     def drop_data_key(self, req: dict) -> dict:
         """Crypto-shred ``{"tenant", "version"}`` here: ``{"objects", "bytes"}`` deleted. Idempotent."""
 
+    # ---------------------------------------------------------------- named caches (workers.named_caches)
+    def prewarm(self, req: dict, pin_until: float | None) -> dict:
+        """Serve ``req`` (a ``WorkerRequest`` dict, ``max_tokens`` 1) through the normal path, wait
+        until its writes to L2 (and L3 when ``persist``) landed, soft-pin the prompt's full blocks
+        until ``pin_until`` (unix time; None: no pin): ``{"tokens", "cached_tokens", "tiers": {"l1",
+        "l2", "l3"} (tokens resident per tier), "pinned"}``, or ``{"error": {"code", "message",
+        "retryable"}}`` when the run ended with an error. The blocks are keyed as a completion of the
+        prompt keys them (scope, revision, ``cache_salt``), so a later completion hits them."""
+
+    def cache_pin(self, req: dict, pin_until: float | None) -> dict:
+        """(Re)pin the prompt's full blocks on this replica until ``pin_until`` (None: unpin):
+        ``{"tiers": {"l1", "l2", "l3"}}``. Pins are soft: evicted after the tenant's unpinned blocks,
+        never at another tenant's fair share, lapsing at ``pin_until``."""
+
+    def cache_drop(self, req: dict) -> dict:
+        """Delete the prompt's full blocks from every tier of this replica and the L3 objects covering
+        them (bytes gone from the backend), and unpin: ``{"tiers": {"l1": blocks, "l2": blocks, "l3":
+        objects}, "bytes"}``. Idempotent. (vLLM: its own device cache keeps its copy until it evicts it;
+        ``l1`` is 0.)"""
+
+    def cache_resident(self, req: dict) -> dict:
+        """``{"tiers": {"l1", "l2", "l3"}}``: tokens of the prompt's full-block prefix each tier holds
+        (vLLM: ``l1`` is the replica's estimate of its device cache)."""
+
     # ---------------------------------------------------------------- introspection
     def info(self) -> dict:
         """Static facts: deployment, engine, revision, weight digest, device, layout, vocab and context

@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from cachecore.layout import KVLayout
-from workers.kv_params import TransferParams
+from workers.kv_params import KEY, TransferParams
 from workers.kv_rpc import TierClient, TierServer
 from workers.kv_tiers import CHUNK_TOKENS
 
@@ -98,6 +98,8 @@ class _Req:
     saved: int = -1  # blocks [0, saved) need no save
     first_computed: int = 0  # first block this request computes itself
     chunks: int = 0  # L3 chunks handled
+    outcome: dict = field(default_factory=dict)  # the last stage's answer: blocks per tier, stop
+    loaded: dict = field(default_factory=dict)  # what vLLM took of it: blocks per tier
 
 
 class StrataConnector(KVConnectorBase_V1):
@@ -157,6 +159,7 @@ class StrataConnector(KVConnectorBase_V1):
             return None, False  # not yet: vLLM schedules the others and asks again next step
         st.pending = False
         st.staged = int(reply["blocks"])
+        st.outcome = {"l2": int(reply.get("l2", 0)), "l3": int(reply.get("l3", 0)), "stop": reply.get("stop")}
         return st.staged * bs, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
@@ -165,6 +168,7 @@ class StrataConnector(KVConnectorBase_V1):
             return
         if num_external_tokens > 0:
             st.load = (st.stage_start, num_external_tokens // self.block_size)
+            st.loaded = dict(st.outcome)
         elif st.staged:
             self._forgets.append(request.request_id)
             st.staged = 0
@@ -216,10 +220,14 @@ class StrataConnector(KVConnectorBase_V1):
         meta.saves.append(save)
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Nothing is sent anywhere (``False``); the returned params reach the request's output: the
+        blocks loaded from each of Strata's tiers and why a fetch stopped short (the worker's usage)."""
         st = self._reqs.pop(request.request_id, None)
-        if st is not None and (st.staged or st.pending):
+        if st is None:
+            return False, None
+        if st.staged or st.pending:
             self._forgets.append(request.request_id)
-        return False, None
+        return False, {KEY: {"loaded": st.loaded, "stop": st.outcome.get("stop")}}
 
     # ================================================================== worker side
     def register_kv_caches(self, kv_caches) -> None:

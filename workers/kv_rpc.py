@@ -25,7 +25,7 @@ logger = logging.getLogger("strata.vllm.kv_rpc")
 
 OPS = frozenset({"stage", "stage_poll", "staged", "forget", "flush", "probe", "retire", "drop_data_key", "stats",
                  "check_integrity", "drain", "kv_lookup", "kv_retrieve", "kv_store", "corrupt_l2", "slow_loads",
-                 "events_since", "events_snapshot"})
+                 "events_since", "events_snapshot", "cache_resident", "cache_pin", "cache_drop"})
 _CONNECT_TIMEOUT_S = 600.0  # vLLM's worker may take minutes to start on a slow CPU
 
 

@@ -24,6 +24,8 @@ quarantine of corrupt objects, fair capacity and ``max_l3_bytes``), load versus 
 - What L2 and L3 store and drop is published as KV events (``cachecore.event_recorders``, the
   reference engine's recorders) into the service's own log, which the actor forwards into the
   replica's, so the router hears a vLLM replica's L2 and L3 too.
+- Named caches (``cache_resident`` / ``cache_pin`` / ``cache_drop``, ``workers.named_caches``): the
+  reference engine's soft pins and deletes (``cachecore.engine_pins``) on this service's L2 and L3.
 - Flushes are fenced by the actor's flush epoch (``TransferParams.epoch``): a request sent before a
   flush that matches it neither loads nor saves after it, and an L3 write that lands during the
   flush is deleted again.
@@ -38,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from cachecore.engine_pins import lower_drop, lower_pin, lower_resident
 from cachecore.event_recorders import L3Recorder, PoolRecorder
 from cachecore.events import EventLog
 from cachecore.layout import KVLayout
@@ -144,7 +147,7 @@ class TierService:
         except TimeoutError:
             return {"done": False}
         except Exception:  # a store failing outright is a miss
-            out = {"blocks": 0, "l2": 0, "l3": 0}
+            out = {"blocks": 0, "l2": 0, "l3": 0, "stop": "failed"}
         with self._lock:
             if self._pending.get(req_id) is future:
                 del self._pending[req_id]
@@ -157,7 +160,8 @@ class TierService:
             time.sleep(self._load_delay_s)
         self.learn(p)
         bs, bpb = self.block_size, self.layout.bytes_per_block
-        out = {"blocks": 0, "l2": 0, "l3": 0}
+        # ``stop``: why the fetch stopped short (``CachedSequence.load_stop``'s words), or None
+        out = {"blocks": 0, "l2": 0, "l3": 0, "stop": None}
         limit = min(limit, len(p.hashes), len(tokens) // bs)
         if start >= limit or self.stale(p):
             return out
@@ -187,10 +191,12 @@ class TierService:
                 if fetched.stopped == "corrupt":
                     tier.corrupt_loads += 1
                     tier.fallbacks_to_recompute += 1
+                    out["stop"] = "corrupt"
             elif items:
                 self.metrics.tier("l2").fallbacks_to_recompute += 1
+                out["stop"] = "recompute"
         if self.l3 is not None and p.persist and covered < limit and time.perf_counter() - t_start < self.deadline_s:
-            got = self._stage_l3(p, tag, tokens, covered, limit, parts, t_start)
+            got = self._stage_l3(p, tag, tokens, covered, limit, parts, t_start, out)
             covered += got
             out["l3"] = got
         out["blocks"] = covered - start
@@ -203,7 +209,7 @@ class TierService:
         return out
 
     def _stage_l3(self, p: TransferParams, tag: Tag, tokens: list[int], covered: int, limit: int,
-                  parts: list[torch.Tensor], t_start: float) -> int:
+                  parts: list[torch.Tensor], t_start: float, out: dict) -> int:
         store = self.l3.store
         bs, bpb, cb = self.block_size, self.layout.bytes_per_block, store.chunk_blocks
         c0 = covered // cb * cb
@@ -215,15 +221,19 @@ class TierService:
         tier = self.metrics.tier("l3")
         if not self.cost.should_load("l3", nbytes=(end - covered) * bpb, tokens=(end - covered) * bs):
             tier.fallbacks_to_recompute += 1
+            out["stop"] = "recompute"
             return 0
         fetched = store.get(p.hashes, tokens, tag, end, first_block=covered, retention_seconds=self._retention(p))
         secs = time.perf_counter() - t0
         got = int(fetched.kv.shape[0])
+        if fetched.stopped not in (None, "miss"):
+            out["stop"] = fetched.stopped
         if fetched.stopped == "corrupt":
             tier.corrupt_loads += 1
             tier.fallbacks_to_recompute += 1
         if time.perf_counter() - t_start > self.deadline_s:  # arrived, but too late to count on: recomputed
             tier.late_loads += 1
+            out["stop"] = "late"
             return 0
         if not got:
             return 0
@@ -370,6 +380,40 @@ class TierService:
         if os.environ.get("STRATA_TEST_HOOKS") != "1" or self.l2 is None:
             raise PermissionError("test hooks are disabled")
         return sum(self.l2.corrupt(h) for h in hashes)
+
+    # ------------------------------------------------------------------ named caches (workers.named_caches)
+    def _l3_store(self):
+        return self.l3.store if self.l3 is not None else None
+
+    def _named(self, params: dict) -> tuple[TransferParams, Tag]:
+        p = TransferParams.from_wire(params)
+        if p is None:
+            raise ValueError("malformed transfer params")
+        self.learn(p)  # the tenant's data keys (L3 probes need them), weight and cap
+        return p, self.tag(p)
+
+    def cache_resident(self, params: dict, tokens: list[int]) -> dict:
+        """Tokens of the request's full-block prefix held in L2 and L3: ``{"l2", "l3"}``."""
+        p, tag = self._named(params)
+        return lower_resident(self.l2, self._l3_store(), p.hashes, tokens, tag, self.block_size)
+
+    def cache_pin(self, params: dict, tokens: list[int], until: float | None) -> dict:
+        """Soft-pin the request's blocks in L2 and its chunks in L3 until ``until`` (None: unpin);
+        returns ``cache_resident``."""
+        p, tag = self._named(params)
+        lower_pin(self.l2, self._l3_store(), p.hashes, until)
+        return lower_resident(self.l2, self._l3_store(), p.hashes, tokens, tag, self.block_size)
+
+    def cache_drop(self, params: dict, tokens: list[int]) -> dict:
+        """Delete the request's blocks from L2 and the L3 objects covering them, with their pins
+        (queued L3 writes land first): ``{"l2": blocks, "l3": objects, "bytes"}``."""
+        p, tag = self._named(params)
+        self.drain()
+        with self._lock:
+            n2 = self.l2.drop_keys(list(p.hashes)) if self.l2 is not None else 0
+            self.metrics.flushed_blocks += n2
+        done = lower_drop(None, self._l3_store(), p.hashes, tag)
+        return {"l2": n2, "l3": done["l3"], "bytes": n2 * self.layout.bytes_per_block + done["l3_bytes"]}
 
     # ------------------------------------------------------------------ jobs
     def flush(self, scope: dict, epoch: int) -> dict:

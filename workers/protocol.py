@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 __all__ = [
-    "Error", "Event", "Finished", "Prefilled", "Token", "Usage", "WorkerRequest",
+    "TIERS", "Error", "Event", "Finished", "Prefilled", "Token", "Usage", "WorkerRequest",
     "error_event", "finished_event", "fold_completion", "prefilled_event", "token_event",
 ]
 
@@ -118,10 +118,23 @@ _ROUTER_ANNOTATIONS = frozenset({"_route_hashes", "session"})
 
 
 class Usage(TypedDict):
+    """``cached_tokens_by_tier``: where the cached tokens came from (``l1`` the replica's device
+    cache, ``l2`` its host pool, ``l3`` the remote tier; they sum to ``cached_tokens``).
+    ``cache_write_tokens``: prompt tokens this request added to the cache. ``load_stop``: why a
+    lower-tier load stopped short (``"late"``, ``"failed"``, ``"corrupt"``, ``"unavailable"``,
+    ``"expired"``, ``"recompute"``) or None; ``replica``: the replica that served it; ``block_size``:
+    its engine's cache block (these three are read by the control plane's miss diagnostics and never
+    shown to the client)."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     cached_tokens: int
+    cached_tokens_by_tier: dict[str, int]
+    cache_write_tokens: int
+    load_stop: str | None
+    replica: str
+    block_size: int
 
 
 class Prefilled(TypedDict):
@@ -174,11 +187,21 @@ def token_event(token_id: int, text: str = "", logprob: float | None = None,
     return {"type": "token", "id": int(token_id), "text": text, "logprob": logprob, "top_logprobs": top_logprobs}
 
 
+TIERS = ("l1", "l2", "l3")
+
+
 def finished_event(*, finish_reason: str, revision: str, prompt_tokens: int, completion_tokens: int,
-                   cached_tokens: int) -> Finished:
+                   cached_tokens: int, by_tier: dict[str, int] | None = None, write_tokens: int = 0,
+                   load_stop: str | None = None, replica: str = "", block_size: int = 0) -> Finished:
+    """The last event of a stream that ended. ``by_tier`` None: every cached token counts as ``l1``."""
+    tiers = {t: int((by_tier or {}).get(t, 0)) for t in TIERS}
+    if by_tier is None:
+        tiers["l1"] = int(cached_tokens)
     return {"type": "finished", "finish_reason": finish_reason, "revision": revision,
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens, "cached_tokens": cached_tokens}}
+                      "total_tokens": prompt_tokens + completion_tokens, "cached_tokens": cached_tokens,
+                      "cached_tokens_by_tier": tiers, "cache_write_tokens": int(write_tokens),
+                      "load_stop": load_stop, "replica": replica, "block_size": int(block_size)}}
 
 
 def fold_completion(events) -> dict:

@@ -63,6 +63,16 @@ class DerivedBlocks:
                 return len(self._blocks)
             return sum(1 for owner, rev in self._blocks.values() if match(owner, rev))
 
+    def prefix(self, hashes: Sequence[bytes]) -> int:
+        """Leading blocks of ``hashes`` recorded (an estimate of vLLM's device cache; no LRU change)."""
+        with self._lock:
+            n = 0
+            for h in hashes:
+                if h not in self._blocks:
+                    break
+                n += 1
+            return n
+
     def by_owner(self) -> dict[str, int]:
         with self._lock:
             return dict(Counter(owner for owner, _ in self._blocks.values()))

@@ -31,6 +31,8 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
   tokens go into the same ``CacheMetrics`` as the reference engine's, the tiers' figures come from
   the tier service.
 
+- **Named caches** (``workers.named_caches``): prewarm, soft pins and drops of a prompt's blocks in
+  Strata's L2 and L3 (vLLM's device cache cannot be edited per block from outside).
 - **KV API** (``workers.vllm_kv_api``): layout, lookup, retrieve and uploads over the tier service's
   L2, as on the reference engine; ``kv_api_unsupported`` without the connector.
 """
@@ -59,9 +61,10 @@ from workers.admission import MAX_CONCURRENCY, AdmissionMixin
 from workers.async_loop import AsyncLoop
 from workers.config import WorkerConfig
 from workers.fair_gate import FairGate
-from workers.kv_params import TransferParams
+from workers.kv_params import KEY, TransferParams
 from workers.kv_rpc import TierCallError
 from workers.kv_tiers import CHUNK_TOKENS
+from workers.named_caches import VllmNamedCaches
 from workers.protocol import (
     WorkerRequest,
     error_event,
@@ -164,6 +167,7 @@ class VllmWorker(AdmissionMixin):
         self._active = self._start(revision)
         self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
         self.kv_api = VllmKVApi(self)
+        self.named = VllmNamedCaches(self)
 
     # ------------------------------------------------------------------ engines
     def _start(self, revision: dict) -> VllmRevision:
@@ -492,7 +496,7 @@ class VllmWorker(AdmissionMixin):
     def _events(self, req: WorkerRequest, key: str, rev: VllmRevision, out_q: queue.SimpleQueue,
                 t0: float, hashes: list[bytes]) -> Iterator[dict]:
         prompt_tokens, cached, generated = len(req.prompt), 0, 0
-        prefilled, resumed, finish = False, None, None
+        prefilled, resumed, finish, outcome = False, None, None, {}
         while True:
             try:
                 item = out_q.get(timeout=_POLL_S)
@@ -523,10 +527,24 @@ class VllmWorker(AdmissionMixin):
                 resumed = time.perf_counter()
             if completion.finish_reason is not None:
                 finish = completion.finish_reason
+                outcome = (getattr(item, "kv_transfer_params", None) or {}).get(KEY) or {}
         if finish == "abort" or finish is None:
             raise self._stopped(key, rev)
         yield finished_event(finish_reason="length" if finish == "length" else "stop", revision=rev.label,
-                             prompt_tokens=prompt_tokens, completion_tokens=generated, cached_tokens=cached)
+                             prompt_tokens=prompt_tokens, completion_tokens=generated, cached_tokens=cached,
+                             **self._cache_usage(rev, req, cached, outcome))
+
+    def _cache_usage(self, rev: VllmRevision, req: WorkerRequest, cached: int, outcome: dict) -> dict:
+        """Where ``cached`` came from: Strata's connector reports the blocks it loaded from L2 and L3
+        (``StrataConnector.request_finished``); the rest was vLLM's own device cache (L1). vLLM caches
+        every full prompt block it computes, so the tokens written are those full blocks not cached."""
+        bs = rev.block_size
+        loaded = outcome.get("loaded") or {}
+        l2, l3 = int(loaded.get("l2", 0)) * bs, int(loaded.get("l3", 0)) * bs
+        l2, l3 = min(l2, cached), min(l3, max(0, cached - l2))
+        written = max(0, len(req.prompt) // bs * bs - cached) if req.use_cache else 0
+        return {"by_tier": {"l1": cached - l2 - l3, "l2": l2, "l3": l3}, "write_tokens": written,
+                "load_stop": outcome.get("stop"), "replica": self.replica_id, "block_size": bs}
 
     @staticmethod
     def _token(rev: VllmRevision, tid: int, lp, k: int | None) -> dict:
@@ -708,6 +726,27 @@ class VllmWorker(AdmissionMixin):
 
     def kv_store(self, req: dict, kv) -> int:
         return self.kv_api.store(req, kv)
+
+    # ------------------------------------------------------------------ named caches (workers.named_caches)
+    # vLLM's device cache (L1) cannot be edited per block from outside: ``l1`` is the replica's record
+    # of what vLLM computed (an estimate); pins and deletes reach Strata's L2 and L3 only.
+    def prewarm(self, req: dict, pin_until: float | None = None) -> dict:
+        """``workers.named_caches``: serve ``req``, let its L2/L3 writes land, pin its prompt's blocks in
+        L2 and L3 until ``pin_until``: ``{"tokens", "cached_tokens", "tiers", "pinned"}`` or ``{"error"}``."""
+        return self.named.prewarm(req, pin_until)
+
+    def cache_pin(self, req: dict, pin_until: float | None) -> dict:
+        """(Re)pin (None: unpin) the prompt's blocks in L2 and L3: ``{"tiers"}``."""
+        return self.named.cache_pin(req, pin_until)
+
+    def cache_drop(self, req: dict) -> dict:
+        """Delete the prompt's blocks from L2 and its L3 objects (vLLM's device cache keeps its copy
+        until vLLM evicts it): ``{"tiers": {"l1": 0, "l2": blocks, "l3": objects}, "bytes"}``."""
+        return self.named.cache_drop(req)
+
+    def cache_resident(self, req: dict) -> dict:
+        """``{"tiers": {"l1" (estimate), "l2", "l3"}}``: tokens of the prompt's prefix per tier."""
+        return self.named.cache_resident(req)
 
     def poison_free_blocks(self) -> int:
         raise PermissionError("test hooks are not available on vLLM replicas")

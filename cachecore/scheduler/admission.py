@@ -36,7 +36,7 @@ class AdmissionMixin:
                 return False  # its prefetch is still arriving: others go first
             self.engine.finish_loads(seq)
             if not req.prefilled:
-                req.cached_tokens = seq.num_cached_tokens
+                req.note_cached()
         if seq.use_cache and seq.num_computed == seq.num_cached_tokens and req.extra.get("readmits", 0) < _READMITS:
             limit = (len(seq.tokens) - 1) // self.block_size
             if self.index.prefix_blocks(seq.hashes, limit) * self.block_size > seq.lookup_hit_tokens:
@@ -73,7 +73,7 @@ class AdmissionMixin:
                     return False
                 self._preempt(victim)
         if not req.prefilled:
-            req.cached_tokens = req.seq.num_cached_tokens
+            req.note_cached()
         return True
 
     def _victim(self, req: Request, planned: set[int], owner: str | None = None,
@@ -102,6 +102,7 @@ class AdmissionMixin:
             req.preemptions += 1
             self.counters["preemptions"] += 1
         self.engine.release(seq)  # commits what it computed: the recompute mostly hits
+        req.write_tokens += seq.written_tokens
         if seq.use_cache:
             self.index.add(seq.hashes[: seq.num_registered])
         req.seq = None

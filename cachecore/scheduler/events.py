@@ -26,6 +26,12 @@ class Finished:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # of the first admission (what the client is told): cached tokens per tier (l1, l2, l3) and why a
+    # lower-tier load stopped short (``CachedSequence.load_stop``); and the prompt tokens the request
+    # added to the cache over all its admissions
+    cached_by_tier: dict[str, int] | None = None
+    load_stop: str | None = None
+    write_tokens: int = 0
 
 
 Event = Prefilled | TokenOut | Finished

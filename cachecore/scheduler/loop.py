@@ -160,7 +160,7 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
             try:
                 req.seq = self.engine.admit(req.ns, req.prompt, owner=req.owner, max_new_tokens=req.max_tokens,
                                             **req.admit_kwargs)
-                req.cached_tokens = req.seq.num_cached_tokens
+                req.note_cached()
             except OutOfBlocks:  # waits unadmitted; the loop admits it (preempting if it must) when picked
                 req.seq = None
                 req.extra["hashes"] = hashes
@@ -333,11 +333,14 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
     def _finish(self, req: Request, reason: str | None) -> None:
         if req.seq is not None:
             self.engine.release(req.seq)
+            req.write_tokens += req.seq.written_tokens
             if req.seq.use_cache:
                 self.index.add(req.seq.hashes[: req.seq.num_registered])
         self._detach(req)
         if reason is not None:
-            req.emit(Finished(reason, len(req.prompt), req.produced, req.cached_tokens))
+            req.emit(Finished(reason, len(req.prompt), req.produced, req.cached_tokens,
+                              cached_by_tier=req.cached_by_tier, load_stop=req.load_stop,
+                              write_tokens=req.write_tokens))
         req.done.set()
         if reason in ("stop", "length"):
             others = {r.owner for r in [*self.waiting, *self.running]} | self.work.owners(self.step_no)

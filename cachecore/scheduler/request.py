@@ -70,6 +70,9 @@ class Request:
     prefilled: bool = False  # the first prefill is done (Prefilled sent)
     produced: int = 0
     cached_tokens: int = 0  # of the first admission (what the client is told)
+    cached_by_tier: dict[str, int] | None = None  # of that admission: tokens per tier
+    load_stop: str | None = None  # of that admission: why a lower-tier load stopped short
+    write_tokens: int = 0  # prompt tokens its admissions added to the cache
     prefill_seconds: float = 0.0  # share of step time spent on its prompt
     preemptions: int = 0
     generator: torch.Generator | None = None
@@ -84,6 +87,13 @@ class Request:
         if self.seq is not None:
             return self.seq.tokens
         return self.resume if self.resume is not None else self.prompt
+
+    def note_cached(self) -> None:
+        """Record the first admission's cache outcome (``cached_tokens`` and where it came from)."""
+        seq = self.seq
+        self.cached_tokens = seq.num_cached_tokens
+        self.cached_by_tier = dict(seq.tier_tokens)
+        self.load_stop = seq.load_stop
 
     def remaining_tokens(self) -> int:
         return self.max_tokens - self.produced

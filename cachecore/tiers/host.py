@@ -140,6 +140,32 @@ class HostStore(PooledStore):
             self.stats["blocks_out"] += good
         return Fetched(kv, stopped)
 
+    # ------------------------------------------------------------------ named caches (soft pins)
+    def prefix(self, items: Sequence[tuple[bytes, tuple[int, ...]]]) -> int:
+        """Leading entries of ``items`` (key, tokens) stored here (index only)."""
+        with self._lock:
+            index, n = self.pool._index, 0
+            for key, tokens in items:
+                block = index.get(key)
+                if block is None or block.token_ids != tokens:
+                    break
+                n += 1
+            return n
+
+    def pin(self, keys: Sequence[bytes], until: float | None) -> None:
+        """Soft-pin ``keys`` until ``until`` (``BlockPool.pin``; None: unpin)."""
+        with self._lock:
+            if until is None:
+                self.pool.unpin(keys)
+            else:
+                self.pool.pin(keys, until)
+
+    def drop_keys(self, keys: Sequence[bytes]) -> int:
+        """Delete the blocks stored under ``keys`` and their pins (announced as ``"flushed"``); how many."""
+        with self._lock:
+            self.pool.unpin(keys)
+            return self.pool.drop_hashes(keys)
+
     def gauges(self) -> dict[str, int]:
         with self._lock:
             return {"total": self.pool.num_blocks, "used": self.pool.num_cached,

@@ -1,6 +1,8 @@
 """The L3 store's accounting, apart from its bytes: which objects each tenant holds (oldest first),
 bytes per tenant and in all, each tenant's byte limit (``max_l3_bytes``), and the fair choice of what
-to evict (:meth:`L3Index.victims`).
+to evict (:meth:`L3Index.victims`), and the soft pins of named caches (``pins``: hex chain hash of a
+chunk -> until): within one tenant, pinned objects are evicted after its unpinned ones; which tenant
+gives up an object is decided as without pins (a pin never protects a tenant over its share).
 
 Tenants are keyed by their encoded name component (:func:`cachecore.tiers.l3_names.enc`). The index
 starts unloaded: until :meth:`L3Index.load` (a listing of the backend) every update is a no-op, so a
@@ -10,6 +12,7 @@ store that never needed the accounting never lists its backend. No I/O, no tenso
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
@@ -31,6 +34,7 @@ class L3Index:
         self.usage: dict[str, int] = {}  # tenant key -> bytes (only tenants holding something)
         self.total = 0
         self.limits: dict[str, int] = {}  # tenant key -> max bytes
+        self.pins: dict[str, float] = {}  # hex chain hash (the name's last part) -> until (unix time)
 
     @property
     def loaded(self) -> bool:
@@ -85,15 +89,42 @@ class L3Index:
     def objects(self) -> int:
         return sum(len(v) for v in self._objects.values()) if self._objects is not None else 0
 
-    def victims(self, writer: str | None, size: int, capacity: int | None) -> list[Victim] | None:
+    def pin(self, keys: Iterable[str], until: float | None, now: float) -> None:
+        """Pin the chunks named by hex chain hash ``keys`` until ``until`` (None: unpin); lapsed pins
+        are forgotten. Kept whether the index is loaded or not."""
+        self.pins = {k: u for k, u in self.pins.items() if u > now}
+        for k in keys:
+            if until is None:
+                self.pins.pop(k, None)
+            else:
+                self.pins[k] = float(until)
+
+    def _evict_order(self, names: OrderedDict[str, _Entry], now: float):
+        """``names`` oldest first, the pinned ones after all others (lazily)."""
+        if not self.pins:
+            yield from names.items()
+            return
+        held_back = []
+        for item in names.items():
+            until = self.pins.get(item[0].rsplit("/", 1)[-1])
+            if until is not None and until > now:
+                held_back.append(item)
+            else:
+                yield item
+        yield from held_back
+
+    def victims(self, writer: str | None, size: int, capacity: int | None, *, now: float | None = None
+                ) -> list[Victim] | None:
         """Objects to evict so that ``writer`` can add ``size`` bytes (``writer=None``: bring every
         tenant within its limit and the store within ``capacity``), or None if that cannot be done
         without pushing another tenant below its fair share. Per-tenant limits first (a tenant over
         its own evicts its own oldest), then capacity: the oldest object of a tenant over its equal
-        share goes first. Mutates nothing. The index must be loaded."""
+        share goes first; within a tenant its unpinned objects go before its pinned ones (pins lapse at
+        ``now``). Mutates nothing. The index must be loaded."""
         assert self._objects is not None
+        now = time.time() if now is None else now
         usage = dict(self.usage)
-        cursors = {t: iter(names.items()) for t, names in self._objects.items()}
+        cursors = {t: self._evict_order(names, now) for t, names in self._objects.items()}
         heads: dict[str, tuple[str, _Entry] | None] = {}
         victims: list[Victim] = []
 

@@ -51,6 +51,12 @@ which also chooses the victims) is an in-memory index of the backend
 listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
 written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
 
+**Soft pins** (named caches): :meth:`RemoteStore.pin` pins chunks by chain hash until a time (this
+process's view: another process sharing the backend does not see them); when room is needed, a
+tenant's pinned objects go after its unpinned ones, and which tenant gives up an object is decided
+as without pins. A pin never outlives an object's own expiry or its tenant's retention.
+:meth:`RemoteStore.delete_keys` deletes the chunks covering a prefix (under every key version).
+
 What it writes and deletes is announced (for KV events): ``put_listeners`` get the chain hashes of
 every chunk written (``listener(hashes)``), ``drop_listeners`` the chunk keys (last-block hashes) of
 objects it deleted or forgot, with a reason (``listener(keys, reason)``: ``"evicted"``, ``"flushed"``,
@@ -350,7 +356,7 @@ class RemoteStore:
             tenant = self._tenant_key(tag.owner)
             self._ensure_index()
             with self._lock:
-                victims = self._index.victims(tenant, len(frame), self.capacity_bytes)
+                victims = self._index.victims(tenant, len(frame), self.capacity_bytes, now=self.clock())
                 if victims is None:
                     self.stats["rejected"] += 1
                     return False
@@ -384,6 +390,48 @@ class RemoteStore:
                 if max_bytes < 0:
                     raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
                 self._index.limits[t] = int(max_bytes)
+
+    # ------------------------------------------------------------------ named caches (soft pins)
+    def chunk_keys(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """The object keys (last-block chain hashes) of the whole chunks of a block chain."""
+        cb = self.chunk_blocks
+        return [hashes[(c + 1) * cb - 1] for c in range(len(hashes) // cb)]
+
+    def pin(self, keys: Sequence[bytes], until: float | None) -> None:
+        """Soft-pin the chunks stored under ``keys`` (``chunk_keys``) until ``until`` (``clock``
+        time; None: unpin): evicted after their tenant's unpinned objects (module doc)."""
+        with self._lock:
+            self._index.pin([k.hex() for k in keys], until, self.clock())
+
+    def pinned(self, key: bytes) -> bool:
+        with self._lock:
+            until = self._index.pins.get(key.hex())
+            return until is not None and until > self.clock()
+
+    def delete_keys(self, tag: Tag, keys: Sequence[bytes]) -> tuple[int, int]:
+        """Delete the chunks stored under ``keys`` for ``tag``'s tenant, model and revision, under
+        every key version (found by listing, so versions this worker does not hold go too), and
+        their pins; ``(objects, bytes)``. Raises ``BackendUnavailable``."""
+        wanted = {k.hex() for k in keys}
+        self.pin(keys, None)
+        if not wanted:
+            return 0, 0
+        objects = n_bytes = 0
+        gone: list[str] = []
+        for info in list(self.backend.list(scope_prefix(tag.owner, tag.model, tag.revision, None))):
+            if info.name.rsplit("/", 1)[-1] in wanted and parse_name(info.name) is not None \
+                    and self.backend.delete(info.name):
+                objects += 1
+                n_bytes += info.size
+                gone.append(info.name)
+        t = self._tenant_key(tag.owner)
+        with self._lock:
+            for name in gone:
+                self._index.forget(t, name)
+            self.stats["deleted"] += objects
+            self.stats["deleted_bytes"] += n_bytes
+        self._announce_drop(gone, "flushed")
+        return objects, n_bytes
 
     # ------------------------------------------------------------------ deletes and sweeps
     def delete_chunk(self, tag: Tag, key: bytes) -> bool:
@@ -485,7 +533,7 @@ class RemoteStore:
             kept.append((tenant, info))
         with self._lock:
             self._index.load(kept)
-            victims = self._index.victims(None, 0, self.capacity_bytes) or []
+            victims = self._index.victims(None, 0, self.capacity_bytes, now=now) or []
             for t, n, _ in victims:
                 self._index.forget(t, n)
         self._announce_drop(expired, "expired")

@@ -27,7 +27,8 @@ from controlplane.adminapi.auth import OperatorAuth
 from controlplane.common.errors import ApplicationError, error_response, install_ninja_handlers
 from controlplane.common.hooks import module_exists
 
-OPTIONAL_ROUTERS = ["controlplane.jobs.api", "controlplane.runtime.api"]
+OPTIONAL_ROUTERS = ["controlplane.jobs.api", "controlplane.runtime.api", "controlplane.ledger.api",
+                   "controlplane.caches.admin_api"]
 OPENAPI_URL = "/openapi.json"
 DOCS_URL = "/docs"
 

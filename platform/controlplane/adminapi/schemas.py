@@ -35,6 +35,8 @@ class QuotasIn(StrictIn):
     max_concurrent_requests: int | None = Count
     share_weight: int | None = Field(default=None, ge=1, le=100, description=(
         "weight of the tenant's fair share of each worker's cache and compute (1-100; null = 1)"))
+    max_pinned_tokens: int | None = Field(default=None, ge=0, description=(
+        "tokens of the tenant's named caches soft-pinned in L2 and L3 (null = 0: none pinned)"))
 
 
 class QuotasOut(Schema):
@@ -46,6 +48,7 @@ class QuotasOut(Schema):
     max_inflight_tokens: int | None
     max_concurrent_requests: int | None
     share_weight: int | None
+    max_pinned_tokens: int | None
 
 
 class CachePolicyIn(StrictIn):

@@ -13,6 +13,11 @@ demotions, evictions), ``strata_tier_capacity_blocks`` / ``strata_tier_used_bloc
 gauges, ``strata_tier_load_latency_seconds{quantile="0.5"|"0.99"}`` (the worker's own estimate,
 absent until a load was timed); per tenant, model and tier ``strata_resident_bytes``.
 
+From the tenant cache ledger (its all-time sums, so counters survive worker restarts; tenants x
+models x fixed kinds): ``strata_ledger_tokens_total{tenant,model,kind}`` (kind = prompt, cached_l1,
+cached_l2, cached_l3, write, completion) and ``strata_ledger_miss_tokens_total{tenant,model,reason}``
+(the fixed miss reasons; ``other`` only once counted).
+
 Every per-worker series carries a ``replica`` label (the replica index, at most the admin API's bound
 of 16 per model), so a restarted replica resets only its own counters; sum over ``replica`` for the
 model's figure.
@@ -27,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from controlplane.adminapi.auth import OperatorAuth
 from controlplane.audit.selectors import audit_head_status
 from controlplane.common.errors import ApplicationError, error_response
+from controlplane.common.hooks import optional_attr
 from controlplane.jobs.models import FlushJob
 from controlplane.runtime import stats
 
@@ -57,6 +63,8 @@ TIER_GAUGES = {
     "used_bytes": ("strata_tier_used_bytes", "Bytes of KV the tier holds"),
 }
 QUANTILES = {"p50": "0.5", "p99": "0.99"}
+LEDGER_KINDS = {"prompt": "prompt_tokens", "cached_l1": "cached_l1", "cached_l2": "cached_l2",
+                "cached_l3": "cached_l3", "write": "write_tokens", "completion": "completion_tokens"}
 
 
 class _Collector:
@@ -120,6 +128,29 @@ class _Collector:
                     tier_bytes, *tier_gauges.values(), latency, resident)
 
 
+class _LedgerCollector:
+    """The ledger's counters: ``rows`` from ``ledger.selectors.ledger_counters()``."""
+
+    def __init__(self, rows: list) -> None:
+        self.rows = rows
+
+    def collect(self):
+        from controlplane.ledger.models import MISS_REASONS, OTHER_REASON, miss_field
+
+        tokens = CounterMetricFamily("strata_ledger_tokens", "Tokens billed in the tenant cache ledger, by kind",
+                                     labels=["tenant", "model", "kind"])
+        misses = CounterMetricFamily("strata_ledger_miss_tokens", "Prompt tokens not reused, by miss reason",
+                                     labels=["tenant", "model", "reason"])
+        for row in self.rows:
+            for kind, column in LEDGER_KINDS.items():
+                tokens.add_metric([row.tenant, row.model, kind], row.counts[column])
+            for reason in (*MISS_REASONS, OTHER_REASON):
+                value = row.counts[miss_field(reason)]
+                if reason != OTHER_REASON or value:
+                    misses.add_metric([row.tenant, row.model, reason], value)
+        yield from (tokens, misses)
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
         if OperatorAuth()(request) is None:
@@ -129,4 +160,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     jobs = {s: FlushJob.objects.filter(status=s).count() for s in FlushJob.Status.values}
     registry = CollectorRegistry()
     registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status())))
+    ledger_counters = optional_attr("controlplane.ledger.selectors", "ledger_counters")
+    if ledger_counters is not None:
+        registry.register(_LedgerCollector(ledger_counters()))
     return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")

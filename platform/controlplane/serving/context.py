@@ -39,6 +39,20 @@ from workers.protocol import WorkerRequest
 
 
 @dataclass(frozen=True)
+class Accounting:
+    """What the ledger and the miss diagnostics need of a request (``serving.accounting``)."""
+
+    tenant_id: int
+    tenant_salt: bytes  # the tenant's own salt (its diagnostics history's key), never the share group's
+    block_size: int
+    revision: str
+    persist: bool
+    retention_seconds: int
+    diagnostics: bool  # the client asked (body or header)
+    parts: list[tuple[int, str]] | None = None  # chats: where the system prompt and each message start
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A validated request, ready for its worker."""
 
@@ -47,6 +61,10 @@ class Prepared:
     model: str
     tokens: list[int]
     worker_req: dict  # workers.protocol.WorkerRequest.to_dict()
+    accounting: Accounting | None = None
+
+
+DIAGNOSTICS_HEADER = "HTTP_X_STRATA_CACHE_DIAGNOSTICS"
 
 
 INLINE_BODY = 8 * 1024  # completion bodies up to this are parsed and tokenized in the request's own thread
@@ -101,7 +119,13 @@ async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     admission = gate_admission(request) or await sync_to_async(admitted, thread_sensitive=True)(request)
     tenant = admission.tenant
     deployment, facts, body, tokens = await render_pool.run(tenant.pk, _parse, request, schema, admission)
-    return await sync_to_async(_finish, thread_sensitive=True)(tenant, deployment, facts, body, tokens)
+    return await sync_to_async(_finish, thread_sensitive=True)(tenant, deployment, facts, body, tokens,
+                                                               _wants_diagnostics(request, body))
+
+
+def _wants_diagnostics(request: HttpRequest, body: BaseModel) -> bool:
+    header = request.META.get(DIAGNOSTICS_HEADER, "").strip().lower()
+    return bool(getattr(body, "cache_diagnostics", False)) or header in ("1", "true", "yes")
 
 
 def _parse(request: HttpRequest, schema: type[BaseModel], admission: Admission
@@ -119,12 +143,51 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     """``prepare`` whole in the calling thread: small completions, and benchmarks and tests that build
     a worker request directly."""
     admission = admitted(request)
-    return _finish(admission.tenant, *_parse(request, schema, admission))
+    deployment, facts, body, tokens = _parse(request, schema, admission)
+    return _finish(admission.tenant, deployment, facts, body, tokens, _wants_diagnostics(request, body))
 
 
-def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseModel, tokens: list[int]) -> Prepared:
+def _with_named_cache(tenant, deployment: ModelDeployment, facts: ModelFacts, body: BaseModel,
+                      tokens: list[int]) -> list[int]:
+    """The prompt with the named cache ``body.cache_id`` in front: its token ids before a completion's
+    prompt, its messages before a chat's (rendered together, so the prefix is the cache's exactly as
+    a template renders it). 404 for a cache that is not this tenant's live one."""
+    from controlplane.caches.selectors import cache_get
+
+    named = cache_get(tenant, body.cache_id)
+    if named is None or named.deployment_id != deployment.pk:
+        raise NotFound(f"cache '{body.cache_id}' does not exist for model '{deployment.name}'",
+                       code="cache_not_found")
+    chat = hasattr(body, "messages")
+    if chat != (named.kind == "messages"):
+        raise BadRequest(f"cache '{body.cache_id}' was made from a {'chat' if not chat else 'prompt'}; "
+                         f"use it with {'/v1/chat/completions' if not chat else '/v1/completions'}",
+                         code="cache_kind_mismatch")
+    if not chat:  # the prompt goes on after the cache's tokens: a text prompt without its own BOS
+        rest = facts.tokenizer.encode(body.prompt, add_bos=False) if isinstance(body.prompt, str) else tokens
+        return list(named.token_ids) + rest
+    budget = intake.render_budget(bounds.prompt_bounds(facts, tenant.max_prompt_tokens))
+    return intake.render_messages(facts, [*named.messages, *(m.model_dump() for m in body.messages)], budget)
+
+
+def _parts(facts: ModelFacts, body: BaseModel) -> list[tuple[int, str]] | None:
+    """Where each message of a chat starts in its rendered tokens (diagnostics only)."""
+    if not hasattr(body, "messages"):
+        return None
+    messages = [m.model_dump() for m in body.messages]
+    out = []
+    for i, m in enumerate(messages):
+        start = len(facts.chat.render(messages[:i], add_generation_prompt=False)) if i else 0
+        out.append((start, "system" if m["role"] in ("system", "developer") and i == 0 else f"messages[{i}]"))
+    return out
+
+
+def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseModel, tokens: list[int],
+            diagnostics: bool = False) -> Prepared:
     """The exact checks once the prompt is tokenized (vocabulary, tenant limit, context, tokens per
     minute) and the worker request."""
+    if getattr(body, "cache_id", None):
+        tokens = _with_named_cache(tenant, deployment, config, body, tokens)
     bad = next((t for t in tokens if t >= config.vocab_size), None)
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
@@ -166,7 +229,20 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
         expected_revision=spec.revision["label"],
         request_id=uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
     ).to_dict()  # plain data through Ray; every engine reads it back with WorkerRequest.from_dict
-    return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req)
+    if body.prompt_cache_key:  # the router's stickiness key (scoped to the tenant there)
+        worker_req["session"] = "pck:" + body.prompt_cache_key
+    parts = None
+    if diagnostics and not getattr(body, "cache_id", None):
+        try:
+            parts = _parts(config, body)
+        except Exception:  # a template that cannot render a prefix: no attribution, still a diagnosis
+            parts = None
+    accounting = Accounting(
+        tenant_id=tenant.pk, tenant_salt=bytes(tenant.scope_salt), block_size=config.kv_layout.block_size,
+        revision=spec.revision["label"], persist=worker_req["persist"],
+        retention_seconds=int(worker_req["retention_seconds"] or 0), diagnostics=diagnostics, parts=parts)
+    return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req,
+                    accounting=accounting)
 
 
 def _check_kv_tokens(tokens: list[int], deployment: ModelDeployment, tenant=None) -> None:

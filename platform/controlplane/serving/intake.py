@@ -98,6 +98,16 @@ def tokenize(body: BaseModel, facts: ModelFacts | None = None, budget: RenderBud
         raise BadRequest(str(exc), code=exc.code) from None
 
 
+def render_messages(facts: ModelFacts, messages: list[dict], budget: RenderBudget | None = None) -> list[int]:
+    """``messages`` rendered by the model's chat template (what ``tokenize`` does for a chat body)."""
+    try:
+        return facts.chat.render(messages, budget=budget)
+    except RenderLimitExceeded as exc:
+        raise TooLarge(str(exc), code=exc.code) from None
+    except CacheError as exc:
+        raise BadRequest(str(exc), code=exc.code) from None
+
+
 def render(data: dict, schema: type[BaseModel], facts: ModelFacts, max_prompt_tokens: int | None
            ) -> tuple[BaseModel, list[int]]:
     """Bounds, validation and tokenization of a completion or chat body (stages 2-4)."""

@@ -40,12 +40,18 @@ def new_id(kind: str) -> str:
 
 
 def usage(finished: dict) -> dict:
+    """The OpenAI ``usage`` of a finished worker event: ``prompt_tokens_details`` carries
+    ``cached_tokens``, ``cache_write_tokens`` (prompt tokens this request added to the cache) and
+    ``cached_tokens_by_tier`` (where the cached ones came from: ``l1``, ``l2``, ``l3``)."""
     u = finished["usage"]
+    by_tier = u.get("cached_tokens_by_tier") or {"l1": u["cached_tokens"], "l2": 0, "l3": 0}
     return {
         "prompt_tokens": u["prompt_tokens"],
         "completion_tokens": u["completion_tokens"],
         "total_tokens": u["total_tokens"],
-        "prompt_tokens_details": {"cached_tokens": u["cached_tokens"]},
+        "prompt_tokens_details": {"cached_tokens": u["cached_tokens"],
+                                  "cache_write_tokens": int(u.get("cache_write_tokens", 0)),
+                                  "cached_tokens_by_tier": {t: int(by_tier.get(t, 0)) for t in ("l1", "l2", "l3")}},
     }
 
 

@@ -37,6 +37,13 @@ class _Common(BaseModel):
     # OpenAI's prompt_cache_retention: "in_memory" keeps this request's KV out of every tier beyond
     # host memory (recorded on its blocks; the remote tier honours it).
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    # Tenant cache controls: ``prompt_cache_key`` (OpenAI's) routes requests that share it to the
+    # replica that served the last one (affinity inside the tenant's scope; never hashed into KV);
+    # ``cache_id`` names a named cache whose prefix is prepended (``/v1/caches``);
+    # ``cache_diagnostics`` asks why prompt tokens were not reused (``caches.diagnostics``).
+    prompt_cache_key: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    cache_id: Annotated[str, Field(pattern=r"^cache_[0-9a-f]{24}$")] | None = None
+    cache_diagnostics: StrictBool = False
     n: Literal[1] = 1
     # OpenAI's stop: generation ends where the text contains one of these (not returned).
     stop: str | list[str] | None = None

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from controlplane.caches import api as cache_api
 from controlplane.serving import views
 
 urlpatterns = [
@@ -12,4 +13,6 @@ urlpatterns = [
     path("kv/lookup", views.kv_lookup),
     path("kv/store", views.kv_store),
     path("kv/retrieve", views.kv_retrieve),
+    path("caches", cache_api.caches),
+    path("caches/<str:cache_id>", cache_api.cache_detail),
 ]

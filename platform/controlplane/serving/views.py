@@ -15,12 +15,13 @@ import time
 from collections.abc import AsyncIterator
 
 import torch
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.common.errors import ApplicationError, InvalidInput, error_body, error_response
 from controlplane.runtime import gateway
-from controlplane.serving import context, responses
+from controlplane.serving import accounting, context, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
 
 
@@ -97,8 +98,12 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
                                            with_logprobs=with_logprobs))
                 sent_first = True
             elif ev["type"] == "finished":
-                yield _sse(responses.chunk(kind, cid, prep.model, created, finish_reason=ev["finish_reason"],
-                                           first=not sent_first))
+                diagnosis = await _account(prep, ev)
+                last = responses.chunk(kind, cid, prep.model, created, finish_reason=ev["finish_reason"],
+                                       first=not sent_first)
+                if diagnosis is not None:
+                    last["cache_diagnostics"] = diagnosis
+                yield _sse(last)
                 if prep.body.include_usage:
                     yield _sse({"id": cid, "object": "chat.completion.chunk" if kind == "chat" else
                                 "text_completion", "created": created, "model": prep.model, "choices": [],
@@ -137,7 +142,14 @@ async def _serve(request: HttpRequest, kind: str):
         return await _stream(prep, kind, with_logprobs)
     tokens, finished = await _collect(prep)
     shape = responses.completion if kind == "text" else responses.chat_completion
-    return JsonResponse(shape(prep.model, tokens, finished, with_logprobs=with_logprobs))
+    out = shape(prep.model, tokens, finished, with_logprobs=with_logprobs)
+    diagnosis = await _account(prep, finished)
+    if diagnosis is not None:
+        out["cache_diagnostics"] = diagnosis
+    return JsonResponse(out)
+
+
+_account = sync_to_async(accounting.account, thread_sensitive=True)
 
 
 @_api_view(("POST",))

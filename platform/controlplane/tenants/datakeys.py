@@ -38,6 +38,7 @@ from django.utils import timezone
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, NotFound
+from controlplane.common.hooks import optional_attr
 from controlplane.common.masterkey import master_key
 from controlplane.tenants.models import DataKey, Tenant
 
@@ -157,6 +158,11 @@ def data_key_shred(*, actor: Actor, tenant: Tenant, version: int, reason: str = 
             raise NotFound(f"tenant {locked.slug!r} has no data key version {version}", code="data_key_not_found")
         if key.state == DataKey.State.ACTIVE and locked.status != Tenant.Status.OFFBOARDED:
             _rotate(locked, actor=actor, reason=f"rotated before shredding v{version}: {reason}")
+        # Named caches persisted under that key lose their L3 copy: they end with it (their L1/L2
+        # blocks decay as ordinary cache).
+        forget = optional_attr("controlplane.caches.services", "caches_forget_tenant")
+        if forget is not None:
+            forget(locked)
         return shred_job_request(actor=actor, tenant=locked, version=version, reason=reason)
 
 

@@ -14,7 +14,7 @@ SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 slug_validator = RegexValidator(SLUG_PATTERN, "use 1-63 characters a-z, 0-9 and '-' (not at either end)")
 QUOTA_FIELDS = (
     "requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes",
-    "max_inflight_tokens", "max_concurrent_requests", "share_weight",
+    "max_inflight_tokens", "max_concurrent_requests", "share_weight", "max_pinned_tokens",
 )
 
 
@@ -64,6 +64,9 @@ class Tenant(models.Model):
     # Weight of the tenant's fair share of every worker's cache (eviction protection) and compute
     # (the scheduler's fair queue); NULL = 1, an equal share.
     share_weight = models.PositiveSmallIntegerField(null=True, blank=True)
+    # Tokens of the tenant's named caches that are soft-pinned in L2 and L3 (protected from its own
+    # eviction pressure, never below another tenant's fair share); NULL = 0, no pins.
+    max_pinned_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     # Cache policy: may this tenant's KV be persisted beyond host memory (L3), and for how long.
     persist_kv = models.BooleanField(default=True)
     retention_seconds = models.PositiveIntegerField(default=RETENTION_DEFAULT_SECONDS)

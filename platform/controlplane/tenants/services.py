@@ -35,7 +35,8 @@ from workers.admission import DEFAULT_TENANT_CONCURRENCY
 KEY_KIND = "sk-st-"
 # Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
 QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens", "max_concurrent_requests")} | {
-    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens")
+    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens",
+                                   "max_pinned_tokens")
 } | {"share_weight": 100}
 # A zero concurrency or in-flight quota would let the tenant run nothing at all, which is what
 # suspending it is for; it is refused rather than stored (and a 0 from an older row still means zero on
@@ -47,6 +48,7 @@ QUOTA_ZERO_HINT = {name: " (0 would let the tenant run nothing: suspend it inste
 # null (``effective``), so the record says what the tenant really got.
 QUOTA_NULL = {
     "share_weight": "1, an equal share",
+    "max_pinned_tokens": "0, no named cache is pinned",
     "max_concurrent_requests": f"the default, {DEFAULT_TENANT_CONCURRENCY} per worker",
     "max_inflight_tokens": "the default, half of each worker's device cache",
 }
@@ -254,6 +256,9 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
         flush = optional_attr("controlplane.jobs.services", "flush_job_request")
         job = (flush(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded", kind="offboard")
                if flush else None)
+        forget = optional_attr("controlplane.caches.services", "caches_forget_tenant")
+        if forget is not None:  # the offboard job deletes their bytes with the tenant's cache
+            forget(locked)
         audit_record(
             actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
             old={"status": old_status},

@@ -5,6 +5,9 @@ A sample's time is floored to the interval, and rows are inserted ignoring confl
 scope, worker replica): a second sampler writing the same interval (two web processes) adds nothing.
 Workers that do not answer contribute no rows; their counters are picked up again at the next
 sample they answer (the delta then spans the gap).
+
+The same transaction accrues the sample's L3 storage into the tenant cache ledger, when that app is
+installed (``ledger.services.ledger_accrue_sample``: bytes x interval, once per sample time).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, NamedTuple
 from django.db import transaction
 from django.utils import timezone
 
+from controlplane.common.hooks import optional_attr
 from controlplane.runtime.stats import TIER_OPTIONAL_SUMS, TIER_SUMS, USAGE_FLOAT_SUMS, USAGE_SUMS, cluster_stats
 from controlplane.timeseries.config import sampler_config
 from controlplane.timeseries.models import RESIDENT_PREFIX, StatSample
@@ -85,4 +89,7 @@ def sample_take(*, now: datetime | None = None) -> SampleResult:
     with transaction.atomic():
         StatSample.objects.bulk_create(rows, ignore_conflicts=True)
         pruned, _ = StatSample.objects.filter(at__lt=now - timedelta(seconds=cfg.retention_seconds)).delete()
+        accrue = optional_attr("controlplane.ledger.services", "ledger_accrue_sample")
+        if accrue is not None:
+            accrue(at=at, interval_seconds=cfg.interval_seconds, workers=stats["workers"])
     return SampleResult(at=at, written=len(rows), pruned=pruned)

@@ -31,6 +31,7 @@ QUOTA_LABELS = {
     "max_concurrent_requests": ("Concurrent requests", "per worker, completions and KV calls; blank = worker "
                                 f"default ({DEFAULT_TENANT_CONCURRENCY})"),
     "share_weight": ("Share weight", "of each worker's cache and compute, 1-100; blank = 1 (equal shares)"),
+    "max_pinned_tokens": ("Pinned tokens", "of named caches, soft-pinned in L2/L3; blank = 0 (none)"),
 }
 
 

@@ -1,5 +1,6 @@
 """Tenant pages of the operator UI: the list (search, create) and one tenant's page (quotas and
-cache policy, share group, API keys, grants, data keys, offboarding, its jobs and audit events).
+cache policy, share group, API keys, grants, data keys, offboarding, its cache usage from the ledger
+and its live named caches, its jobs and audit events).
 
 Thin callers of the same services as the admin API (``tenants.services``, ``tenants.access``,
 ``tenants.datakeys``), with the operator's ``Actor`` (``request.operator.actor``: name, ``session``,
@@ -51,6 +52,7 @@ from controlplane.ui import present
 from controlplane.ui.access import operator_view
 from controlplane.ui.charts import tenant_charts
 from controlplane.ui.forms import form_error_text
+from controlplane.ui.ledger_charts import cache_usage
 from controlplane.ui.tenant_forms import (
     GrantForm,
     KeyCreateForm,
@@ -184,6 +186,7 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         active_keys=sum(1 for k in keys if k["revoked_at"] is None),
         jobs=_tenant_jobs(tenant),
         charts=tenant_charts(tenant.slug),
+        usage=cache_usage(tenant),
         events=[present.audit_event(e) for e in audit_list(tenant=tenant.slug, limit=AUDIT_SHOWN)],
         **forms,
     )
@@ -382,6 +385,25 @@ def data_key_shred(request: HttpRequest, slug: str, version: int) -> HttpRespons
         lines.append(f"v{version} is already shredded; this runs the job again (drop and verify everywhere).")
     return _confirm(request, tenant, status, form=form, title=f"Shred data key v{version}", lines=lines,
                     button=f"Shred v{version}")
+
+
+# ---------------------------------------------------------------------- named caches
+@operator_view
+@require_POST
+def named_cache_delete(request: HttpRequest, slug: str, cache_id: str) -> HttpResponse:
+    """Delete one of the tenant's live named caches (``caches.services.cache_delete``: audited, its
+    pins and bytes dropped). Another tenant's cache, or one already gone, is a 404."""
+    from controlplane.caches.selectors import cache_get
+    from controlplane.caches.services import cache_delete
+
+    tenant = tenant_get(slug=slug)
+    cache = cache_get(tenant, cache_id)
+    if cache is None:
+        raise NotFound(f"named cache {cache_id!r} not found", code="cache_not_found")
+    reason = query_text(request.POST.get("reason"), max_len=1000) or "deleted in the operator console"
+    cache_delete(cache, actor=_actor(request), reason=reason)
+    messages.success(request, f"Deleted named cache {cache.display_name or cache.public_id} of {tenant.slug}.")
+    return _to_tenant(tenant)
 
 
 # ---------------------------------------------------------------------- offboarding

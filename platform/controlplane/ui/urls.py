@@ -25,6 +25,8 @@ urlpatterns = [
     path("ui/tenants/<slug:slug>/data-keys/rotate/", tenant_views.data_key_rotate, name="tenant-data-key-rotate"),
     path("ui/tenants/<slug:slug>/data-keys/<int:version>/shred/", tenant_views.data_key_shred,
          name="tenant-data-key-shred"),
+    path("ui/tenants/<slug:slug>/caches/<str:cache_id>/delete/", tenant_views.named_cache_delete,
+         name="tenant-cache-delete"),
     path("ui/tenants/<slug:slug>/offboard/", tenant_views.tenant_offboard, name="tenant-offboard"),
     path("ui/models/", model_views.models, name="models"),
     path("ui/models/<str:name>/revisions/", model_views.revision_add, name="revision-add"),

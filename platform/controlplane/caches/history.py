@@ -1,0 +1,155 @@
+"""What the miss diagnostics remember of a tenant's prompts: keyed digests of their full blocks, never
+their text, bounded per scope.
+
+A scope is (tenant, model, ``cache_salt``). Block ``i``'s digest chains the ones before it
+(``d_i = H(key; d_{i-1}, tokens of block i)``), keyed by a secret derived from the tenant's own scope
+salt, so a digest says nothing about the tokens to anyone without the key, and the digests of two
+tenants never meet: another tenant's prompt is, to this tenant's scope, never seen.
+
+Each digest keeps when it was last seen, by which replica, under which revision, and whether it could
+have been persisted (L3). To say *where* in a block a prompt departed from what was seen, each block
+also keeps 16 masks: its token ids XORed with a pad derived from the key and its parent's digest
+(``_pad``); two children of one parent compare equal token by token through their masks, while a mask
+alone is unreadable without the key.
+
+The history lives in the web process's memory (one uvicorn process serves the API): bounded by
+``MAX_BLOCKS`` digests per scope and ``MAX_SCOPES`` scopes, least recently used first out. A restart
+forgets it (later misses read ``no_prior_request`` until the prompts come again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+MAX_BLOCKS = 8192  # digests per scope (about 1 MB per scope at most)
+MAX_SCOPES = 2048
+MAX_CHILDREN = 8  # blocks remembered under one parent (divergence candidates)
+DIGEST = 16
+ROOT = b"\x00" * DIGEST
+
+
+@dataclass(slots=True)
+class Seen:
+    """One block of some prompt seen in scope."""
+
+    at: float
+    replica: str
+    revision: str
+    persist: bool
+    masks: bytes = b""  # the block's tokens XOR the parent's pad (4 bytes each)
+
+
+@dataclass
+class _Scope:
+    blocks: OrderedDict[bytes, Seen] = field(default_factory=OrderedDict)
+    children: dict[bytes, list[bytes]] = field(default_factory=dict)
+
+
+def scope_key(tenant_salt: bytes, model: str, cache_salt: str | None) -> bytes:
+    """The secret that keys one scope's digests."""
+    h = hashlib.blake2b(b"strata-prefix-history-v1", key=bytes(tenant_salt)[:64], digest_size=32)
+    h.update(model.encode() + b"\x00" + (cache_salt or "").encode())
+    return h.digest()
+
+
+def digests(key: bytes, tokens: list[int], block_size: int) -> list[bytes]:
+    """The chained digest of every full block of ``tokens``."""
+    raw = array("I", tokens).tobytes()
+    step = 4 * block_size
+    out, parent = [], ROOT
+    for i in range(len(tokens) // block_size):
+        parent = hashlib.blake2b(parent + raw[i * step:(i + 1) * step], key=key, digest_size=DIGEST).digest()
+        out.append(parent)
+    return out
+
+
+def _pad(key: bytes, parent: bytes, block_size: int) -> bytes:
+    out, counter = b"", 0
+    while len(out) < 4 * block_size:
+        out += hashlib.blake2b(parent + b"pad" + bytes([counter]), key=key, digest_size=64).digest()
+        counter += 1
+    return out[: 4 * block_size]
+
+
+def masks(key: bytes, parent: bytes, block: list[int]) -> bytes:
+    """``block``'s token ids XOR the pad of ``parent`` (comparable with its siblings' masks)."""
+    raw = array("I", block).tobytes()
+    pad = _pad(key, parent, len(block))
+    return bytes(a ^ b for a, b in zip(raw, pad, strict=False))
+
+
+class PrefixHistory:
+    """Thread-safe; ``lookup`` before ``record`` tells what a request's prompt had in scope."""
+
+    def __init__(self, *, max_blocks: int = MAX_BLOCKS, max_scopes: int = MAX_SCOPES) -> None:
+        self.max_blocks, self.max_scopes = max_blocks, max_scopes
+        self._scopes: OrderedDict[tuple, _Scope] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _scope(self, scope: tuple, create: bool) -> _Scope | None:
+        s = self._scopes.get(scope)
+        if s is None and create:
+            s = self._scopes[scope] = _Scope()
+            while len(self._scopes) > self.max_scopes:
+                self._scopes.popitem(last=False)
+        if s is not None:
+            self._scopes.move_to_end(scope)
+        return s
+
+    def lookup(self, scope: tuple, chain: list[bytes]) -> tuple[int, list[Seen]]:
+        """How many leading blocks of ``chain`` were seen in ``scope``, and their records."""
+        with self._lock:
+            s = self._scope(scope, create=False)
+            if s is None:
+                return 0, []
+            seen = []
+            for d in chain:
+                entry = s.blocks.get(d)
+                if entry is None:
+                    break
+                seen.append(entry)
+            return len(seen), seen
+
+    def siblings(self, scope: tuple, parent: bytes) -> list[bytes]:
+        """The masks of blocks seen right after ``parent`` (``ROOT``: first blocks)."""
+        with self._lock:
+            s = self._scope(scope, create=False)
+            if s is None:
+                return []
+            return [s.blocks[c].masks for c in s.children.get(parent, ()) if c in s.blocks]
+
+    def record(self, scope: tuple, chain: list[bytes], new_masks: dict[int, bytes], *, replica: str,
+               revision: str, persist: bool, at: float | None = None) -> None:
+        """``chain`` was served now; ``new_masks[i]`` for the blocks not yet in scope."""
+        at = time.time() if at is None else at
+        with self._lock:
+            s = self._scope(scope, create=True)
+            parent = ROOT
+            for i, d in enumerate(chain):
+                entry = s.blocks.get(d)
+                if entry is None:
+                    s.blocks[d] = Seen(at, replica, revision, persist, new_masks.get(i, b""))
+                    kids = s.children.setdefault(parent, [])
+                    kids.append(d)
+                    del kids[:-MAX_CHILDREN]
+                else:
+                    entry.at, entry.replica, entry.revision, entry.persist = at, replica, revision, persist
+                    s.blocks.move_to_end(d)
+                parent = d
+            while len(s.blocks) > self.max_blocks:
+                gone, _ = s.blocks.popitem(last=False)
+                s.children.pop(gone, None)
+
+    def forget_tenant(self, tenant: str) -> None:
+        """Drop every scope of ``tenant`` (offboarded)."""
+        with self._lock:
+            for scope in [k for k in self._scopes if k[0] == tenant]:
+                del self._scopes[scope]
+
+
+HISTORY = PrefixHistory()

@@ -1,0 +1,100 @@
+"""The tenant page's "Cache usage" section: the last 24 hours of the tenant cache ledger by hour.
+
+Two charts (``charts.line_chart``, rendered by ``ui/_charts.html``): prompt tokens presented, read
+from L1 / L2 / L3 and written to the cache; and prompt tokens not reused, by miss reason. The same
+figures as a table (the fallback for readers of numbers), the CSV download of the admin API, and the
+tenant's live named caches. The ledger is complete (an hour without a row had no usage), so hours
+without usage are zeros, not gaps.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.urls import reverse
+from django.utils import timezone
+
+from controlplane.caches.selectors import caches_live
+from controlplane.ledger.models import MISS_REASONS, OTHER_REASON, miss_field
+from controlplane.ledger.selectors import (
+    HOUR,
+    LedgerRow,
+    ledger_period,
+    ledger_rows,
+    totals_of,
+)
+from controlplane.tenants.models import Tenant
+from controlplane.ui.charts import Line, clock, line_chart, si
+
+WINDOW = timedelta(hours=24)
+USAGE = (("presented", "prompt_tokens"), ("read from L1", "cached_l1"), ("read from L2", "cached_l2"),
+         ("read from L3", "cached_l3"), ("written", "write_tokens"))
+REASON_LABELS = {r: r.replace("_", " ") for r in (*MISS_REASONS, OTHER_REASON)}
+
+
+def _chart(chart_id: str, title: str, hint: str, lines: list[Line], x_range: tuple[float, float]) -> dict[str, Any]:
+    """A chart context for ``ui/_charts.html`` (``latest``: the current hour's values)."""
+    latest = [(line.label, si(line.points[-1][1] or 0)) for line in lines if line.points]
+    empty = not any(y for line in lines for _, y in line.points)
+    svg = line_chart(lines, x_range=x_range, y_format=si, x_format=clock, label=f"{title} ({hint})")
+    return {"id": chart_id, "title": title, "hint": hint, "svg": svg, "empty": empty, "latest": latest}
+
+
+def _by_hour(rows: list[LedgerRow], hours: list[datetime]) -> dict[datetime, LedgerRow]:
+    out = {h: LedgerRow(tenant_id=None, tenant=None, model=None, hour=h) for h in hours}
+    for row in rows:
+        if row.hour in out:
+            out[row.hour].add(row)
+    return out
+
+
+def _cache_row(cache) -> dict[str, Any]:
+    tiers = cache.tiers if isinstance(cache.tiers, dict) else {}
+    return {"id": cache.public_id, "display_name": cache.display_name, "model": cache.deployment.name,
+            "tokens": cache.tokens, "pinned_tokens": cache.pinned_tokens,
+            "tiers": " · ".join(f"{name.upper()} {si(n)}" for name, n in sorted(tiers.items())) or "—",
+            "created": cache.created, "expires_at": cache.expires_at}
+
+
+def cache_usage(tenant: Tenant, *, now: datetime | None = None) -> dict[str, Any]:
+    """The section's context: ``charts``, ``hours`` (table rows, newest first, hours with usage),
+    ``totals``, ``reasons`` (the miss reasons charted), ``csv_url`` and ``caches``."""
+    now = now or timezone.now()
+    start, end = ledger_period(since=now - WINDOW, until=now, now=now)
+    hours = [start + k * HOUR for k in range((end - start) // HOUR)]
+    rows = ledger_rows(tenant=tenant, since=start, until=end, now=now)
+    by_hour = _by_hour(rows, hours)
+    totals = totals_of(rows)
+    x_range = (hours[0].timestamp(), hours[-1].timestamp())
+
+    def line(label: str, column: str) -> Line:
+        return Line(label, [(h.timestamp(), float(by_hour[h].counts[column])) for h in hours])
+
+    used = any(totals.counts[c] for _, c in USAGE)
+    reasons = [r for r in (*MISS_REASONS, OTHER_REASON) if totals.counts[miss_field(r)]]
+    slug = tenant.slug
+    charts = [
+        _chart(f"tenant-{slug}-cache-usage", "Cache usage by hour",
+               "prompt tokens per hour: presented, read from each tier, written to the cache",
+               [line(label, column) for label, column in USAGE] if used else [], x_range),
+        _chart(f"tenant-{slug}-miss-reasons", "Miss reasons by hour", "prompt tokens not reused per hour, by reason",
+               [line(REASON_LABELS[r], miss_field(r)) for r in reasons], x_range),
+    ]
+    table = [{"hour": h, "requests": r.counts["requests"], "presented": r.counts["prompt_tokens"],
+              "l1": r.counts["cached_l1"], "l2": r.counts["cached_l2"], "l3": r.counts["cached_l3"],
+              "written": r.counts["write_tokens"],
+              "missed": {REASON_LABELS[m]: r.counts[miss_field(m)] for m in reasons if r.counts[miss_field(m)]},
+              "pinned_token_hours": r.pinned_token_microseconds / 3.6e9}
+             for h, r in sorted(by_hour.items(), reverse=True)
+             if r.pinned_token_microseconds or any(v for k, v in r.counts.items() if k != "l3_byte_seconds")]
+    query = urlencode({"format": "csv", "since": start.isoformat(), "until": end.isoformat()})
+    return {
+        "charts": charts, "hours": table, "reasons": [REASON_LABELS[r] for r in reasons],
+        "totals": {"requests": totals.counts["requests"], "presented": totals.counts["prompt_tokens"],
+                   "cached": totals.counts["cached_tokens"], "written": totals.counts["write_tokens"],
+                   "pinned_token_hours": totals.pinned_token_microseconds / 3.6e9},
+        "csv_url": f"{reverse('adminapi:tenant_ledger', kwargs={'slug': slug})}?{query}",
+        "caches": [_cache_row(c) for c in caches_live(tenant).order_by("-created")],
+    }

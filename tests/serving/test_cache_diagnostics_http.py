@@ -1,0 +1,100 @@
+"""Cache accounting in every response's usage and "why did this miss", over HTTP with the official
+openai client, on both engines."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+SYSTEM = "You answer questions about the Strata cache platform, briefly and exactly. " * 4
+
+
+@pytest.fixture
+def platform(engine_platform):
+    return engine_platform
+
+
+def _details(resp) -> dict:
+    return resp.usage.prompt_tokens_details.model_dump()
+
+
+def test_usage_carries_write_tokens_and_cached_tokens_by_tier(platform):
+    client = platform.client("acme")
+    prompt = SYSTEM + "Q: what is L1?"
+    first = client.completions.create(model=platform.model, prompt=prompt, max_tokens=2, temperature=0)
+    d1 = _details(first)
+    bs = platform.block_size
+    assert d1["cached_tokens"] == 0
+    assert d1["cache_write_tokens"] == first.usage.prompt_tokens // bs * bs > 0
+    assert d1["cached_tokens_by_tier"] == {"l1": 0, "l2": 0, "l3": 0}
+    second = client.completions.create(model=platform.model, prompt=prompt, max_tokens=2, temperature=0)
+    d2 = _details(second)
+    assert d2["cached_tokens"] > 0
+    assert sum(d2["cached_tokens_by_tier"].values()) == d2["cached_tokens"]
+    assert d2["cache_write_tokens"] == 0  # nothing new: every full block was cached already
+    assert "replica" not in d2 and "load_stop" not in d2  # the worker's internal fields never leak
+
+
+def _diagnose(platform, tenant: str, prompt, **extra) -> dict:
+    r = httpx.post(f"{platform.url}/v1/completions", timeout=120,
+                   headers={"Authorization": f"Bearer {platform.keys[tenant]}"},
+                   json={"model": platform.model, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                         "cache_diagnostics": True, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_diagnostics_name_no_prior_request_divergence_and_below_block(platform):
+    bs = platform.block_size
+    first = _diagnose(platform, "acme", SYSTEM + "first question? " * 12, cache_salt="diag-1")
+    diag = first["cache_diagnostics"]
+    n = first["usage"]["prompt_tokens"]
+    usable = (n - 1) // bs * bs
+    assert diag["cached_tokens"] == 0 and diag["reusable_tokens"] == 0
+    assert [s["reason"] for s in diag["lost"]] == ["no_prior_request", "below_block"]
+    assert diag["lost"][0] == {"start": 0, "end": usable, "tokens": usable, "reason": "no_prior_request"}
+    assert diag["lost"][1]["end"] == n
+    # The same system prompt, another question: reused up to its last shared full block, and the
+    # rest diverged at the exact token where the two prompts differ.
+    second = _diagnose(platform, "acme", SYSTEM + "other question? " * 12, cache_salt="diag-1")
+    d2 = second["cache_diagnostics"]
+    reasons = {s["reason"]: s for s in d2["lost"]}
+    assert "diverged_at" in reasons, d2
+    ids1 = httpx.post(f"{platform.url}/v1/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {platform.keys['acme']}"},
+                      json={"model": platform.model, "prompt": SYSTEM + "first question? " * 12, "max_tokens": 1,
+                            "cache_salt": "diag-1"}).json()["usage"]["prompt_tokens"]
+    assert ids1 == n
+    if platform.engine == "strata":  # byte tokenizer: token i is byte i-1 (after BOS)
+        expected = 1 + len(SYSTEM)
+        assert reasons["diverged_at"]["index"] == expected
+    assert d2["cached_tokens"] == reasons["diverged_at"]["index"] // bs * bs
+    assert d2["cached_tokens"] > 0
+
+
+def test_diagnostics_never_speak_of_another_tenants_cache(platform):
+    prompt = SYSTEM + "globex's secret question"
+    for _ in range(2):  # globex has it cached
+        warm = _diagnose(platform, "globex", prompt)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    probe = _diagnose(platform, "initech", prompt)["cache_diagnostics"]
+    assert probe["cached_tokens"] == 0
+    assert probe["lost"][0]["reason"] == "no_prior_request"
+    assert probe["reusable_tokens"] == 0
+
+
+def test_diagnostics_by_header_and_in_the_stream(platform):
+    headers = {"Authorization": f"Bearer {platform.keys['acme']}", "X-Strata-Cache-Diagnostics": "1"}
+    body = {"model": platform.model, "prompt": SYSTEM + "streamed", "max_tokens": 2, "temperature": 0,
+            "stream": True, "cache_salt": "diag-stream"}
+    with httpx.stream("POST", f"{platform.url}/v1/completions", json=body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    import json
+
+    found = [json.loads(line[6:]) for line in lines if "cache_diagnostics" in line]
+    assert len(found) == 1
+    assert found[0]["cache_diagnostics"]["lost"][0]["reason"] == "no_prior_request"
+    plain = httpx.post(f"{platform.url}/v1/completions", headers={"Authorization": headers["Authorization"]},
+                       json={**body, "stream": False}, timeout=120).json()
+    assert "cache_diagnostics" not in plain  # only when asked
