@@ -104,6 +104,8 @@ def test_concurrent_recording_loses_no_increment(actor):
     row exists: every increment lands."""
     from controlplane.tenants.services import tenant_create
 
+    if connection.vendor != "postgresql":
+        pytest.skip("concurrent writers need a server database (SQLite's test database is one connection)")
     tenant = tenant_create(actor=actor, slug="acme", name="Acme")
     threads_n, per_thread = 6, 30
     rng = random.Random(11)
@@ -146,7 +148,8 @@ def named_cache(tenant, model, *, pinned: int, created: datetime, expires: datet
 def test_pinned_token_seconds_are_the_overlap_of_each_cache_with_each_hour(tenant, beta, model):
     now = T0 + 2 * H + 20 * M  # 12:20
     named_cache(tenant, model, pinned=100, created=T0 + 15 * M, expires=T0 + 2 * H + 30 * M)  # 10:15-12:20 (now)
-    named_cache(tenant, model, pinned=10, created=T0 + 50 * M, expires=T0 + 4 * H, deleted=T0 + H + 10 * M)  # 10:50-11:10
+    named_cache(tenant, model, pinned=10, created=T0 + 50 * M, expires=T0 + 4 * H,
+                deleted=T0 + H + 10 * M)  # 10:50-11:10
     named_cache(tenant, model, pinned=1000, created=T0 - 2 * H, expires=T0 + 30 * M)  # expired 10:30
     named_cache(tenant, model, pinned=0, created=T0, expires=T0 + 9 * H)  # not pinned
     named_cache(tenant, model, pinned=7, created=T0 + 3 * H, expires=T0 + 9 * H)  # created after now (clock skew)
@@ -160,8 +163,10 @@ def test_pinned_token_seconds_are_the_overlap_of_each_cache_with_each_hour(tenan
     assert all(r.counts["requests"] == 0 and r.tenant == "acme" and r.model == model.name for r in rows.values())
     total = ledger_totals(tenant=tenant, since=T0, until=T0 + 4 * H, now=now)
     assert total.pinned_token_seconds == sum(r.pinned_token_seconds for r in rows.values())
-    assert ledger_totals(tenant=tenant, since=T0 + H, until=T0 + 2 * H, now=now).pinned_token_seconds == 100 * 3600 + 6000
-    assert ledger_totals(tenant=beta, since=T0, until=T0 + 4 * H, now=now).pinned_token_seconds == 50 * (2 * 3600 + 1200)
+    one_hour = ledger_totals(tenant=tenant, since=T0 + H, until=T0 + 2 * H, now=now)
+    assert one_hour.pinned_token_seconds == 100 * 3600 + 6000
+    other = ledger_totals(tenant=beta, since=T0, until=T0 + 4 * H, now=now)
+    assert other.pinned_token_seconds == 50 * (2 * 3600 + 1200)
     assert ledger_totals(model="other-model", since=T0, until=T0 + 4 * H, now=now).pinned_token_seconds == 0
 
 
@@ -223,11 +228,13 @@ def test_the_tenant_ledger_as_json(admin_client, tenant, beta):
     body = admin_client.get("/api/admin/tenants/acme/ledger", PERIOD).json()
     assert body["tenant"] == "acme" and [r["hour"][:13] for r in body["rows"]] == ["2026-03-02T10", "2026-03-02T11"]
     first = body["rows"][0]
-    assert (first["tenant"], first["model"], first["requests"], first["prompt_tokens"]) == ("acme", "tiny-llama", 1, 100)
+    assert (first["tenant"], first["model"], first["requests"]) == ("acme", "tiny-llama", 1)
+    assert first["prompt_tokens"] == 100
     assert (first["cached_l1"], first["cached_l2"], first["write_tokens"]) == (40, 10, 50)
     assert first["misses"]["evicted"] == 30 and first["misses"]["no_prior_request"] == 20
     totals = body["totals"]
-    assert (totals["requests"], totals["prompt_tokens"], totals["cached_tokens"], totals["cached_l3"]) == (2, 160, 66, 16)
+    assert (totals["requests"], totals["prompt_tokens"]) == (2, 160)
+    assert (totals["cached_tokens"], totals["cached_l3"]) == (66, 16)
     narrowed = admin_client.get("/api/admin/tenants/acme/ledger", {**PERIOD, "model": "small-llama"}).json()
     assert narrowed["rows"] == [] and narrowed["totals"]["requests"] == 0
 
@@ -251,7 +258,8 @@ def test_the_ledger_as_csv_is_an_attachment_with_a_header_row(admin_client, tena
     assert [(r["tenant"], r["model"], r["hour"][:13]) for r in lines] == [
         ("acme", "tiny-llama", "2026-03-02T10"), ("beta", "small-llama", "2026-03-02T10"),
         ("acme", "tiny-llama", "2026-03-02T11")]
-    assert (lines[0]["prompt_tokens"], lines[0]["miss_evicted"], lines[0]["pinned_token_seconds"]) == ("100", "30", "0.000000")
+    first = lines[0]
+    assert (first["prompt_tokens"], first["miss_evicted"], first["pinned_token_seconds"]) == ("100", "30", "0.000000")
     empty = admin_client.get("/api/admin/tenants/acme/ledger", {"format": "csv", "since": "2020-01-01T00:00:00Z",
                                                                 "until": "2020-01-01T01:00:00Z"})
     assert empty.content.decode().splitlines()[0].startswith("tenant,model,hour,requests,prompt_tokens")
@@ -276,7 +284,8 @@ def test_only_operators_read_the_ledger(client, tenant, beta, actor):
 
 
 @pytest.mark.parametrize("query", [
-    {"since": "yesterday"}, {"until": "2026-13-01T00:00:00Z"}, {"since": "2026-03-02T12:00:00Z", "until": "2026-03-02T10:00:00Z"},
+    {"since": "yesterday"}, {"until": "2026-13-01T00:00:00Z"},
+    {"since": "2026-03-02T12:00:00Z", "until": "2026-03-02T10:00:00Z"},
     {"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, {"until": "9999-12-31T23:59:59Z"},
     {"format": "xml"}, {"model": "a\x00b"}, {"since": "0001-01-01T00:00:00+14:00"},
 ])

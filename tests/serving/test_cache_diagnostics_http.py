@@ -98,3 +98,41 @@ def test_diagnostics_by_header_and_in_the_stream(platform):
     plain = httpx.post(f"{platform.url}/v1/completions", headers={"Authorization": headers["Authorization"]},
                        json={**body, "stream": False}, timeout=120).json()
     assert "cache_diagnostics" not in plain  # only when asked
+
+
+def test_the_ledger_totals_equal_the_sum_of_the_responses_usage(platform):
+    """An operator can bill from the ledger: over the period, its totals for the tenant and model are
+    the sums of what every response's usage said (completions, chats, streams and a prewarm)."""
+    from django.utils import timezone
+
+    from controlplane.ledger.selectors import ledger_totals
+
+    tenant = platform.tenants["initech"]
+    since = timezone.now().replace(minute=0, second=0, microsecond=0)
+    client = platform.client("initech")
+    usages = []
+    for i in range(3):
+        r = client.completions.create(model=platform.model, prompt=SYSTEM + f"bill {i % 2}", max_tokens=3,
+                                      temperature=0)
+        usages.append(r.usage.model_dump())
+    chat = client.chat.completions.create(model=platform.model, messages=[{"role": "user", "content": SYSTEM}],
+                                          max_tokens=2, temperature=0)
+    usages.append(chat.usage.model_dump())
+    stream = client.completions.create(model=platform.model, prompt=SYSTEM + "bill 0", max_tokens=2, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    usages += [c.usage.model_dump() for c in stream if c.usage is not None]
+    assert len(usages) == 5
+    total = ledger_totals(tenant=tenant, model=platform.model, since=since)
+    want = {
+        "requests": len(usages),
+        "prompt_tokens": sum(u["prompt_tokens"] for u in usages),
+        "completion_tokens": sum(u["completion_tokens"] for u in usages),
+        "cached_tokens": sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages),
+        "write_tokens": sum(u["prompt_tokens_details"]["cache_write_tokens"] for u in usages),
+        **{f"cached_{t}": sum(u["prompt_tokens_details"]["cached_tokens_by_tier"][t] for u in usages)
+           for t in ("l1", "l2", "l3")},
+    }
+    assert {k: total.counts[k] for k in want} == want
+    assert want["cached_tokens"] > 0 and want["write_tokens"] > 0
+    # every prompt token not reused is accounted for by one miss reason
+    assert sum(total.misses.values()) == want["prompt_tokens"] - want["cached_tokens"]

@@ -100,9 +100,7 @@ def _prepare_create(request: HttpRequest):
     as_completion = CompletionRequest(model=body.model, prompt=tokens, max_tokens=1, temperature=0.0,
                                       cache_salt=body.cache_salt)
     prep = context._finish(tenant, deployment, facts, as_completion, tokens)
-    full = len(tokens) // facts.kv_layout.block_size * facts.kv_layout.block_size
-    pinned = services.pin_budget(tenant, full)
-    return tenant, actor, prefix, deployment, body, messages, prep, pinned
+    return tenant, actor, prefix, deployment, body, messages, prep
 
 
 def _render_prefix(facts, messages: list[dict], budget) -> list[int]:
@@ -119,17 +117,20 @@ def _render_prefix(facts, messages: list[dict], budget) -> list[int]:
         raise intake.BadRequest(str(exc), code=exc.code) from None
 
 
-def _finish_create(tenant, actor, prefix, deployment, body, messages, prep, pinned, res) -> NamedCache:
+def _finish_create(tenant, actor, prefix, deployment, body, messages, prep, res) -> NamedCache:
+    """The row, then the pin on every replica when the tenant's quota has room for the prefix's full
+    blocks (the engine's blocks: the worker said how large)."""
+    usage = res.get("usage") or {}
+    bs = int(usage.get("block_size") or prep.accounting.block_size)
+    pinned = services.pin_budget(tenant, len(prep.tokens) // bs * bs)
     cache = services.cache_record(
         tenant=tenant, deployment=deployment, revision=prep.spec.revision["label"],
         kind="messages" if messages is not None else "prompt", token_ids=prep.tokens, messages=messages,
         cache_salt=body.cache_salt, display_name=body.display_name, ttl_seconds=body.ttl_seconds,
-        pinned_tokens=pinned if res.get("pinned") else 0, tiers=res.get("tiers") or {}, key_prefix=prefix,
-        actor=actor)
-    if cache.pinned_tokens:  # every other replica protects it in its L2, and in its view of L3
+        pinned_tokens=pinned, tiers=res.get("tiers") or {}, key_prefix=prefix, actor=actor)
+    if cache.pinned_tokens:  # every replica protects it in its L2, and in its view of L3
         workers.pin_everywhere(cache, cache.expires_at.timestamp())
-    usage = res.get("usage")
-    if usage is not None:
+    if usage:
         accounting.account(prep, {"type": "finished", "revision": cache.revision, "usage": usage})
     return cache
 
@@ -138,20 +139,13 @@ def _finish_create(tenant, actor, prefix, deployment, body, messages, prep, pinn
 async def caches(request: HttpRequest):
     if request.method == "GET":
         return JsonResponse(await sync_to_async(_list, thread_sensitive=True)(request))
-    tenant, actor, prefix, deployment, body, messages, prep, pinned = await sync_to_async(
+    tenant, actor, prefix, deployment, body, messages, prep = await sync_to_async(
         _prepare_create, thread_sensitive=True)(request)
-    until = None
-    if pinned:
-        from datetime import timedelta
-
-        from django.utils import timezone
-
-        until = (timezone.now() + timedelta(seconds=body.ttl_seconds)).timestamp()
-    res = await gateway.acall(prep.spec, "prewarm", prep.worker_req, until, timeout=PREWARM_TIMEOUT_S)
+    res = await gateway.acall(prep.spec, "prewarm", prep.worker_req, None, timeout=PREWARM_TIMEOUT_S)
     if res.get("error"):
         raise responses.WorkerError(res["error"])
     cache = await sync_to_async(_finish_create, thread_sensitive=True)(
-        tenant, actor, prefix, deployment, body, messages, prep, pinned, res)
+        tenant, actor, prefix, deployment, body, messages, prep, res)
     return JsonResponse(present(cache), status=201)
 
 
