@@ -91,6 +91,15 @@ class PinsMixin:
         lower_pin(self.l2, self.l3, hashes, until)
         return self.resident(ns, tokens, request_salt=request_salt, owner=owner, model=model, revision=revision)
 
+    def commit_to_l2(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"", owner: str = "",
+                     model: str = "", revision: str = "") -> dict[str, int]:
+        """Copy the full-block prefix of ``tokens`` that L1 holds and L2 lacks into L2, whatever the
+        write policy (a prewarm is committed to L2 before it answers). Returns ``resident``."""
+        hashes, tokens = self._prefix_hashes(ns, tokens, request_salt)
+        if self.l2 is not None:
+            self._copy_to_l2(hashes, tokens)
+        return self.resident(ns, tokens, request_salt=request_salt, owner=owner, model=model, revision=revision)
+
     def _copy_to_l2(self, hashes: list[bytes], tokens: list[int]) -> int:
         """Write the prefix's L1 blocks that L2 does not hold into L2 (one copy); how many were new."""
         with self._lock:

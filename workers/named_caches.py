@@ -76,8 +76,8 @@ class NamedCachesMixin:
         wr, where = self._named(req)
         if pin_until is not None:
             tiers = self.engine.pin(until=float(pin_until), **where)
-        else:
-            tiers = self.engine.resident(**where)
+        else:  # committed to L2 before the answer, whatever the write policy (write-back by default)
+            tiers = self.engine.commit_to_l2(**where)
         return {"tokens": len(wr.prompt), "cached_tokens": cached, "tiers": tiers, "pinned": pin_until is not None,
                 "usage": usage}
 
