@@ -119,11 +119,13 @@ def test_delete_removes_the_bytes_from_every_tier_and_is_audited(platform):
     assert r.status_code == 200 and r.json()["deleted"] is True
     client = platform.client("acme")
     after = client.completions.create(model=platform.model, prompt=DOC + "to delete", max_tokens=1,
-                                      temperature=0, extra_body={"cache_salt": "nc-del"})
+                                      temperature=0, extra_body={"cache_salt": "nc-del", "cache_diagnostics": True})
     by_tier = after.usage.prompt_tokens_details.cached_tokens_by_tier
     assert by_tier["l2"] == 0 and by_tier["l3"] == 0  # gone from Strata's host pool and remote tier
     if platform.engine == "strata":
         assert after.usage.prompt_tokens_details.cached_tokens == 0  # and from the device pages
+        lost = after.model_extra["cache_diagnostics"]["lost"][0]
+        assert lost["reason"] == "deleted" and lost["cache"] == cache["id"]
     assert httpx.get(f"{platform.url}/v1/caches/{cache['id']}", headers=_h(platform, "acme"),
                      timeout=30).status_code == 404
     actions = list(AuditEvent.objects.filter(target=cache["id"]).order_by("seq").values_list("action", flat=True))

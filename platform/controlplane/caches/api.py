@@ -127,7 +127,7 @@ def _finish_create(tenant, actor, prefix, deployment, body, messages, prep, res)
         tenant=tenant, deployment=deployment, revision=prep.spec.revision["label"],
         kind="messages" if messages is not None else "prompt", token_ids=prep.tokens, messages=messages,
         cache_salt=body.cache_salt, display_name=body.display_name, ttl_seconds=body.ttl_seconds,
-        pinned_tokens=pinned, tiers=res.get("tiers") or {}, key_prefix=prefix, actor=actor)
+        pinned_tokens=pinned, tiers=res.get("tiers") or {}, key_prefix=prefix, actor=actor, block_size=bs)
     if cache.pinned_tokens:  # every replica protects it in its L2, and in its view of L3
         workers.pin_everywhere(cache, cache.expires_at.timestamp())
     if usage:

@@ -6,7 +6,8 @@ Spans cover ``[cached_tokens, prompt_tokens)``; reasons:
 
 - ``below_block``: the tail that can never be reused (less than a full block, and the last prompt
   token, whose logits are needed);
-- seen in scope before but not reused: ``revision_changed`` (it was cached under another revision),
+- seen in scope before but not reused: ``deleted`` (the tenant deleted a named cache holding it:
+  ``cache``), ``revision_changed`` (it was cached under another revision),
   ``flushed`` (a flush or rollout job covering it finished since: ``job``), ``load_failed`` /
   ``too_slow_to_load`` (a tier held it, the load did not arrive: ``tier``-less ``detail``),
   ``expired`` (older than the retention its KV was kept under), ``routed_elsewhere`` (another replica
@@ -105,14 +106,18 @@ def diagnose(req: Request, *, history: hist.PrefixHistory = hist.HISTORY, flushe
         spans.append({"start": max(usable, cached), "end": n, "reason": "below_block"})
     for s in spans:
         s["tokens"] = s["end"] - s["start"]
-    if record and chain:
-        parent = chain[seen_blocks - 1] if seen_blocks else hist.ROOT
+    if record:
         for i in range(seen_blocks + 1, len(chain)):
             new_masks[i] = hist.masks(key, chain[i - 1], req.tokens[i * bs:(i + 1) * bs])
+        tail = None
+        if n % bs:
+            last = chain[-1] if chain else hist.ROOT
+            rest = req.tokens[len(chain) * bs:]
+            tail = (hist.tail_digest(key, last, rest), hist.masks(key, last, rest))
         history.record(scope, chain, new_masks, replica=str(usage.get("replica") or ""), revision=req.revision,
-                       persist=req.persist, at=now)
+                       persist=req.persist, at=now, tail=tail)
     reusable = sum(s["tokens"] for s in spans if s["reason"] not in ("no_prior_request", "diverged_at",
-                                                                      "below_block"))
+                                                                      "below_block", "deleted"))
     return {"prompt_tokens": n, "cached_tokens": cached, "reusable_tokens": cached + reusable, "lost": spans}
 
 
@@ -134,6 +139,8 @@ def _common(a: bytes, b: bytes) -> int:
 
 
 def _seen_reason(req: Request, first: hist.Seen, usage: dict, flushes, now: float) -> dict:
+    if first.deleted:
+        return {"reason": "deleted", "cache": first.deleted}
     if first.revision and first.revision != req.revision:
         return {"reason": "revision_changed", "cached_under": first.revision}
     job = flushes(first.at) if flushes is not None else None

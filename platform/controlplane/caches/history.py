@@ -42,6 +42,7 @@ class Seen:
     revision: str
     persist: bool
     masks: bytes = b""  # the block's tokens XOR the parent's pad (4 bytes each)
+    deleted: str = ""  # the named cache whose deletion removed this block (its id)
 
 
 @dataclass
@@ -66,6 +67,11 @@ def digests(key: bytes, tokens: list[int], block_size: int) -> list[bytes]:
         parent = hashlib.blake2b(parent + raw[i * step:(i + 1) * step], key=key, digest_size=DIGEST).digest()
         out.append(parent)
     return out
+
+
+def tail_digest(key: bytes, parent: bytes, tokens: list[int]) -> bytes:
+    """A partial block's own name (never equal to a full block's digest: another domain)."""
+    return hashlib.blake2b(parent + b"tail" + array("I", tokens).tobytes(), key=key, digest_size=DIGEST).digest()
 
 
 def _pad(key: bytes, parent: bytes, block_size: int) -> bytes:
@@ -124,8 +130,11 @@ class PrefixHistory:
             return [s.blocks[c].masks for c in s.children.get(parent, ()) if c in s.blocks]
 
     def record(self, scope: tuple, chain: list[bytes], new_masks: dict[int, bytes], *, replica: str,
-               revision: str, persist: bool, at: float | None = None) -> None:
-        """``chain`` was served now; ``new_masks[i]`` for the blocks not yet in scope."""
+               revision: str, persist: bool, at: float | None = None,
+               tail: tuple[bytes, bytes] | None = None) -> None:
+        """``chain`` was served now; ``new_masks[i]`` for the blocks not yet in scope. ``tail``: the
+        digest and masks of the prompt's last, partial block (never cached, but where a later prompt
+        departs from it is worth knowing), kept as a child of the last full block."""
         at = time.time() if at is None else at
         with self._lock:
             s = self._scope(scope, create=True)
@@ -134,16 +143,34 @@ class PrefixHistory:
                 entry = s.blocks.get(d)
                 if entry is None:
                     s.blocks[d] = Seen(at, replica, revision, persist, new_masks.get(i, b""))
-                    kids = s.children.setdefault(parent, [])
-                    kids.append(d)
-                    del kids[:-MAX_CHILDREN]
+                    self._child(s, parent, d)
                 else:
                     entry.at, entry.replica, entry.revision, entry.persist = at, replica, revision, persist
+                    entry.deleted = ""
                     s.blocks.move_to_end(d)
                 parent = d
+            if tail is not None and tail[0] not in s.blocks:
+                s.blocks[tail[0]] = Seen(at, replica, revision, persist, tail[1])
+                self._child(s, parent, tail[0])
             while len(s.blocks) > self.max_blocks:
                 gone, _ = s.blocks.popitem(last=False)
                 s.children.pop(gone, None)
+
+    @staticmethod
+    def _child(s: _Scope, parent: bytes, digest: bytes) -> None:
+        kids = s.children.setdefault(parent, [])
+        kids.append(digest)
+        del kids[:-MAX_CHILDREN]
+
+    def mark_deleted(self, scope: tuple, chain: list[bytes], cache_id: str) -> None:
+        """The blocks of ``chain`` were deleted with the named cache ``cache_id`` (a later miss of them
+        says so, until they are served again)."""
+        with self._lock:
+            s = self._scope(scope, create=False)
+            for d in chain if s is not None else ():
+                entry = s.blocks.get(d)
+                if entry is not None:
+                    entry.deleted = cache_id
 
     def forget_tenant(self, tenant: str) -> None:
         """Drop every scope of ``tenant`` (offboarded)."""

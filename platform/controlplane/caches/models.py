@@ -30,6 +30,7 @@ class NamedCache(models.Model):
     messages = models.JSONField(null=True, blank=True)  # chat: the messages it was rendered from
     cache_salt = models.CharField(max_length=512, null=True, blank=True)
     tokens = models.PositiveIntegerField()
+    block_size = models.PositiveSmallIntegerField(default=16)  # the serving engine's cache block
     pinned_tokens = models.PositiveIntegerField(default=0)  # full-block tokens pinned (0: not pinned)
     tiers = models.JSONField(default=dict)  # tokens resident per tier after the prewarm
     key_prefix = models.CharField(max_length=16, blank=True)  # the API key that created it

@@ -54,13 +54,13 @@ def pin_budget(tenant, tokens: int, *, exclude: int | None = None) -> int:
 
 def cache_record(*, tenant, deployment, revision: str, kind: str, token_ids: list[int], messages, cache_salt,
                  display_name: str, ttl_seconds: int, pinned_tokens: int, tiers: dict, key_prefix: str,
-                 actor: Actor) -> NamedCache:
+                 actor: Actor, block_size: int = 16) -> NamedCache:
     """The row of a cache the worker has prewarmed (and pinned ``pinned_tokens`` of); audited."""
     with transaction.atomic():
         cache = NamedCache.objects.create(
             tenant=tenant, deployment=deployment, revision=revision, kind=kind, token_ids=token_ids,
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
-            pinned_tokens=pinned_tokens, tiers=tiers, key_prefix=key_prefix,
+            pinned_tokens=pinned_tokens, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))
         audit_record(actor=actor, action="cache.create", target=cache.public_id, tenant=tenant.slug,
                      new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned_tokens,
@@ -93,6 +93,7 @@ def cache_delete(cache: NamedCache, *, actor: Actor, reason: str = "", key_prefi
     results = workers.drop_everywhere(cache)
     if not results["ok"]:
         raise Unavailable("the cache could not be deleted from every tier now; retry shortly", retry_after=5)
+    _mark_deleted(cache)
     with transaction.atomic():
         cache.deleted_at = timezone.now()
         cache.token_ids, cache.messages = [], None
@@ -100,6 +101,15 @@ def cache_delete(cache: NamedCache, *, actor: Actor, reason: str = "", key_prefi
         audit_record(actor=actor, action="cache.delete", target=cache.public_id, tenant=cache.tenant.slug,
                      reason=reason, new={"deleted": results["tiers"], "key_prefix": key_prefix})
     return results
+
+
+def _mark_deleted(cache: NamedCache) -> None:
+    """Its blocks' later misses read ``deleted`` in the tenant's diagnostics."""
+    from controlplane.caches import history
+
+    key = history.scope_key(bytes(cache.tenant.scope_salt), cache.deployment.name, cache.cache_salt)
+    history.HISTORY.mark_deleted((str(cache.tenant_id), cache.deployment.name, cache.cache_salt or ""),
+                                 history.digests(key, list(cache.token_ids), cache.block_size), cache.public_id)
 
 
 def caches_forget_tenant(tenant) -> int:

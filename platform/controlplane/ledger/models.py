@@ -23,7 +23,7 @@ from __future__ import annotations
 from django.db import models
 
 MISS_REASONS = ("no_prior_request", "diverged", "evicted", "expired", "flushed", "revision_changed",
-                "routed_elsewhere", "load_failed", "too_slow_to_load", "below_block")
+                "routed_elsewhere", "load_failed", "too_slow_to_load", "below_block", "deleted")
 OTHER_REASON = "other"
 REASON_ALIASES = {"diverged_at": "diverged"}  # the diagnostics' span name for a divergence
 ALL_MODELS = "*"  # the model of the L3 storage rows (see the module docstring)
@@ -71,6 +71,7 @@ class LedgerHour(models.Model):
     miss_load_failed = _counter()
     miss_too_slow_to_load = _counter()
     miss_below_block = _counter()
+    miss_deleted = _counter()
     miss_other = _counter()
 
     class Meta:

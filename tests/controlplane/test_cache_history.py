@@ -1,0 +1,105 @@
+"""The miss diagnostics' history and reasons (``caches.history``, ``caches.diagnostics``), without a
+worker: a usage dict stands in for the worker's account of each request."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.caches import diagnostics, history
+
+BS = 4
+
+
+def _req(tokens, *, cached=0, tenant="1", salt=b"s" * 32, revision="r1", stop=None, replica="rep-0",
+         persist=True, retention=3600, parts=None):
+    usage = {"cached_tokens": cached, "load_stop": stop, "replica": replica}
+    return diagnostics.Request(tenant=tenant, tenant_salt=salt, model="m", cache_salt=None, tokens=list(tokens),
+                               block_size=BS, revision=revision, persist=persist, retention_seconds=retention,
+                               usage=usage, parts=parts)
+
+
+@pytest.fixture
+def h():
+    return history.PrefixHistory()
+
+
+def _reasons(d):
+    return [(s["reason"], s["start"], s["end"]) for s in d["lost"]]
+
+
+def test_no_prior_then_divergence_inside_a_block_and_inside_the_tail(h):
+    a = list(range(1, 15))  # 3 full blocks + 2
+    d = diagnostics.diagnose(_req(a), history=h, now=100.0)
+    assert _reasons(d) == [("no_prior_request", 0, 12), ("below_block", 12, 14)]
+    b = a[:6] + [99] + a[7:]  # differs at token 6 (block 1)
+    d = diagnostics.diagnose(_req(b, cached=4), history=h, now=101.0)
+    assert d["lost"][0] == {"start": 4, "end": 12, "reason": "diverged_at", "index": 6, "tokens": 8}
+    # the first prompt's partial tail is remembered too: a prompt going on past it diverges after it
+    c = a + [7, 7, 7, 7, 7]
+    d = diagnostics.diagnose(_req(c, cached=12), history=h, now=102.0)
+    assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["index"] == 14
+
+
+def test_seen_but_lost_reasons_in_order(h):
+    a = list(range(1, 18))
+    diagnostics.diagnose(_req(a), history=h, now=100.0)
+    assert _reasons(diagnostics.diagnose(_req(a, revision="r2"), history=h, record=False, now=101.0))[0][0] == \
+        "revision_changed"
+    d = diagnostics.diagnose(_req(a), history=h, record=False, now=101.0, flushes=lambda since: "42")
+    assert d["lost"][0]["reason"] == "flushed" and d["lost"][0]["job"] == "42"
+    for stop, reason in (("corrupt", "load_failed"), ("late", "too_slow_to_load"), ("recompute", "too_slow_to_load")):
+        d = diagnostics.diagnose(_req(a, stop=stop), history=h, record=False, now=101.0)
+        assert d["lost"][0]["reason"] == reason
+    d = diagnostics.diagnose(_req(a, retention=10), history=h, record=False, now=200.0)
+    assert d["lost"][0]["reason"] == "expired"
+    d = diagnostics.diagnose(_req(a, persist=False, replica="rep-1"), history=h, record=False, now=101.0)
+    assert d["lost"][0]["reason"] == "evicted"  # recorded with persist=True: L3 is shared
+    d = diagnostics.diagnose(_req(a, cached=8), history=h, record=False, now=101.0)
+    assert d["lost"][0] == {"start": 8, "end": 16, "reason": "evicted", "tiers": ["l1", "l2", "l3"],
+                            "after": d["lost"][0]["after"], "tokens": 8}
+    assert d["reusable_tokens"] == 16
+    key = history.scope_key(b"s" * 32, "m", None)
+    h.mark_deleted(("1", "m", ""), history.digests(key, a, BS), "cache_x")
+    d = diagnostics.diagnose(_req(a), history=h, record=False, now=101.0)
+    assert d["lost"][0]["reason"] == "deleted" and d["lost"][0]["cache"] == "cache_x"
+
+
+def test_routed_elsewhere_when_not_persisted(h):
+    a = list(range(1, 18))
+    diagnostics.diagnose(_req(a, persist=False, replica="rep-0"), history=h, now=100.0)
+    d = diagnostics.diagnose(_req(a, persist=False, replica="rep-1"), history=h, record=False, now=101.0)
+    assert d["lost"][0]["reason"] == "routed_elsewhere"
+
+
+def test_another_tenants_prompt_is_never_seen(h):
+    a = list(range(1, 18))
+    diagnostics.diagnose(_req(a, tenant="1", salt=b"a" * 32), history=h, now=100.0)
+    d = diagnostics.diagnose(_req(a, tenant="2", salt=b"b" * 32), history=h, now=101.0)
+    assert d["lost"][0]["reason"] == "no_prior_request" and d["reusable_tokens"] == 0
+    # even with the same tenant id, another key: nothing in common
+    d = diagnostics.diagnose(_req(a, tenant="1", salt=b"c" * 32), history=h, record=False, now=101.0)
+    assert d["lost"][0]["reason"] == "no_prior_request"
+
+
+def test_chat_part_names_the_message(h):
+    sys_ = list(range(1, 9))
+    diagnostics.diagnose(_req(sys_ + [50, 51, 52, 53, 54]), history=h, now=100.0)
+    d = diagnostics.diagnose(_req(sys_ + [60, 61, 62, 63, 64], cached=8, parts=[(0, "system"), (8, "messages[1]")]),
+                             history=h, now=101.0)
+    assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["part"] == "messages[1]"
+
+
+def test_the_history_is_bounded_and_holds_no_tokens(h):
+    small = history.PrefixHistory(max_blocks=10, max_scopes=2)
+    for i in range(20):
+        diagnostics.diagnose(_req([i * 100 + j for j in range(1, 14)]), history=small, now=float(i))
+    assert all(len(s.blocks) <= 10 for s in small._scopes.values())
+    for t in range(5):
+        diagnostics.diagnose(_req(list(range(1, 10)), tenant=str(t)), history=small, now=1.0)
+    assert len(small._scopes) == 2
+    tokens = list(range(1000, 1013))
+    diagnostics.diagnose(_req(tokens, tenant="z"), history=h, now=1.0)
+    blob = b"".join(s.masks + d for sc in h._scopes.values() for d, s in sc.blocks.items())
+    import array
+
+    assert array.array("I", tokens[:4]).tobytes() not in blob
