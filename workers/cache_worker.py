@@ -20,6 +20,7 @@ import os
 import secrets
 import threading
 import time
+import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -100,6 +101,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         self.deployment = deployment
         self.replica = int(replica)
         self.replica_id = replica_id(deployment, self.replica)
+        self.boot_id = uuid.uuid4().hex  # this process's life: the control plane re-pins named caches on a new one
         self.events = EventLog(self.replica_id)  # KV events of every tier (kv_events, kv_snapshot)
         self.decode = DecodeClock()
         self.preset = preset
@@ -174,6 +176,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
     def stats(self) -> dict:
         snap = self.engine.snapshot()
         snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label,
+                          "boot_id": self.boot_id,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
         snap["router"] = router_section(self.engine, self.decode)
         snap["kv_events"] = self.events.stats()

@@ -22,8 +22,8 @@ in L1 and L2, objects in L3.
 
 Pins are soft (``cachecore.block_pool``): pinned blocks are evicted after their tenant's unpinned
 ones, never at another tenant's fair share, and lapse by themselves at ``pin_until``. They live in
-this replica's memory: a restarted replica has none until the control plane pins the cache again (its
-next TTL change; nothing re-pins on a restart yet).
+this replica's memory: a replica that started anew has none until the control plane pins its caches again
+(``controlplane.caches.repin``, at the stats sampler's next poll after the restart).
 
 :class:`NamedCachesMixin` is the reference engine's (``CacheWorker``: L1, L2 and L3 of its
 ``CacheEngine``); :class:`VllmNamedCaches` the vLLM replica's, whose device cache (L1) is vLLM's own

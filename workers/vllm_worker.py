@@ -129,6 +129,7 @@ class VllmWorker(AdmissionMixin):
         self.preset = preset
         self.replica = int(replica)
         self.replica_id = replica_id(deployment, self.replica)
+        self.boot_id = uuid.uuid4().hex  # this process's life: the control plane re-pins named caches on a new one
         cfg = config or WorkerConfig.from_env()
         if l1_mb is not None:
             cfg = replace(cfg, l1_mb=l1_mb)
@@ -260,6 +261,7 @@ class VllmWorker(AdmissionMixin):
                     write_policy="write_through" if a.tiers else "none", resident_blocks=resident)
         snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used}
         snap["worker"] = {"deployment": self.deployment, "engine": "vllm", "revision": self._active.label,
+                          "boot_id": self.boot_id,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
         snap["router"] = self._router()
         snap["kv_events"] = self.events.stats()

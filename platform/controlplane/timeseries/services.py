@@ -92,4 +92,7 @@ def sample_take(*, now: datetime | None = None) -> SampleResult:
         accrue = optional_attr("controlplane.ledger.services", "ledger_accrue_sample")
         if accrue is not None:
             accrue(at=at, interval_seconds=cfg.interval_seconds, workers=stats["workers"])
+    repin = optional_attr("controlplane.caches.repin", "repin_restarted")
+    if repin is not None:  # a replica that started anew gets its named caches' pins back
+        repin(stats["workers"])
     return SampleResult(at=at, written=len(rows), pruned=pruned)
