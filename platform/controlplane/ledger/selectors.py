@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from controlplane.caches.models import NamedCache
 from controlplane.common.errors import InvalidInput
+from controlplane.common.hooks import optional_attr
 from controlplane.ledger.models import (
     MISS_FIELDS,
     MISS_REASONS,
@@ -124,10 +125,20 @@ def pinned_token_microseconds(*, start: datetime, end: datetime, now: datetime |
     return dict(out)
 
 
+def _caught_up() -> None:
+    """Wait for this process's accountant (``serving.accountant``, which books finished requests off
+    their response path) to book what it was given so far."""
+    drain = optional_attr("controlplane.serving.accountant", "drain")
+    if drain is not None:
+        drain()
+
+
 def ledger_rows(*, tenant: Tenant | None = None, model: str | None = None, since: datetime | None = None,
                 until: datetime | None = None, now: datetime | None = None) -> list[LedgerRow]:
     """The ledger's rows in the period (see the module docstring), ordered by hour, tenant slug and
-    model; ``tenant`` and ``model`` narrow them. Offboarded tenants are included."""
+    model; ``tenant`` and ``model`` narrow them. Offboarded tenants are included. Requests this
+    process answered but has not booked yet are booked first (``_caught_up``)."""
+    _caught_up()
     now = now or timezone.now()
     start, end = ledger_period(since=since, until=until, now=now)
     hours = LedgerHour.objects.filter(hour__gte=start, hour__lt=end)
@@ -179,6 +190,7 @@ def ledger_totals(*, tenant: Tenant | None = None, model: str | None = None, sin
 def ledger_counters() -> list[LedgerRow]:
     """All-time sums per (tenant, model) of the token and miss counters (the monotonic counters of
     ``/metrics``), tenant slug and model order; storage-only rows (no request) are left out."""
+    _caught_up()
     fields = ("requests", *TOKEN_FIELDS, *MISS_FIELDS)
     sums = (LedgerHour.objects.filter(requests__gt=0).values("tenant_id", "tenant__slug", "model")
             .annotate(**{f"sum_{f}": Sum(f) for f in fields}).order_by("tenant__slug", "model"))

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.common.errors import ApplicationError, InvalidInput, error_body, error_response
 from controlplane.runtime import gateway
-from controlplane.serving import accounting, context, responses
+from controlplane.serving import accountant, accounting, context, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
 
 
@@ -149,7 +149,21 @@ async def _serve(request: HttpRequest, kind: str):
     return JsonResponse(out)
 
 
-_account = sync_to_async(accounting.account, thread_sensitive=True)
+def _account_in_order(prep: context.Prepared, finished: dict) -> dict | None:
+    accountant.drain()  # the history holds every request answered before this one
+    return accounting.account(prep, finished)
+
+
+_account_now = sync_to_async(_account_in_order, thread_sensitive=True)
+
+
+async def _account(prep: context.Prepared, finished: dict) -> dict | None:
+    """The request's ledger and history entry: off the response path (``accountant``), or, when the
+    client asked for its diagnosis, here (the answer carries it)."""
+    if prep.accounting is not None and prep.accounting.diagnostics:
+        return await _account_now(prep, finished)
+    accountant.submit(prep, finished)
+    return None
 
 
 @_api_view(("POST",))
