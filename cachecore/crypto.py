@@ -1,4 +1,4 @@
-"""Envelope encryption of L3 objects (DESIGN section 2, "Encryption at rest (L3)").
+"""Envelope encryption of L3 objects (docs/design.md section 2, "Encryption at rest (L3)").
 
 Two levels of keys:
 

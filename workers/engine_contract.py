@@ -1,4 +1,4 @@
-"""The contract every replica's engine keeps, whichever engine serves (DESIGN section 3, "Engines").
+"""The contract every replica's engine keeps, whichever engine serves (docs/design.md section 3, "Engines").
 
 Two classes implement it: ``workers.cache_worker.CacheWorker`` (Strata's reference engine: block
 pool, scheduler, Llama runner, L1/L2/L3) and ``workers.vllm_worker.VllmWorker`` (vLLM's async engine

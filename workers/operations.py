@@ -112,8 +112,12 @@ class OperationsMixin:
             self._aborting.discard(old)
         freed = self.engine.flush(lambda t: t.revision == old)  # anything registered while draining
         self.engine.check_integrity()
+        tiers = {t: retired["tiers"][t] + freed["tiers"][t] for t in ("l1", "l2", "l3")}
+        l3_bytes = retired["l3_bytes"] + freed["l3_bytes"]
         return {"switched": True, "from": old, "revision": label, "aborted": aborted,
-                "blocks_freed": retired["blocks_freed"] + freed["blocks_freed"]}
+                "blocks_freed": retired["blocks_freed"] + freed["blocks_freed"], "tiers": tiers,
+                "l3_bytes": l3_bytes,
+                "bytes": (tiers["l1"] + tiers["l2"]) * self.engine.layout.bytes_per_block + l3_bytes}
 
     def _running_of(self, revision: str) -> list:
         return [s for s in self.engine.running() if s.tag.revision == revision]

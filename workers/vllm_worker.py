@@ -694,16 +694,22 @@ class VllmWorker(AdmissionMixin):
                 time.sleep(0.01)
             self._aborting.discard(old.label)
         freed = self.blocks.flush(lambda owner, rev: rev == old.label)
+        bpb = self._bytes_per_block()
         old.shutdown()
         with self._events_lock:  # the old engine's L2 is gone with it; the new service's log starts at 1
             self.events.publish(AllCleared("l2"))
             self._tier_seq = 1
+        tiers, l3_bytes = {"l1": freed, "l2": 0, "l3": 0}, 0
         if new.tiers is not None:  # the old revision's L3 objects go; it may never load or save again
             try:
-                freed += self._tiers("retire", new, revision=old.label)["l2"]
+                done = self._tiers("retire", new, revision=old.label)
+                tiers["l2"], tiers["l3"] = int(done["l2"]), int(done.get("l3", 0))
+                l3_bytes = int(done.get("l3_bytes", 0))
+                freed += done["l2"]
             except BackendUnavailable:
                 logger.warning("L3 unreachable while retiring revision %s: its objects stay until a flush", old.label)
-        return {"switched": True, "from": old.label, "revision": label, "aborted": aborted, "blocks_freed": freed}
+        return {"switched": True, "from": old.label, "revision": label, "aborted": aborted, "blocks_freed": freed,
+                "tiers": tiers, "l3_bytes": l3_bytes, "bytes": (tiers["l1"] + tiers["l2"]) * bpb + l3_bytes}
 
     def _running_of(self, label: str) -> int:
         with self._lock:

@@ -1,6 +1,6 @@
 """The contracts of the cache tiers.
 
-Two levels, as in DESIGN section 2:
+Two levels, as in docs/design.md section 2:
 
 - :class:`Tier` is the public, namespace-keyed contract (``lookup / store / retrieve``) that the
   orchestrator (``cachecore.engine.CacheEngine``) offers, the same at every tier.

@@ -1,6 +1,6 @@
 """L3 data keys through the admin API and services, the master key, and the tenant cache policy.
 
-Pins: rotate / list / shred answer as DESIGN section 5 says; nothing ever shows key material (clear or
+Pins: rotate / list / shred answer as docs/design.md section 5 says; nothing ever shows key material (clear or
 wrapped) in a response or an audit event; a shred deletes the wrapped key in the database (NULL, and
 gone from the database file on SQLite) so not even the master key unwraps the version again;
 shredding the active version rotates first; offboarding shreds every version; viewers only read; the

@@ -384,3 +384,22 @@ def test_a_served_miss_corrects_the_index():
     assert rep.index == 1 and router.index.match(hashes, 16)
     router.served(rep, req, 0)  # b re-checked and had none of it (evicted since its events)
     assert router.index.match(hashes, 16) == {}
+
+
+def test_a_replica_never_started_is_not_down(admin_client, monkeypatch, actor):
+    """``strata_worker_up`` 0 means a started replica that does not answer: a model never used is
+    ``strata_worker_state{state="not_started"}``, with no ``up`` sample to fire an alert."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from controlplane.registry.services import model_create
+    from controlplane.runtime import gateway, stats
+
+    model_create(actor=actor, name="never-used", preset="tiny", revision={"label": "r1", "seed": 3})
+    monkeypatch.setattr(gateway, "call", lambda spec, method, *a, **kw: None)  # no actor exists
+    assert {w["status"] for w in stats.cluster_stats()["workers"]} == {"not started"}
+    text = admin_client.get("/metrics").content.decode()
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.labels.get("model") == "never-used"]
+    assert not [s for s in samples if s.name == "strata_worker_up"]
+    states = {s.labels["state"]: s.value for s in samples if s.name == "strata_worker_state"}
+    assert states == {"up": 0.0, "down": 0.0, "not_started": 1.0}

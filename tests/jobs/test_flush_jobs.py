@@ -141,3 +141,21 @@ def test_offboarding_revokes_keys_at_once_and_flushes_everywhere(engine_platform
     assert job["kind"] == "offboard"
     assert sum(r.get("blocks_freed", 0) for r in job["results"]) > 0
     assert _cached(platform, "globex") > 0  # another tenant's hot prefix survives the offboarding
+
+
+def test_a_model_never_started_is_not_running_with_nothing_to_do(platform, monkeypatch, actor):
+    """A replica that was never started holds nothing: its result says so (``not_running``), apart
+    from a failure, and the job succeeds."""
+    from controlplane.jobs import services
+    from controlplane.jobs.models import FlushJob
+    from controlplane.registry.services import model_create
+
+    model_create(actor=actor, name="tiny-idle", preset="tiny", revision={"label": "r1", "seed": 4})
+    _cached(platform, "acme")
+    monkeypatch.setattr(services, "_enqueue", lambda job: None)
+    job = services.job_execute(job_id=services.flush_job_request(actor=actor, scope="all", reason="test").pk)
+    assert job.status == FlushJob.Status.SUCCEEDED
+    idle = job.results["cache-worker:tiny-idle:0"]
+    assert idle["status"] == "not_running" and idle["reason"] == "not running: nothing to do"
+    served = job.results[f"cache-worker:{platform.model}:0"]
+    assert served["status"] == "ok" and served["bytes"] > 0  # the bytes it freed, not "—"

@@ -61,6 +61,11 @@ def test_rollout_serves_new_weights_with_no_stale_reuse(platform, admin_client, 
     assert job["status"] == "succeeded" and job["verified"] is True, job
     steps = [s["step"] for s in job["steps"]]
     assert steps.index("switched") < steps.index("verified")
+    switched = [r for r in job["results"] if r["worker"].endswith(":switch")]
+    assert switched and all(r["status"] == "ok" for r in switched)
+    # the bytes it freed are reported (the cached prefix of r1 was in L1), per tier
+    assert sum(r["bytes"] for r in switched) > 0
+    assert all(set(r["tiers"]) == {"l1", "l2", "l3"} for r in switched)
     new_text, cached = _complete(platform, name)
     assert cached == 0  # the old namespace is gone and the new one starts cold
     assert new_text == _reference(name, "r2", 32, PROMPT, 8)

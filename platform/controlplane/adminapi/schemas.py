@@ -1,4 +1,4 @@
-"""Request and response shapes of the admin API (DESIGN section 5).
+"""Request and response shapes of the admin API (docs/design.md section 5).
 
 Input schemas are strict (a string is not an integer, ``true`` is not ``1``) and forbid unknown
 fields, so typos answer 422 instead of being ignored. Outputs never carry salts, key hashes or keys

@@ -1,1 +1,1 @@
-"""Append-only, hash-chained audit log (DESIGN section 4)."""
+"""Append-only, hash-chained audit log (docs/design.md section 4)."""

@@ -1,5 +1,5 @@
 """Aggregated audit events for anonymous failures (bad tokens, failed logins), so that traffic nobody
-authenticated cannot grow the append-only log without bound (DESIGN section 4).
+authenticated cannot grow the append-only log without bound (docs/design.md section 4).
 
 Per key (action, kind, source, subject) at most one event is written per window: the first failure
 of a window becomes an event whose ``new`` carries ``count``, the number of failures of that key

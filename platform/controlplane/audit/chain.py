@@ -1,4 +1,4 @@
-"""Canonical encoding and keyed hash of one audit record (DESIGN section 4).
+"""Canonical encoding and keyed hash of one audit record (docs/design.md section 4).
 
 ``hash = HMAC-SHA256(key, canonical_json(fields))`` (hex) where ``fields`` are every column except
 ``hash`` itself (``prev_hash`` included; ``peer`` and ``forwarded_for`` only when not empty, so events

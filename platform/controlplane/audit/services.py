@@ -20,7 +20,7 @@ from controlplane.audit.headlog import head_log_append_quietly
 from controlplane.audit.models import GENESIS_HASH, AuditEvent, AuditHead
 from controlplane.common.actor import Actor
 
-# Keys that must never appear in old/new values: secrets and prompt text (DESIGN section 4).
+# Keys that must never appear in old/new values: secrets and prompt text (docs/design.md section 4).
 FORBIDDEN_KEYS = frozenset({
     "key", "raw_key", "api_key", "token", "raw_token", "secret", "password", "salt", "scope_salt",
     "key_hash", "token_hash", "prompt", "messages",

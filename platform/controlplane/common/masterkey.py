@@ -1,4 +1,4 @@
-"""The master key (key-encryption key) that wraps every tenant's L3 data keys (DESIGN section 2).
+"""The master key (key-encryption key) that wraps every tenant's L3 data keys (docs/design.md section 2).
 
 Where it comes from, in this order (``controlplane.env`` reads the variables):
 

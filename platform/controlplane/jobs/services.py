@@ -43,7 +43,10 @@ from workers.actor import actor_name
 from workers.cache_worker import CacheWorker
 
 DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
-DONE = ("ok", "absent", "skipped")  # per-worker result states that need no retry
+# Per-worker result states that need no retry. ``not_running``: the replica was never started (or is
+# stopped), so it holds nothing and there is nothing to do (``absent`` in rows written before).
+NOT_RUNNING = "not_running"
+DONE = ("ok", NOT_RUNNING, "absent", "skipped")
 
 
 class RetryLater(Exception):
@@ -276,7 +279,8 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kw
         try:
             res = gateway.call(spec, method, *args_for(deployment), create=False, replica=replica,
                                timeout=gateway.CALL_TIMEOUT_S + kwargs.get("drain_seconds", 0), **kwargs)
-            res = {"status": "absent", "blocks_freed": 0} if res is None else {"status": "ok", **res}
+            res = ({"status": NOT_RUNNING, "blocks_freed": 0, "reason": "not running: nothing to do"}
+                   if res is None else {"status": "ok", **res})
         except Unavailable as exc:
             res = {"status": "failed", "reason": exc.message}
             failed.append(name)

@@ -73,7 +73,10 @@ class _Collector:
 
     def collect(self):
         worker = ["model", "replica"]
-        up = GaugeMetricFamily("strata_worker_up", "1 if the model's cache worker answered", labels=worker)
+        up = GaugeMetricFamily("strata_worker_up", "1 if the started replica answered, 0 if it is down (a replica "
+                               "never started is not listed: see strata_worker_state)", labels=worker)
+        worker_states = GaugeMetricFamily("strata_worker_state", "1 for the replica's state: up, down (started, not "
+                                  "answering) or not_started", labels=["model", "replica", "state"])
         pages = GaugeMetricFamily("strata_pages", "L1 pages by state", labels=["model", "replica", "state"])
         evictions = CounterMetricFamily("strata_evictions", "Cached blocks evicted", labels=worker)
         dupes = CounterMetricFamily("strata_duplicate_stores", "Stores of blocks already cached", labels=worker)
@@ -93,7 +96,11 @@ class _Collector:
                                      labels=["tenant", "model", "replica", "tier"])
         for w in self.snapshot["workers"]:
             model, replica = w["model"], str(w.get("replica", 0))
-            up.add_metric([model, replica], 1.0 if w["status"] == "ok" else 0.0)
+            now = {"ok": "up", "not started": "not_started"}.get(w["status"], "down")
+            for name in ("up", "down", "not_started"):
+                worker_states.add_metric([model, replica, name], 1.0 if name == now else 0.0)
+            if now != "not_started":  # an alert on up == 0 fires for a replica that is down, never for one not used yet
+                up.add_metric([model, replica], 1.0 if now == "up" else 0.0)
             if w["status"] != "ok":
                 continue
             for state in ("protected", "evictable", "free"):
@@ -124,8 +131,8 @@ class _Collector:
         for store, seq in self.audit_heads.items():
             if seq is not None:
                 heads.add_metric([store], seq)
-        yield from (up, pages, evictions, dupes, saved, jobs, heads, *usage.values(), *tier_counters.values(),
-                    tier_bytes, *tier_gauges.values(), latency, resident)
+        yield from (up, worker_states, pages, evictions, dupes, saved, jobs, heads, *usage.values(),
+                    *tier_counters.values(), tier_bytes, *tier_gauges.values(), latency, resident)
 
 
 class _LedgerCollector:

@@ -6,7 +6,7 @@ the gateway's ``ReplicaSet``; the cluster and tenant figures sum them.
 Workers know tenants only by id (their cache owner key); the slug is attached here. A replica that
 does not answer is listed as unreachable; it never fails the whole call.
 
-The figures keep DESIGN section 2's layers apart, all token-weighted against ``query_tokens``:
+The figures keep docs/design.md section 2's layers apart, all token-weighted against ``query_tokens``:
 lookup hit (the index said present), load success (the bytes arrived), effective hit (prefill
 actually skipped; the headline ``effective_hit_ratio``). Request counts are a secondary figure only.
 Per tier (``l1``, ``l2``, later ``l3``) the workers' counters are summed, and per tenant its resident

@@ -1,4 +1,4 @@
-"""Tenant data keys for L3 encryption at rest (DESIGN section 2, "Encryption at rest (L3)").
+"""Tenant data keys for L3 encryption at rest (docs/design.md section 2, "Encryption at rest (L3)").
 
 Envelope encryption: each tenant has data-key versions 1, 2, ...; each version's key is 32 random
 bytes that exist in clear only for the instant it is wrapped here (``cachecore.crypto.wrap_key``,

@@ -19,7 +19,7 @@ from controlplane.tenants.selectors import api_key_list
 
 POOL_PARTS = ("protected", "evictable", "free")
 TIER_LABELS = {"l1": "device pages", "l2": "host memory", "l3": "remote store"}
-TOKEN_LAYERS = (  # (label, tokens key, ratio key): DESIGN section 2's layers, kept apart
+TOKEN_LAYERS = (  # (label, tokens key, ratio key): docs/design.md section 2's layers, kept apart
     ("Index held (lookup hit)", "lookup_hit_tokens", "lookup_hit_ratio"),
     ("Bytes arrived (load success)", "load_success_tokens", "load_success_ratio"),
     ("Prefill skipped (effective hit)", "effective_hit_tokens", "effective_hit_ratio"),
