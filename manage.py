@@ -12,12 +12,58 @@ from pathlib import Path
 SOURCE_ROOT = Path(__file__).resolve().parent / "platform"
 
 
+# Commands that run without a migrated Strata database (they make it, or need none).
+NO_DATABASE_NEEDED = {"migrate", "makemigrations", "help", "version", "check", "collectstatic", "showmigrations",
+                      "sqlmigrate", "shell", "dbshell", "test", "--help", "-h", "--version"}
+
+
+def _home() -> Path:
+    """The state folder the settings will use (``controlplane.env``: ``STRATA_HOME``, else ``.strata``
+    beside this file), the same rule as ``make run``'s launcher."""
+    raw = os.environ.get("STRATA_HOME")
+    home = Path(raw).expanduser() if raw else Path(__file__).resolve().parent / ".strata"
+    return home if home.is_absolute() else Path(__file__).resolve().parent / home
+
+
+def _database_missing(home: Path, home_existed: bool) -> str | None:
+    """One line saying why there is no Strata database to work on, or None when there is one."""
+    from django.db import connection
+    from django.db.utils import Error
+
+    if connection.vendor == "sqlite" and not Path(connection.settings_dict["NAME"]).exists():
+        where = f"no Strata database in {home}"
+    else:
+        try:
+            tables = connection.introspection.table_names()
+        except Error as exc:
+            return f"strata: cannot reach the database ({str(exc).splitlines()[0]})"
+        if "tenants_tenant" in tables:
+            return None
+        where = f"the database of {home} has no Strata tables"
+    if not home_existed:  # the settings just made this folder: leave nothing behind
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+    return (f"strata: {where}. Run this with the STRATA_HOME (or DATABASE_URL) that `make run` uses, "
+            f"or start the platform once (`make run`) to create it.")
+
+
 def main() -> None:
     if str(SOURCE_ROOT) not in sys.path:
         sys.path.insert(1, str(SOURCE_ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
+    command = sys.argv[1] if len(sys.argv) > 1 else "help"
+    home = _home()
+    home_existed = home.exists()
+    import django
     from django.core.management import execute_from_command_line
 
+    if command not in NO_DATABASE_NEEDED and os.environ["DJANGO_SETTINGS_MODULE"].endswith(".local"):
+        django.setup()
+        problem = _database_missing(home, home_existed)
+        if problem:
+            print(problem, file=sys.stderr)
+            sys.exit(2)
     execute_from_command_line(sys.argv)
 
 

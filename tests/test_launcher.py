@@ -365,3 +365,17 @@ def test_start_ray_runs_the_head_and_its_drivers_on_the_loopback_address(tmp_pat
     assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0" and env["RAY_AUTH_MODE"] == "token"
     assert launcher.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # web and Celery (drivers) too
     assert mode(tmp_path / "ray_auth_token") == 0o600
+
+
+def test_the_banner_gives_manage_py_the_same_state_folder(tmp_path, capsys, monkeypatch):
+    """With a custom STRATA_HOME the printed operator-token recipe carries it (a plain ``manage.py``
+    would look in ``.strata``)."""
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    home = tmp_path / "custom home"
+    Launcher(Config(home=home, port=free_port(), demo=False, verbose=False, ray_address=None)).banner()
+    printed = capsys.readouterr().out
+    assert f"STRATA_HOME='{home}' .venv/bin/python manage.py create_operator_token" in printed
+    default = Launcher(Config(home=REPO_ROOT / ".strata", port=free_port(), demo=False, verbose=False,
+                              ray_address=None))
+    default.banner()
+    assert "  .venv/bin/python manage.py create_operator_token" in capsys.readouterr().out

@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import secrets
+import shlex
 import signal
 import socket
 import sys
@@ -348,6 +349,15 @@ class Launcher:
                 raise LaunchError(f"the web server did not answer {url} within 120 s")
             time.sleep(0.25)
 
+    def _manage_env(self) -> str:
+        """What ``manage.py`` needs in front of it to use this platform's state (nothing by default)."""
+        parts = []
+        if self.cfg.home.resolve() != (REPO_ROOT / ".strata").resolve():
+            parts.append(f"STRATA_HOME={shlex.quote(str(self.cfg.home))}")
+        if os.environ.get("DATABASE_URL"):
+            parts.append('DATABASE_URL="$DATABASE_URL"')
+        return " ".join(parts) + " " if parts else ""
+
     def banner(self) -> None:
         base = f"http://{HOST}:{self.cfg.port}"
         lines = [
@@ -363,11 +373,12 @@ class Launcher:
             if self.ray_host not in {"127.0.0.1", "localhost", "::1"}:
                 lines.append(f"  add a worker node:          {join_command(self.ray_host, self.ray_port)}")
         if not self.cfg.demo:
+            manage = f"{self._manage_env()}.venv/bin/python manage.py"
             lines += [
                 "",
                 "Log in: create an operator token and an admin user with",
-                "  .venv/bin/python manage.py create_operator_token --username you --role admin",
-                "  .venv/bin/python manage.py createsuperuser",
+                f"  {manage} create_operator_token --username you --role admin",
+                f"  {manage} createsuperuser",
                 "or start with STRATA_DEMO=1 make run for demo tenants, keys and a model.",
             ]
         print("\n".join(lines), flush=True)
