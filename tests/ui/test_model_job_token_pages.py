@@ -171,6 +171,48 @@ def test_each_revision_shows_its_state_active_staged_rolling_out_or_retired(admi
     assert [state(page, label) for label in ("r1", "r2", "r3")] == ["retired", "active", "rolling out"]
     assert f'href="/ui/jobs/{pending.pk}/"' in page  # the latest rollout, linked to its live page
     assert '<option value="r1">r1 (retired)</option>' in page and '<option value="r2">' not in page
+    # r1 is offered only by the separate rollback form; the primary rollout offers only newer revisions
+    rollout_form = re.search(r'action="/ui/models/tiny-llama/rollout/".*?</form>', page, re.S)[0]
+    assert 'value="r1"' not in rollout_form and 'value="r3"' in rollout_form
+    rollback_form = re.search(r'action="/ui/models/tiny-llama/rollback/".*?</form>', page, re.S)[0]
+    assert '<option value="r1">r1 (retired)</option>' in rollback_form
+
+
+def test_a_rollback_is_its_own_confirmed_action(admin_ui, model, actor, admin_client):
+    """After r1 -> r2, the primary button defaults to the newest revision and never offers r1; rolling
+    back to r1 needs the rollback form (or rollback: true in the API) and the model's name typed."""
+    from controlplane.jobs.models import FlushJob
+    from controlplane.jobs.services import rollout_request
+    from controlplane.registry.services import model_activate_revision, revision_create
+
+    job = rollout_request(actor=actor, model="tiny-llama", revision="r2")
+    model_activate_revision(actor=actor, deployment=model, revision=job.revision)
+    FlushJob.objects.filter(pk=job.pk).update(status="succeeded")
+    revision_create(actor=actor, deployment=model, label="r3", seed=9)
+    revision_create(actor=actor, deployment=model, label="r4", seed=10)
+    page = _html(admin_ui.get("/ui/models/"))
+    rollout_form = re.search(r'action="/ui/models/tiny-llama/rollout/".*?</form>', page, re.S)[0]
+    assert re.search(r'<option value="r4" selected>', rollout_form)  # the newest non-active by default
+    # the primary action refuses a rollback; the API too, unless asked for as one and confirmed
+    refused = admin_ui.post("/ui/models/tiny-llama/rollout/", {"revision": "r1"})
+    assert refused.status_code == 409
+    for body in ({"revision": "r1"}, {"revision": "r1", "rollback": True},
+                 {"revision": "r1", "rollback": True, "confirm": "tiny"}):
+        r = admin_client.post("/api/admin/models/tiny-llama/rollout", body, content_type="application/json")
+        assert r.status_code == 409 and r.json()["error"]["code"] == "rollback_not_confirmed", body
+    wrong = admin_ui.post("/ui/models/tiny-llama/rollback/", {"revision": "r1", "confirm": "tiny-lama"})
+    assert wrong.status_code == 409
+    assert any("rollback" in e for e in _field_errors(_html(wrong), "/ui/models/tiny-llama/rollback/", "confirm"))
+    done = admin_ui.post("/ui/models/tiny-llama/rollback/", {"revision": "r1", "confirm": "tiny-llama"})
+    back = FlushJob.objects.get(pk=_job_id(done))
+    assert (back.from_revision.label, back.revision.label) == ("r2", "r1")
+    assert back.steps[0]["rollback"] is True and back.steps[0]["from"] == "r2" and back.steps[0]["to"] == "r1"
+    from controlplane.audit.models import AuditEvent
+
+    assert AuditEvent.objects.filter(action="rollback.request").count() == 1
+    # rolling forward needs no confirmation
+    ok = admin_client.post("/api/admin/models/tiny-llama/rollout", {"revision": "r4"}, content_type="application/json")
+    assert ok.status_code == 202
 
 
 def test_rollout_button_opens_the_live_job_and_errors_sit_next_to_the_revision(admin_ui, model):

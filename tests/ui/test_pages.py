@@ -187,7 +187,7 @@ def test_models_page_shows_active_and_other_revisions(admin_ui, model):
     html = _html(admin_ui.get("/ui/models/"))
     assert "tiny-llama" in html and "r1" in html and "r2" in html
     assert re.search(r'<tr class="active-row">\s*<th scope="row">r1</th>', html)
-    assert "Model updated — reset the cache" in html and '<option value="r2">' in html
+    assert "Model updated — reset the cache" in html and '<option value="r2" selected>' in html  # the default
     assert '<option value="r1">' not in html  # the active revision is not offered for rollout
 
 

@@ -29,6 +29,10 @@ class RolloutIn(Schema):
 
     revision: str = Field(min_length=1, max_length=64)
     reason: str = Field(default="", max_length=2000)
+    # Rolling back to a revision older than the active one must be said twice: rollback true and
+    # the model's name typed in confirm (else 409 rollback_not_confirmed).
+    rollback: bool = False
+    confirm: str = Field(default="", max_length=200)
 
 
 @router.post("flush-jobs", response={202: dict})
@@ -51,5 +55,5 @@ def get_job(request, job_id: int):
 @router.post("models/{name}/rollout", response={202: dict})
 def rollout(request, name: str, payload: RolloutIn):
     job = services.rollout_request(actor=actor_of(request), model=name, revision=payload.revision,
-                                   reason=payload.reason)
+                                   reason=payload.reason, rollback=payload.rollback, confirm=payload.confirm)
     return Status(202, {"job": {"id": job.pk, "status": job.status}, **selectors.flush_job_view(job)})

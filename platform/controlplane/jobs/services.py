@@ -107,25 +107,39 @@ def flush_job_request(
     return job
 
 
-def rollout_request(*, actor: Actor, model: str, revision: str, reason: str = "") -> FlushJob:
-    """Request the weight-revision rollout protocol for ``model`` to ``revision`` (a job)."""
+def is_rollback(deployment: ModelDeployment, target: ModelRevision) -> bool:
+    """Going to a revision added before the active one (one that was retired, or skipped)."""
+    active = deployment.active_revision
+    return active is not None and (target.created, target.pk) < (active.created, active.pk)
+
+
+def rollout_request(*, actor: Actor, model: str, revision: str, reason: str = "", rollback: bool = False,
+                    confirm: str = "") -> FlushJob:
+    """Request the weight-revision rollout protocol for ``model`` to ``revision`` (a job). A rollback
+    (``is_rollback``) must be asked for as one: ``rollback`` and the model's name in ``confirm``
+    (409 ``rollback_not_confirmed`` otherwise), so a careless click never rolls back."""
     deployment = ModelDeployment.objects.filter(name=model).first() or _missing("model", model)
     target = ModelRevision.objects.filter(deployment=deployment, label=revision).first() or _missing(
         "revision", revision)
     if deployment.active_revision_id == target.pk:
         raise Conflict(f"revision '{revision}' is already active for '{model}'", code="already_active")
+    back = is_rollback(deployment, target)
+    if back and not (rollback and confirm.strip() == model):
+        raise Conflict(f"revision '{revision}' is older than the active '{deployment.active_revision.label}': "
+                       f"a rollback; ask for it as one (rollback: true, confirm: the model's name)",
+                       code="rollback_not_confirmed")
     with transaction.atomic():
         job = FlushJob.objects.create(
             kind=FlushJob.Kind.ROLLOUT, scope=FlushJob.Scope.REVISION, deployment=deployment, revision=target,
             from_revision=deployment.active_revision, reason=(reason or f"rollout to {revision}").strip(),
             requested_by=actor.name, auth_method=actor.auth_method,
         )
-        _step(job, "requested", by=actor.name, to=revision,
+        _step(job, "requested", by=actor.name, to=revision, rollback=back,
               **({"from": deployment.active_revision.label} if deployment.active_revision else {}))
         job.save(update_fields=["steps"])
-        audit_record(actor=actor, action="rollout.request", target=f"model:{model}",
+        audit_record(actor=actor, action="rollback.request" if back else "rollout.request", target=f"model:{model}",
                      old={"revision": job.from_revision.label if job.from_revision else None},
-                     new={"revision": revision, "job": job.pk}, reason=job.reason)
+                     new={"revision": revision, "job": job.pk, "rollback": back}, reason=job.reason)
         _enqueue(job)
     return job
 

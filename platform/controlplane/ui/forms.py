@@ -90,6 +90,16 @@ class RolloutForm(forms.Form):
                              widget=forms.TextInput(attrs={"placeholder": "new weights"}))
 
 
+class RollbackForm(forms.Form):
+    """Back to an older revision: said twice (the model's name typed), never the primary button."""
+
+    revision = forms.CharField(max_length=64)
+    confirm = forms.CharField(max_length=200, label="Type the model's name to confirm",
+                              widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    reason = forms.CharField(required=False, max_length=REASON_MAX,
+                             widget=forms.TextInput(attrs={"placeholder": "bad weights"}))
+
+
 class ReplicasForm(forms.Form):
     """Scale a deployment (``registry.services.model_set_replicas`` checks the same bound)."""
 

@@ -35,7 +35,7 @@ from controlplane.ui.forms import (
     ModelCreateForm,
     ReplicasForm,
     RevisionForm,
-    RolloutForm,
+    RollbackForm, RolloutForm,
     form_error_text,
 )
 from controlplane.ui.views import _page, _partial
@@ -73,7 +73,8 @@ def _actor(request: HttpRequest):
 REVISION_ERRORS = {"invalid_weights_path": "weights_path", "invalid_revision_source": "seed", "conflict": "label",
                    "invalid_checkpoint": "path"}
 MODEL_ERRORS = {**REVISION_ERRORS, "unknown_preset": "preset", "conflict": "name", "invalid_engine": "engine"}
-ROLLOUT_ERRORS = {"revision_not_found": "revision", "already_active": "revision"}
+ROLLOUT_ERRORS = {"revision_not_found": "revision", "already_active": "revision",
+                  "rollback_not_confirmed": "confirm"}
 
 
 def _form_id(kind: str, name: str) -> str:
@@ -89,10 +90,20 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
         if request.operator.is_admin:
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
-            rollout_form = bound.get(("rollout", name)) or RolloutForm(auto_id=_form_id("roll", name))
+            labels = [r["label"] for r in row["revisions"]]
+            at = labels.index(row["active_revision"]) if row["active_revision"] in labels else -1
+            newer = list(reversed(row["revisions"][at + 1:]))  # newest first: the default is the newest
+            older = list(reversed(row["revisions"][:max(at, 0)]))
+            rollout_form = bound.get(("rollout", name)) or RolloutForm(
+                auto_id=_form_id("roll", name), initial={"revision": newer[0]["label"] if newer else ""})
             rollout_form.fields["revision"].widget = Select(
-                choices=[(r["label"], f"{r['label']} ({r['state']})") for r in row["others"]])
-            row["rollout_form"] = rollout_form
+                choices=[(r["label"], f"{r['label']} ({r['state']})") for r in newer])
+            row["rollout_form"], row["newer"] = rollout_form, newer
+            if older:
+                rollback_form = bound.get(("rollback", name)) or RollbackForm(auto_id=_form_id("back", name))
+                rollback_form.fields["revision"].widget = Select(
+                    choices=[(r["label"], f"{r['label']} ({r['state']})") for r in older])
+                row["rollback_form"] = rollback_form
             row["replicas_form"] = bound.get(("replicas", name)) or ReplicasForm(
                 auto_id=_form_id("rep", name), initial={"replicas": deployment.replicas})
         rows.append(row)
@@ -145,6 +156,21 @@ def rollout(request: HttpRequest, name: str) -> HttpResponse:
     if job is None:
         return _models_page(request, status, bound={("rollout", name): form})
     messages.success(request, f"Rollout of {name} to {job.revision.label} requested.")
+    return redirect("ui:job", job_id=job.pk)
+
+
+@operator_view
+@require_POST
+def rollback(request: HttpRequest, name: str) -> HttpResponse:
+    """Back to an older revision: the same rollout job, asked for as a rollback with the model's name
+    typed (``rollout_request``'s check); its job says from and to."""
+    form = RollbackForm(request.POST, auto_id=_form_id("back", name))
+    job, status = submit(request, form, lambda d: rollout_request(
+        actor=_actor(request), model=name, revision=d["revision"], reason=d["reason"] or "rollback", rollback=True,
+        confirm=d["confirm"]), ROLLOUT_ERRORS)
+    if job is None:
+        return _models_page(request, status, bound={("rollback", name): form})
+    messages.success(request, f"Rollback of {name} from {job.from_revision.label} to {job.revision.label} requested.")
     return redirect("ui:job", job_id=job.pk)
 
 

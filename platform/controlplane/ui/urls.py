@@ -31,6 +31,7 @@ urlpatterns = [
     path("ui/models/", model_views.models, name="models"),
     path("ui/models/<str:name>/revisions/", model_views.revision_add, name="revision-add"),
     path("ui/models/<str:name>/rollout/", model_views.rollout, name="rollout"),
+    path("ui/models/<str:name>/rollback/", model_views.rollback, name="rollback"),
     path("ui/models/<str:name>/replicas/", model_views.replicas, name="replicas"),
     path("ui/jobs/", model_views.jobs, name="jobs"),
     path("ui/jobs/live/", model_views.jobs_live, name="jobs-live"),
