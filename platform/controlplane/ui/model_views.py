@@ -35,7 +35,8 @@ from controlplane.ui.forms import (
     ModelCreateForm,
     ReplicasForm,
     RevisionForm,
-    RollbackForm, RolloutForm,
+    RollbackForm,
+    RolloutForm,
     form_error_text,
 )
 from controlplane.ui.views import _page, _partial
