@@ -26,6 +26,7 @@ from django.conf import settings  # noqa: E402
 
 from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
 from controlplane.serving.gate import RequestGate  # noqa: E402
+from controlplane.serving.health import ServingMetrics  # noqa: E402
 
 SERVING_PREFIX = "/v1/"
 SERVING_MIDDLEWARE = ["controlplane.common.middleware.ApiErrorMiddleware"]
@@ -46,7 +47,7 @@ class ServingASGIHandler(ASGIHandler):
 _site = BodyLimit(ASGIHandler())
 # The gate first: a body declared over the path's limit from a known key counts against its tenant's
 # requests per minute too (413, then 429), before BodyLimit would refuse it uncounted.
-_serving = RequestGate(BodyLimit(ServingASGIHandler()))
+_serving = ServingMetrics(RequestGate(BodyLimit(ServingASGIHandler())))  # every /v1/ answer counted and timed
 
 
 async def application(scope, receive, send):

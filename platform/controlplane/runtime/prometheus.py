@@ -170,4 +170,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     ledger_counters = optional_attr("controlplane.ledger.selectors", "ledger_counters")
     if ledger_counters is not None:
         registry.register(_LedgerCollector(ledger_counters()))
-    return HttpResponse(generate_latest(registry), content_type="text/plain; version=0.0.4; charset=utf-8")
+    from controlplane.serving.health import REGISTRY as SERVING  # this web process's serving counters
+
+    body = generate_latest(registry) + generate_latest(SERVING)
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.http import HttpRequest
 
 from controlplane.common.asgi_limits import KV_STORE_PATH, body_limit
-from controlplane.common.errors import Forbidden, NotFound, Unauthenticated
+from controlplane.common.errors import ApplicationError, Forbidden, NotFound, Unauthenticated
 from controlplane.common.sources import RequestSource, request_source
 from controlplane.registry.models import ModelDeployment
 from controlplane.serving import bounds, keyguard, ratelimit
@@ -79,7 +79,11 @@ def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admis
     everything decided before the body is read, so requests refused later count too. One key lookup
     and one query for the tenant's grants (which also resolve the request's model later)."""
     tenant = authenticate_key(header, where=where, target=f"{method} {path}").tenant
-    ratelimit.count_request(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute)
+    try:
+        ratelimit.count_request(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute)
+    except ApplicationError as exc:
+        exc.tenant_slug = tenant.slug  # whose refusal it is, for the serving metrics
+        raise
     deployments = {d.name: d for d in _granted(tenant)}
     return Admission(tenant=tenant, deployments=deployments,
                      body_limit=body_limit_for(path, tenant, deployments.values()))

@@ -42,7 +42,7 @@ from controlplane.common.asgi_limits import (
 )
 from controlplane.common.errors import ApplicationError, TooLarge
 from controlplane.common.sources import request_source
-from controlplane.serving import admission, context
+from controlplane.serving import admission, context, health
 
 SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
 log = logging.getLogger(__name__)
@@ -130,9 +130,12 @@ class RequestGate:
         # Django's handler enters a context of its own; nested, it is this one: the view's sync steps
         # run in the thread (and on the database connection) the admission used.
         async with ThreadSensitiveContext():
+            note = health.note_of(scope)
             try:
                 admitted = await _aadmit(header, scope, declared)
             except ApplicationError as exc:
+                if note is not None:
+                    note.tenant = getattr(exc, "tenant_slug", "")  # a quota refusal knows whose
                 if exc.code == "rate_limit_requests":
                     self._remember(digest, now, exc)
                 return await send_error(send, exc.status, exc.message, close=True, code=exc.code,
@@ -141,6 +144,8 @@ class RequestGate:
                 log.exception("serving admission failed")
                 return await send_error(send, 503, "the service is temporarily unavailable; retry shortly",
                                         close=True, code="service_unavailable", headers={"Retry-After": "5"})
+            if note is not None:
+                note.tenant = admitted.tenant.slug
             state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
             return await self.app({**scope, "state": state}, receive, send)
 

@@ -21,7 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.common.errors import ApplicationError, InvalidInput, error_body, error_response
 from controlplane.runtime import gateway
-from controlplane.serving import accountant, accounting, context, responses
+from controlplane.serving import accountant, accounting, context, health, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
 
 
@@ -136,6 +136,9 @@ async def _chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
 async def _serve(request: HttpRequest, kind: str):
     """One completion (``kind`` "text") or chat completion ("chat"), streamed or whole."""
     prep = await context.prepare(request, CompletionRequest if kind == "text" else ChatRequest)
+    note = health.note_of(getattr(request, "scope", {}))
+    if note is not None:  # the serving metrics' model label, and whether first-byte time is a TTFT
+        note.model, note.stream = prep.model, bool(prep.body.stream)
     # completions: logprobs is a count (0 = chosen token only); chat: a flag (+ top_logprobs)
     with_logprobs = prep.body.logprobs is not None and prep.body.logprobs is not False
     if prep.body.stream:
