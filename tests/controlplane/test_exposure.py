@@ -126,3 +126,13 @@ def test_docs_page_is_served_to_operators_from_local_assets(request, caller):
     assert "swagger-ui-bundle.js" in page and "/static/ninja/" in page
     assert "cdn" not in page.lower()  # no third-party script on an operator page
     assert client.get("/static/ninja/swagger-ui-bundle.js").status_code == 200
+
+
+def test_the_docs_list_each_operation_once_under_one_tag(admin_client):
+    doc = admin_client.get(OPENAPI).json()
+    ops = [(path, method, op.get("tags", [])) for path, item in doc["paths"].items() for method, op in item.items()]
+    assert all(len(tags) == 1 for _, _, tags in ops), [o for o in ops if len(o[2]) != 1]
+    data_keys = [o for o in ops if "/data-keys" in o[0]]
+    assert data_keys and {o[2][0] for o in data_keys} == {"data keys"}
+    ids = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids))

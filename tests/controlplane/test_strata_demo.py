@@ -50,6 +50,10 @@ def test_first_run_creates_everything_and_every_printed_secret_works():
     assert deployment.preset == "small" and deployment.active_revision.label == "r1"
     assert deployment.active_revision.seed == 1
     assert "base_url='http://127.0.0.1:8765/v1'" in out and found["keys"]["acme"] in out
+    from controlplane.audit.models import AuditEvent
+
+    created = list(AuditEvent.objects.filter(action="user.create", target="admin").values_list("actor", flat=True))
+    assert len(created) == 1 and not created[0].startswith("system:unattributed"), created  # attributed, once
 
 
 def test_second_run_duplicates_nothing_and_shows_no_secret():

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from ninja import NinjaAPI
 
-from controlplane.adminapi import audit, grants, keys, models, sharegroups, tenants
+from controlplane.adminapi import audit, datakeys, grants, keys, models, sharegroups, tenants
 from controlplane.adminapi.auth import OperatorAuth
 from controlplane.common.errors import ApplicationError, error_response, install_ninja_handlers
 from controlplane.common.hooks import module_exists
@@ -68,7 +68,7 @@ def build_api() -> NinjaAPI:
         auth=OperatorAuth(),
     )
     install_ninja_handlers(api)
-    for module in (tenants, keys, grants, models, sharegroups, audit):
+    for module in (tenants, datakeys, keys, grants, models, sharegroups, audit):
         api.add_router("", module.router)
     for name in OPTIONAL_ROUTERS:
         if module_exists(name):

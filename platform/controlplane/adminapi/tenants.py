@@ -1,6 +1,7 @@
 """/api/admin/tenants: create, list, read, change (name, status, quotas, cache policy), offboard.
 
-The data-key routes (``tenants/{slug}/data-keys``) live in ``datakeys.py`` and are mounted here."""
+The data-key routes (``tenants/{slug}/data-keys``) live in ``datakeys.py``, mounted beside this
+router by ``api.py`` (nested here, each would be listed twice in the docs: under both tags)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any
 
 from ninja import Router, Status
 
-from controlplane.adminapi import datakeys
 from controlplane.adminapi.auth import actor_of
 from controlplane.adminapi.present import tenant_out as base_tenant_out
 from controlplane.adminapi.schemas import OffboardOut, TenantCreateIn, TenantOut, TenantPatchIn
@@ -17,7 +17,6 @@ from controlplane.tenants import selectors, services
 from controlplane.tenants.models import Tenant
 
 router = Router(tags=["tenants"])
-router.add_router("", datakeys.router)
 
 
 def tenant_out(tenant: Tenant) -> dict[str, Any]:

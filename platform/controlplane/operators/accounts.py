@@ -21,6 +21,12 @@ def privileges_audited_here() -> bool:
     return _audited.get()
 
 
+def audited_save():
+    """``with audited_save():`` around a user save whose caller records its own, attributed audit
+    event (the signal backstop then stays quiet)."""
+    return _audited_save()
+
+
 @contextmanager
 def _audited_save():
     token = _audited.set(True)

@@ -33,6 +33,7 @@ from django.db.migrations.executor import MigrationExecutor
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import ApplicationError
+from controlplane.operators.accounts import audited_save
 from controlplane.operators.models import OperatorToken
 from controlplane.operators.services import operator_token_create, operator_token_revoke
 from controlplane.registry.models import ModelDeployment
@@ -125,7 +126,7 @@ class Command(BaseCommand):
         if user is not None and not rotate:
             return
         password = secrets.token_urlsafe(12)
-        with transaction.atomic():
+        with transaction.atomic(), audited_save():  # attributed below, not as system:unattributed
             if user is None:
                 users.objects.create_superuser(username=SUPERUSER, email="", password=password)
                 action = "user.create"
