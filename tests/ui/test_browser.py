@@ -217,6 +217,8 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     page.get_by_role("button", name="Create API key").click()
     raw = page.locator("#raw-key").input_value()
     assert raw.startswith("sk-st-")
+    page.get_by_role("button", name="Copy").click()  # copied, or selected where the clipboard is refused
+    expect(page.get_by_role("button", name=re.compile("Copied|Selected"))).to_be_visible()
     _shot(page, "tenant-key-created")
     client = openai.OpenAI(base_url=f"{platform.url}/v1", api_key=raw, max_retries=0, timeout=120)
     with pytest.raises(openai.NotFoundError):  # no grant yet: the model does not exist for it

@@ -293,6 +293,7 @@ def test_a_new_key_is_shown_once_in_the_post_response_and_never_again(admin_ui, 
     assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"]
     raw = re.search(r'id="raw-key"[^>]*value="([^"]+)"', html).group(1)
     assert raw.startswith("sk-st-") and "shown only this once" in html
+    assert '<button type="button" data-copy="raw-key">Copy</button>' in html  # copy.js copies it
     result = tenant_authenticate(raw)
     assert result is not None and result.ok and result.tenant.slug == "acme"
     key = ApiKey.objects.get(tenant=tenant)
