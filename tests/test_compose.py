@@ -27,7 +27,7 @@ from controlplane import env as envmod
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-APP_SERVICES = ("web", "celery", "ray-head", "ray-gpu-worker")
+APP_SERVICES = ("web", "celery", "ray-head", "ray-cpu-worker", "ray-gpu-worker")
 INIT_SQL = ROOT / "docker" / "postgres-init.sql"
 CONNECTIONS = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS")
 # Read by something other than controlplane.env: Django itself and Ray's token authentication.
@@ -90,7 +90,34 @@ def command_of(service: str) -> str:
 
 
 def test_all_six_services_and_the_migrate_job_exist():
-    assert set(SERVICES) == {"postgres", "redis", "web", "celery", "ray-head", "ray-gpu-worker", "migrate"}
+    assert set(SERVICES) == {"postgres", "redis", "web", "celery", "ray-head", "ray-cpu-worker", "ray-gpu-worker",
+                             "migrate"}
+
+
+def test_a_cpu_profile_and_a_gpu_profile_pick_the_worker():
+    assert SERVICES["ray-cpu-worker"]["profiles"] == ["cpu"] and SERVICES["ray-gpu-worker"]["profiles"] == ["gpu"]
+    assert "deploy" not in SERVICES["ray-cpu-worker"]  # no GPU reservation
+    assert "--num-gpus=0" in command_of("ray-cpu-worker") and "strata_worker" in command_of("ray-cpu-worker")
+    assert all("profiles" not in SERVICES[s] for s in SERVICES if s not in ("ray-cpu-worker", "ray-gpu-worker"))
+
+
+def test_env_example_names_every_variable_the_compose_file_reads_and_checkpoints_are_mounted():
+    example = (ROOT / ".env.example").read_text()
+    given = {line.split("=", 1)[0] for line in example.splitlines() if line and not line.startswith("#")}
+    used = set(re.findall(r"\$\{([A-Z_][A-Z0-9_]*)[:}?-]", (ROOT / "docker-compose.yml").read_text()))
+    assert used - {"STRATA_TAG"} <= given, sorted(used - given)
+    assert "COMPOSE_PROFILES" in given and ".env" in (ROOT / ".gitignore").read_text().split()
+    for service in APP_SERVICES:
+        mounts = SERVICES[service]["volumes"]
+        assert "${STRATA_CHECKPOINTS:-./checkpoints}:/var/lib/strata/weights:ro" in mounts
+    assert env_of("web")["STRATA_WEIGHTS_ROOT"] == "/var/lib/strata/weights"
+
+
+def test_the_production_image_has_no_test_tools():
+    runtime = (ROOT / "requirements.txt").read_text().lower()
+    for tool in ("pytest", "playwright", "hypothesis", "ruff"):
+        assert f"\n{tool}==" not in runtime and f"\n{tool}-" not in runtime, tool
+    assert "requirements-dev.txt" not in (ROOT / "Dockerfile").read_text()
 
 
 def test_every_app_service_runs_the_one_image_built_from_the_repo():
@@ -129,7 +156,7 @@ def test_ray_head_port_is_not_redis_port_and_everyone_uses_it():
     port = head.group(1)
     assert port != "6379"
     assert env_of("web")["RAY_ADDRESS"] == f"ray-head:{port}"
-    for joiner in ("ray-gpu-worker", "web", "celery"):
+    for joiner in ("ray-cpu-worker", "ray-gpu-worker", "web", "celery"):
         assert '--address="$$RAY_ADDRESS"' in command_of(joiner), joiner
 
 
