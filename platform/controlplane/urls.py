@@ -12,6 +12,13 @@ from controlplane.adminapi.api import api as admin_api
 from controlplane.common.hooks import module_exists
 from controlplane.operators.views import admin_login
 
+# The Django admin is Strata's records view (read-only models; changes go through the console, which
+# validates and audits them): branded so, and linked from the console's Users page.
+admin.site.site_header = "Strata records (Django admin)"
+admin.site.site_title = "Strata records"
+admin.site.index_title = "Read-only records: change things in the operator console (/ui/)"
+admin.site.site_url = "/ui/"
+
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),

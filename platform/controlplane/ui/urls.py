@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controlplane.ui import model_views, tenant_views, token_views, views
+from controlplane.ui import model_views, tenant_views, token_views, user_views, views
 
 app_name = "ui"
 
@@ -38,6 +38,8 @@ urlpatterns = [
     path("ui/jobs/<int:job_id>/", model_views.job_detail, name="job"),
     path("ui/jobs/<int:job_id>/live/", model_views.job_live, name="job-live"),
     path("ui/tokens/", token_views.tokens, name="tokens"),
+    path("ui/users/", user_views.users, name="users"),
+    path("ui/users/<int:user_id>/", user_views.user_change, name="user-change"),
     path("ui/tokens/<int:token_id>/revoke/", token_views.token_revoke, name="token-revoke"),
     path("ui/audit/", views.audit, name="audit"),
 ]
