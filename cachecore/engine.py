@@ -62,7 +62,7 @@ from cachecore.sequence import CachedSequence
 from cachecore.tiers.base import Tag, Tier
 from cachecore.tiers.device import DeviceStore
 from cachecore.tiers.host import HostStore
-from cachecore.tiers.remote import RemoteStore
+from cachecore.tiers.remote import RemoteStore, l3_figures
 from cachecore.writeback import WritePolicy, Writer
 
 __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
@@ -427,7 +427,9 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
         gauges["block_size"] = self.block_size
         return gauges
 
-    def snapshot(self) -> dict:
+    def snapshot(self, l3_scope: tuple[str, str] | None = None) -> dict:
+        """Metrics and tier figures. ``l3_scope`` ``(model, revision)``: the L3 row counts that
+        deployment revision's objects (``RemoteStore.gauges``), since the store is shared."""
         with self._lock:
             l1 = self.gauges()
             snap = self.metrics.snapshot(l1)
@@ -447,13 +449,10 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
             snap["load_policy"] = self.cost.snapshot()
             snap["write_policy"] = self.write_policy.name
         if self.l3 is not None:  # outside the lock: the store may list its backend
-            l3 = self.l3.gauges()
-            chunk_bytes = self.l3.chunk_blocks * self.layout.bytes_per_block
-            l3_row.update(capacity_blocks=(l3["capacity_bytes"] // chunk_bytes) * self.l3.chunk_blocks,
-                          used_blocks=l3["objects"] * self.l3.chunk_blocks, objects=l3["objects"],
-                          stored_bytes=l3["used_bytes"], corrupt_objects=l3["corrupt"],
-                          quarantined=l3["quarantined"], unavailable=l3["unavailable"])
+            l3 = self.l3.gauges(l3_scope)
+            l3_row.update(l3_figures(l3, self.l3.chunk_blocks, self.layout.bytes_per_block))
             snap["tiers"]["l3"] = l3_row
-            resident["l3"] = {t: b // self.layout.bytes_per_block for t, b in self.l3.usage_by_tenant().items()}
+            resident["l3"] = {t: b // self.layout.bytes_per_block
+                              for t, b in self.l3.usage_by_tenant(scope=l3_scope).items()}
         snap["resident_blocks"] = resident
         return snap

@@ -174,7 +174,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         return True
 
     def stats(self) -> dict:
-        snap = self.engine.snapshot()
+        snap = self.engine.snapshot(l3_scope=(self.deployment, self._active.loaded.revision.label))
         snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label,
                           "boot_id": self.boot_id,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}

@@ -48,6 +48,7 @@ from cachecore.loadcost import LoadCost
 from cachecore.metrics import CacheMetrics
 from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
+from cachecore.tiers.remote import l3_figures
 from cachecore.writeback import Writer
 from workers.config import WorkerConfig
 from workers.kv_params import TransferParams
@@ -496,15 +497,11 @@ class TierService:
             info["l2_blocks"] = g["total"]
         if self.l3 is not None:
             store = self.l3.store
-            g = store.gauges()
+            scope = (self.deployment, self.revision)  # the store is shared: count this revision's objects
             row = snap["tiers"].setdefault("l3", self.metrics.tier_row("l3"))
-            chunk_bytes = store.chunk_blocks * self.layout.bytes_per_block
-            row.update(capacity_blocks=(g["capacity_bytes"] // chunk_bytes) * store.chunk_blocks,
-                       used_blocks=g["objects"] * store.chunk_blocks, objects=g["objects"],
-                       stored_bytes=g["used_bytes"],
-                       corrupt_objects=g["corrupt"], quarantined=g["quarantined"], unavailable=g["unavailable"])
+            row.update(l3_figures(store.gauges(scope), store.chunk_blocks, self.layout.bytes_per_block))
             bpb = self.layout.bytes_per_block
-            resident["l3"] = {t: b // bpb for t, b in store.usage_by_tenant().items()}
+            resident["l3"] = {t: b // bpb for t, b in store.usage_by_tenant(scope=scope).items()}
         snap["resident_blocks"] = resident
         snap["service"] = info
         snap["load_cost"] = self.cost.snapshot()

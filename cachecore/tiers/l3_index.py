@@ -86,6 +86,12 @@ class L3Index:
             return []
         return [(t, n) for t, names in self._objects.items() for n in names if match(n)]
 
+    def entries(self):
+        """``(tenant key, name, size)`` of every known object."""
+        for t, names in (self._objects or {}).items():
+            for n, e in names.items():
+                yield t, n, e.size
+
     def objects(self) -> int:
         return sum(len(v) for v in self._objects.values()) if self._objects is not None else 0
 

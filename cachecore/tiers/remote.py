@@ -87,7 +87,7 @@ from cachecore.tiers.base import Fetched, Tag
 from cachecore.tiers.l3_index import L3Index, Victim
 from cachecore.tiers.l3_names import ObjectName, dec, enc, object_name, parse_name, scope_matcher, scope_prefix
 
-__all__ = ["DEFAULT_CHUNK_BLOCKS", "ObjectName", "RemoteStore", "object_name", "parse_name"]
+__all__ = ["DEFAULT_CHUNK_BLOCKS", "ObjectName", "RemoteStore", "l3_figures", "object_name", "parse_name"]
 
 DEFAULT_CHUNK_BLOCKS = 16
 
@@ -111,6 +111,7 @@ class RemoteStore:
         clock: Callable[[], float] = time.time,
         retry_after_seconds: float = 1.0,
         temp_grace_seconds: float = 300.0,
+        refresh_seconds: float = 30.0,
     ) -> None:
         if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks <= 0:
             raise ValueError(f"chunk_blocks must be a positive int, got {chunk_blocks!r}")
@@ -125,6 +126,8 @@ class RemoteStore:
         self.clock = clock
         self.retry_after_seconds = retry_after_seconds
         self.temp_grace_seconds = temp_grace_seconds
+        self.refresh_seconds = refresh_seconds  # the figures re-list the backend when older (other writers)
+        self._listed_at = 0.0  # time.monotonic() of the index's last listing
         self._layout_canonical = layout.canonical()
         self._chunk_shape = (chunk_blocks, *layout.page_shape)
         self._chunk_numel = math.prod(self._chunk_shape)
@@ -597,31 +600,63 @@ class RemoteStore:
         listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
         with self._lock:
             self._index.load(listing)
+            self._listed_at = time.monotonic()
+
+    def _fresh_index(self) -> None:
+        """The index, listed again when older than ``refresh_seconds``: the figures follow what other
+        replicas, deployments and processes wrote or deleted in the shared store."""
+        if self._index.loaded and time.monotonic() - self._listed_at > self.refresh_seconds:
+            self.refresh()
+        else:
+            self._ensure_index()
+
+    @staticmethod
+    def _in_scope(name: str, scope: tuple[str, str] | None) -> bool:
+        if scope is None:
+            return True
+        parts = name.split("/", 3)
+        return len(parts) > 2 and parts[1] == enc(scope[0]) and parts[2] == enc(scope[1])
 
     # ------------------------------------------------------------------ accounting
-    def usage_by_tenant(self, *, refresh: bool = False) -> dict[str, int]:
+    def usage_by_tenant(self, *, refresh: bool = False, scope: tuple[str, str] | None = None) -> dict[str, int]:
         """Bytes held per tenant (index view; ``refresh=True`` re-lists the backend first, and then
-        raises ``BackendUnavailable`` if it is down). Tenants holding nothing are left out."""
+        raises ``BackendUnavailable`` if it is down); ``scope`` ``(model, revision)``: only that
+        deployment revision's objects. Tenants holding nothing are left out."""
         if refresh:
             self.refresh()
         try:
-            self._ensure_index()
+            self._fresh_index()
         except BackendUnavailable:
             self._trip()
             return {}
         with self._lock:
-            return {self._names.get(t, dec(t)): b for t, b in self._index.usage.items() if b > 0}
+            if scope is None:
+                return {self._names.get(t, dec(t)): b for t, b in self._index.usage.items() if b > 0}
+            out: dict[str, int] = {}
+            for t, name, size in self._index.entries():
+                if self._in_scope(name, scope):
+                    tenant = self._names.get(t, dec(t))
+                    out[tenant] = out.get(tenant, 0) + size
+            return out
 
-    def gauges(self) -> dict[str, int]:
-        """``objects``, ``used_bytes``, ``capacity_bytes`` (0: unbounded), ``chunk_blocks`` and the
-        counters. May list the backend once (the first call, if nothing else did)."""
+    def gauges(self, scope: tuple[str, str] | None = None) -> dict[str, int]:
+        """``objects``, ``used_bytes``, ``capacity_bytes`` (0: unbounded; the whole store's, shared by
+        every deployment that uses it), ``chunk_blocks`` and the counters; ``store_objects`` and
+        ``store_used_bytes``: the whole store. ``scope`` ``(model, revision)``: ``objects`` and
+        ``used_bytes`` count only that deployment revision's objects (what its replicas hold). The
+        index is listed again when older than ``refresh_seconds``."""
         try:
-            self._ensure_index()
+            self._fresh_index()
         except BackendUnavailable:
             self._trip()
         with self._lock:
-            return {"objects": self._index.objects(), "used_bytes": self._index.total,
-                    "capacity_bytes": self.capacity_bytes or 0, "chunk_blocks": self.chunk_blocks, **self.stats}
+            objects, used = self._index.objects(), self._index.total
+            if scope is not None:
+                mine = [size for _, name, size in self._index.entries() if self._in_scope(name, scope)]
+                objects, used = len(mine), sum(mine)
+            return {"objects": objects, "used_bytes": used, "store_objects": self._index.objects(),
+                    "store_used_bytes": self._index.total, "capacity_bytes": self.capacity_bytes or 0,
+                    "chunk_blocks": self.chunk_blocks, **self.stats}
 
     def check_integrity(self) -> None:
         with self._lock:
@@ -732,6 +767,7 @@ class RemoteStore:
         with self._lock:
             if not self._index.loaded:
                 self._index.load(listing)
+                self._listed_at = time.monotonic()
 
     def _seen(self, tag: Tag, name: str, size: int, created: float) -> None:
         """A read delivered ``name``: the tenant's most recently used object now."""
@@ -757,3 +793,15 @@ class RemoteStore:
         keys = [bytes.fromhex(n.rsplit("/", 1)[1]) for n in names]
         for listener in self.drop_listeners:
             listener(keys, reason)
+
+
+def l3_figures(g: dict, chunk_blocks: int, bytes_per_block: int) -> dict:
+    """The L3 tier row from ``RemoteStore.gauges``: this scope's objects and bytes on the store
+    (``used_bytes`` / ``stored_bytes``: the objects' real size, frames included), the store's own
+    capacity (shared by every deployment on it) and totals."""
+    chunk_bytes = chunk_blocks * bytes_per_block
+    return {"capacity_blocks": (g["capacity_bytes"] // max(1, chunk_bytes)) * chunk_blocks,
+            "capacity_bytes": g["capacity_bytes"], "used_blocks": g["objects"] * chunk_blocks,
+            "used_bytes": g["used_bytes"], "objects": g["objects"], "stored_bytes": g["used_bytes"],
+            "store_objects": g["store_objects"], "store_used_bytes": g["store_used_bytes"],
+            "corrupt_objects": g["corrupt"], "quarantined": g["quarantined"], "unavailable": g["unavailable"]}

@@ -65,6 +65,27 @@ def _max(a: float | None, b: float | None) -> float | None:
     return a if b is None else max(a, b)
 
 
+# L3 figures that describe the shared store, not a replica's own traffic: summed once per deployment
+# (its replicas see the same objects), the store's capacity counted once (not per deployment).
+L3_SHARED = ("capacity_blocks", "capacity_bytes", "used_blocks", "used_bytes")
+
+
+def _add_l3(tiers: dict, scopes: dict[str, dict[str, int]], resident: dict[str, dict[str, int]], tenant) -> None:
+    """The cluster's L3 row: what each deployment holds, summed over deployments; the capacity of the
+    store (the largest any replica reported: one store shared by all); per tenant its bytes, likewise."""
+    if "l3" not in tiers:
+        return
+    row = tiers["l3"]
+    for key in ("used_blocks", "used_bytes"):
+        row[key] = sum(s.get(key, 0) for s in scopes.values())
+    for key in ("capacity_blocks", "capacity_bytes"):
+        row[key] = max((s.get(key, 0) for s in scopes.values()), default=0)
+    for owners in resident.values():
+        for slug, nbytes in owners.items():
+            held = tenant(slug)["resident_bytes"]
+            held["l3"] = held.get("l3", 0) + nbytes
+
+
 def worker_tiers(snap: dict) -> dict[str, dict]:
     """One worker's tier rows with ``capacity_bytes`` / ``used_bytes`` added (blocks x bytes per block)."""
     per_block = int(snap.get("bytes_per_block") or 0)
@@ -72,8 +93,9 @@ def worker_tiers(snap: dict) -> dict[str, dict]:
     tiers = snap.get("tiers") or {}
     for name in tier_names(tiers):
         row = tiers[name]
-        out[name] = {**row, "capacity_bytes": int(row.get("capacity_blocks", 0)) * per_block,
-                     "used_bytes": int(row.get("used_blocks", 0)) * per_block}
+        # L3 rows carry their own bytes (objects on the store, frames included); the pools' are blocks
+        out[name] = {"capacity_bytes": int(row.get("capacity_blocks", 0)) * per_block,
+                     "used_bytes": int(row.get("used_blocks", 0)) * per_block, **row}
     return out
 
 
@@ -98,6 +120,8 @@ def cluster_stats() -> dict:
     totals = _usage_row()
     tenants: dict[str, dict] = {}
     tiers: dict[str, dict] = {}
+    l3_scopes: dict[str, dict[str, int]] = {}  # deployment -> its L3 figures (any replica's: they agree)
+    l3_resident: dict[str, dict[str, int]] = {}  # deployment -> {slug: bytes} in L3
 
     def tenant(slug: str) -> dict:
         return tenants.setdefault(slug, {"tenant": slug, **_usage_row(), "hit_requests": 0, "resident_bytes": {}})
@@ -132,7 +156,11 @@ def cluster_stats() -> dict:
         for name, row in snap["tiers"].items():
             agg = tiers.setdefault(name, _tier_row())
             for key in (*TIER_SUMS, "load_seconds"):
+                if name == "l3" and key in L3_SHARED:
+                    continue  # the shared store's figures: taken once per deployment below
                 agg[key] += row.get(key, 0)
+            if name == "l3":
+                l3_scopes[model] = {k: int(row.get(k, 0)) for k in L3_SHARED}
             for key in TIER_OPTIONAL_SUMS:
                 if key in row:
                     agg[key] = agg.get(key, 0) + row[key]
@@ -143,10 +171,14 @@ def cluster_stats() -> dict:
                 agg["load_latency"][q] = _max(agg["load_latency"][q], latency.get(q))
         snap["resident_bytes"] = worker_resident_bytes(snap, slugs)
         for tier, owners in snap["resident_bytes"].items():
+            if tier == "l3":  # every replica of a deployment sees the same objects: once per deployment
+                l3_resident[model] = owners
+                continue
             for slug, nbytes in owners.items():
                 resident = tenant(slug)["resident_bytes"]
                 resident[tier] = resident.get(tier, 0) + nbytes
         workers.append({**ident, "status": "ok", **snap})
+    _add_l3(tiers, l3_scopes, l3_resident, tenant)
 
     names = tier_names(tiers)
     for agg in tenants.values():
