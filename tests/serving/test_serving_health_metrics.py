@@ -49,3 +49,22 @@ def test_refusals_successes_and_latency_are_counted(platform, admin_client):
     assert delta("strata_request_seconds_count", route=route, model=platform.model) >= 2
     assert delta("strata_ttft_seconds_count", route=route, model=platform.model) == 1
     assert not [s for s in after if s.name.startswith("strata_tenant_requests") and s.labels["tenant"] == ""]
+
+
+def test_the_dashboard_and_the_tenant_page_show_serving_health(platform, admin_client):
+    from controlplane.tenants.models import Tenant
+
+    Tenant.objects.filter(slug="globex").update(requests_per_minute=1)
+    url, h = f"{platform.url}/v1/completions", {"Authorization": f"Bearer {platform.keys['globex']}"}
+    for _ in range(2):
+        httpx.post(url, headers=h, json={"model": platform.model, "prompt": "hi", "max_tokens": 1}, timeout=60)
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    staff = get_user_model().objects.create_user("ops", password="x-pw-12345!", is_staff=True, is_superuser=True)
+    ui = Client()
+    ui.force_login(staff)
+    dash = ui.get("/ui/").content.decode()
+    assert "Serving health" in dash and "rate_limit_requests" in dash and "TTFT p99" in dash
+    page = ui.get("/ui/tenants/globex/").content.decode()
+    assert "Serving answers to this tenant" in page and "rate_limit_requests" in page

@@ -112,3 +112,58 @@ class ServingMetrics:
             TTFT.labels(route, note.model).observe(seen["first"] - start)
         if note.tenant:
             TENANT_REQUESTS.labels(note.tenant, note.model, code or "ok").inc()
+
+
+# ---------------------------------------------------------------------- reads (the console's)
+def _quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
+    """``q`` of a cumulative histogram ``[(upper bound, count)]`` (linear within a bucket, as
+    Prometheus's ``histogram_quantile``); None without observations."""
+    total = buckets[-1][1] if buckets else 0
+    if not total:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * ((rank - below) / max(count - below, 1e-12))
+        lower, below = upper, count
+    return lower
+
+
+def _histograms(metric) -> dict[tuple, list[tuple[float, float]]]:
+    out: dict[tuple, list[tuple[float, float]]] = {}
+    for family in metric.collect():
+        for s in family.samples:
+            if s.name.endswith("_bucket"):
+                key = (s.labels["route"], s.labels["model"])
+                out.setdefault(key, []).append((float(s.labels["le"]), s.value))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def serving_summary(tenant: str | None = None) -> dict:
+    """What this web process answered since it started, for the console: ``responses`` by route,
+    status and code (most first), ``latency`` per route and model (count, p50/p99 end to end and
+    TTFT), and, with ``tenant``, that tenant's outcomes per model."""
+    responses = [{"route": s.labels["route"], "status": s.labels["status"], "code": s.labels["code"] or "—",
+                  "count": int(s.value)}
+                 for f in REQUESTS.collect() for s in f.samples if s.name.endswith("_total") and s.value]
+    responses.sort(key=lambda r: (-r["count"], r["route"], r["status"]))
+    e2e, ttft = _histograms(LATENCY), _histograms(TTFT)
+    latency = []
+    for (route, model), buckets in sorted(e2e.items()):
+        if not buckets[-1][1]:
+            continue
+        t = ttft.get((route, model))
+        latency.append({"route": route, "model": model or "—", "count": int(buckets[-1][1]),
+                        "p50": _quantile(0.5, buckets), "p99": _quantile(0.99, buckets),
+                        "ttft_p50": _quantile(0.5, t) if t else None, "ttft_p99": _quantile(0.99, t) if t else None})
+    out = {"responses": responses, "latency": latency, "refusals": sum(r["count"] for r in responses
+                                                                       if r["status"].startswith(("4", "5")))}
+    if tenant is not None:
+        out["tenant"] = sorted(({"model": s.labels["model"] or "—", "outcome": s.labels["outcome"],
+                                 "count": int(s.value)}
+                                for f in TENANT_REQUESTS.collect() for s in f.samples
+                                if s.name.endswith("_total") and s.labels["tenant"] == tenant and s.value),
+                               key=lambda r: (-r["count"], r["outcome"]))
+    return out

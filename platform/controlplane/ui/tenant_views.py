@@ -180,6 +180,8 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
                 forms[name] = form  # shown where it was, with its errors next to its fields
             else:  # not offered in the tenant's state now (e.g. it joined a group meanwhile)
                 messages.error(request, form_error_text(form))
+    from controlplane.serving.health import serving_summary
+
     return _page(
         request, "ui/tenant_detail.html", status, tenant=info, usable=usable, keys=keys, granted=granted,
         data_keys=data_keys, group=group, has_groups=bool(groups),
@@ -187,6 +189,7 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         jobs=_tenant_jobs(tenant),
         charts=tenant_charts(tenant.slug),
         usage=cache_usage(tenant),
+        serving=serving_summary(tenant.slug),
         events=[present.audit_event(e) for e in audit_list(tenant=tenant.slug, limit=AUDIT_SHOWN)],
         **forms,
     )

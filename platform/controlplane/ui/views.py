@@ -96,7 +96,10 @@ def _dashboard() -> dict[str, Any]:
 @operator_view
 @require_GET
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return _page(request, "ui/dashboard.html", "dashboard", lockouts=login_lockouts_recent(), **_dashboard())
+    from controlplane.serving.health import serving_summary
+
+    return _page(request, "ui/dashboard.html", "dashboard", lockouts=login_lockouts_recent(),
+                 serving=serving_summary(), **_dashboard())
 
 
 @operator_view
