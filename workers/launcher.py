@@ -330,7 +330,8 @@ class Launcher:
         say(f"starting the web server on http://{HOST}:{self.cfg.port}")
         argv = web_argv(self.cfg.python, self.cfg.port, self.env)
         # The web process also runs the stats sampler (controlplane.timeseries; STRATA_SAMPLER=0 turns it off).
-        env = {"STRATA_SAMPLER": "1", **self.env}
+        # ... and starts a deployment's replicas when it is created or granted (controlplane.runtime.warm).
+        env = {"STRATA_SAMPLER": "1", "STRATA_WARM_REPLICAS": "1", **self.env}
         child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"))
         url = f"http://{HOST}:{self.cfg.port}/healthz"
         deadline = time.monotonic() + 120

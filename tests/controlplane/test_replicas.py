@@ -403,3 +403,35 @@ def test_a_replica_never_started_is_not_down(admin_client, monkeypatch, actor):
     assert not [s for s in samples if s.name == "strata_worker_up"]
     states = {s.labels["state"]: s.value for s in samples if s.name == "strata_worker_state"}
     assert states == {"up": 0.0, "down": 0.0, "not_started": 1.0}
+
+
+def test_a_model_created_or_granted_is_warmed_where_enabled(transactional_db, monkeypatch, actor,
+                                                           django_capture_on_commit_callbacks):
+    """``STRATA_WARM_REPLICAS=1`` (``make run``'s web process): creating or granting a deployment
+    starts its replicas after the commit, off the request; without the flag nothing starts."""
+    import threading
+
+    from controlplane.registry.services import model_create
+    from controlplane.runtime import gateway
+    from controlplane.tenants.access import grant_create
+    from controlplane.tenants.services import tenant_create
+
+    started, done = [], threading.Event()
+
+    def get_worker(spec, *, create=True, replica=None):
+        started.append((spec.deployment, create, replica))
+        done.set()
+
+    monkeypatch.setattr(gateway, "get_worker", get_worker)
+    with django_capture_on_commit_callbacks(execute=True):
+        cold = model_create(actor=actor, name="cold-one", preset="tiny", revision={"label": "r1", "seed": 2})
+    assert not done.wait(0.5) and started == []  # not enabled: nothing starts
+    monkeypatch.setenv("STRATA_WARM_REPLICAS", "1")
+    with django_capture_on_commit_callbacks(execute=True):
+        model_create(actor=actor, name="warm-one", preset="tiny", revision={"label": "r1", "seed": 3})
+    assert done.wait(10) and started == [("warm-one", True, None)]
+    done.clear()
+    tenant = tenant_create(actor=actor, slug="warmco", name="Warm Co")
+    with django_capture_on_commit_callbacks(execute=True):
+        grant_create(actor=actor, tenant=tenant, deployment=cold)
+    assert done.wait(10) and started[-1] == ("cold-one", True, None)

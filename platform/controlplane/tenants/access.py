@@ -37,6 +37,9 @@ def grant_create(*, actor: Actor, tenant: Tenant, deployment: ModelDeployment) -
             actor=actor, action="grant.create", target=f"{locked.slug}:{deployment.name}", tenant=locked.slug,
             new={"model": deployment.name},
         )
+        warm = optional_attr("controlplane.runtime.warm", "warm_after_commit")
+        if warm is not None:  # granted: its replicas start now (where enabled), if they were not running
+            warm(deployment)
     return grant
 
 
