@@ -128,6 +128,15 @@ def test_docs_page_is_served_to_operators_from_local_assets(request, caller):
     assert client.get("/static/ninja/swagger-ui-bundle.js").status_code == 200
 
 
+def test_the_docs_show_the_bearer_header_with_a_placeholder(admin_client):
+    """The docs page renders the description as Markdown, where a bare ``<operator token>`` is an
+    unknown HTML tag that is dropped ("Authorization: Bearer ,"): it must sit in a code span."""
+    description = admin_client.get(OPENAPI).json()["info"]["description"]
+    assert "`Authorization: Bearer <operator token>`" in description
+    outside_code = "".join(description.split("`")[::2])
+    assert "<" not in outside_code and "Bearer ," not in description
+
+
 def test_the_docs_list_each_operation_once_under_one_tag(admin_client):
     doc = admin_client.get(OPENAPI).json()
     ops = [(path, method, op.get("tags", [])) for path, item in doc["paths"].items() for method, op in item.items()]

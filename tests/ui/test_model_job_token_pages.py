@@ -307,6 +307,16 @@ def test_jobs_page_lists_every_kind_live_and_filters_by_kind(viewer_ui, every_ki
     assert f'href="/ui/jobs/{every_kind["offboard"].pk}/"' in _html(unknown)
 
 
+def test_the_jobs_table_scrolls_in_its_own_box_and_lets_long_cells_wrap(viewer_ui, every_kind):
+    """The table sits in a sideways-scrolling box (never the page); the target and the requester may
+    wrap, the date may not (tests/ui/test_layout_browser.py checks the widths in a browser)."""
+    for url in ("/ui/jobs/", "/ui/jobs/live/"):
+        html = _html(viewer_ui.get(url))
+        assert '<div class="scroll"><table class="jobs">' in html and html.count("</table></div>") == 1
+        assert html.count('<td class="target">') == len(every_kind)
+        assert html.count('<td class="requested"><span class="nowrap">') == len(every_kind)
+
+
 def test_a_flush_job_shows_per_worker_and_per_tier_results_steps_and_verification(viewer_ui, model, actor):
     from controlplane.jobs.models import FlushJob
     from controlplane.jobs.services import flush_job_request

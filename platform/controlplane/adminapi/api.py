@@ -59,8 +59,11 @@ def build_api() -> NinjaAPI:
     api = NinjaAPI(
         title="Strata admin API",
         version="1",
+        # Markdown (the docs page renders it): the header sits in a code span, or the renderer drops
+        # "<operator token>" as an unknown HTML tag and shows "Authorization: Bearer ,".
         description="Operators manage tenants, keys, grants, models, share groups and audit. "
-        "Authorization: Bearer <operator token>, or a staff session with CSRF.",
+        "Authenticate with the header `Authorization: Bearer <operator token>` "
+        "or with a staff session (with its CSRF token).",
         urls_namespace="adminapi",
         openapi_url=OPENAPI_URL,
         docs_url=DOCS_URL,  # Swagger UI from ninja's static files ("ninja" is an installed app)
