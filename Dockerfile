@@ -3,6 +3,12 @@
 #   docker build -t strata .                                   # torch from PyPI (Linux wheels bundle CUDA)
 #   docker build -t strata --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cpu .     # CPU only, smaller
 #   docker build -t strata --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .   # a given CUDA
+# The console's front-end packages from the npm registry, pinned by frontend/package-lock.json.
+FROM node:20-slim AS frontend
+WORKDIR /frontend
+COPY frontend/package.json frontend/package-lock.json ./
+RUN npm ci --no-audit --no-fund
+
 FROM python:3.11-slim
 
 ARG TORCH_VERSION=2.13.0
@@ -25,6 +31,7 @@ RUN pip install "torch==${TORCH_VERSION}" ${TORCH_INDEX:+--index-url "${TORCH_IN
     && pip install -r requirements.txt
 
 COPY . .
+COPY --from=frontend /frontend/node_modules/uplot/dist /app/frontend/node_modules/uplot/dist
 
 # STRATA_HOME (database files, keys, logs) is the strata user's alone; a new named volume mounted
 # there copies this mode, and the processes keep what they create in it 0600.

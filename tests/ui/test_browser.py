@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.ui import conftest as ui
-from tests.ui.conftest import PASSWORD, chromium_decision, find_chromium, in_ci, require_chromium
+from tests.ui.conftest import CHROMIUM_ARGS, PASSWORD, require_chromium, shot
 
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
 PROMPT = "Board minutes, strictly confidential, for the audit committee only. " * 4
 
 
@@ -54,17 +52,6 @@ def test_make_test_set_up_names_a_missing_chromium_in_one_line_and_goes_on():
         lines = result.stdout.splitlines()
         assert len(lines) == 1 and "missing prerequisite: Chromium" in lines[0], result.stdout
     assert "ensure-chromium" in (REPO / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str | None:
-    """First argument of a browser test: without Chromium it skips here, before the Ray cluster, the
-    ASGI server and the Celery worker are started for nothing. Under CI it returns None instead and
-    the test's first line (:func:`require_chromium`) FAILS it: a failure, never an error or a skip."""
-    verdict, detail = chromium_decision(find_chromium(), in_ci())
-    if verdict == "skip":
-        pytest.skip(detail)
-    return detail if verdict == "run" else None
 
 
 @pytest.fixture
@@ -145,15 +132,6 @@ def test_operator_logs_in_requests_a_flush_and_watches_it_finish(chromium, platf
     assert _cached_tokens(platform, "globex") > 0  # ...and only for that tenant
 
 
-SHOTS = Path(os.environ.get("STRATA_SCREENSHOTS") or "/tmp/strata-screenshots")
-
-
-def _shot(page, name: str) -> None:
-    """A screenshot of each page as an artifact of the run (never committed)."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
 def _in_thread(fn):
     """Run ORM work (the sampler) outside Playwright's event loop thread."""
     import threading
@@ -203,7 +181,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
 
     # 1. create the tenant
     page.goto(f"{live_server.url}/ui/tenants/")
-    _shot(page, "tenants")
+    shot(page, "tenants")
     form = page.locator("form.tenant-form")
     if not form.is_visible():
         page.get_by_text("Create tenant").first.click()
@@ -211,7 +189,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     form.locator("input[name=name]").fill("Umbrella Corp")
     form.get_by_role("button", name="Create tenant").click()
     expect(page).to_have_url(re.compile(r"/ui/tenants/umbrella/$"))
-    _shot(page, "tenant-page")
+    shot(page, "tenant-page")
 
     # 2. issue a key: shown once; it works with the official client
     page.get_by_role("button", name="Create API key").click()
@@ -219,7 +197,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     assert raw.startswith("sk-st-")
     page.get_by_role("button", name="Copy").click()  # copied, or selected where the clipboard is refused
     expect(page.get_by_role("button", name=re.compile("Copied|Selected"))).to_be_visible()
-    _shot(page, "tenant-key-created")
+    shot(page, "tenant-key-created")
     client = openai.OpenAI(base_url=f"{platform.url}/v1", api_key=raw, max_retries=0, timeout=120)
     with pytest.raises(openai.NotFoundError):  # no grant yet: the model does not exist for it
         client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
@@ -245,7 +223,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     expect(charts.locator("svg").first).to_be_visible()
     expect(charts).not_to_contain_text("no samples yet")
     expect(charts).to_contain_text(re.compile(r"Latest: prefill skipped [1-9][0-9.]*%"))  # the ratio rose
-    _shot(page, "tenant-charts")
+    shot(page, "tenant-charts")
 
     # 5. a low quota: the next requests get 429
     settings_form = page.locator("form[action$='/settings/']")
@@ -258,7 +236,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
 
     # 6. roll out a new revision and watch the job finish
     page.goto(f"{live_server.url}/ui/models/")
-    _shot(page, "models")
+    shot(page, "models")
     rollout = page.locator("form[aria-label='Roll out a revision of tiny-console']")
     field = rollout.locator("[name=revision]")
     if field.evaluate("e => e.tagName") == "SELECT":
@@ -268,7 +246,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     rollout.get_by_role("button", name=re.compile("reset the cache", re.I)).click()
     expect(page).to_have_url(re.compile(r"/ui/jobs/\d+/$"))
     expect(page.locator("#job-live [data-status]")).to_have_attribute("data-status", "succeeded", timeout=180_000)
-    _shot(page, "rollout-job")
+    shot(page, "rollout-job")
 
     # 7. offboard with a typed confirmation: the key stops working at once
     page.goto(f"{live_server.url}/ui/tenants/umbrella/")
@@ -276,11 +254,11 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     page.locator("input[name=confirm]").fill("umbrella")
     page.get_by_role("button", name=re.compile("Offboard", re.I)).click()
     expect(page).to_have_url(re.compile(r"/ui/jobs/\d+/$"))
-    _shot(page, "offboard-job")
+    shot(page, "offboard-job")
     with pytest.raises(openai.AuthenticationError):
         client.completions.create(model=platform.model, prompt=PROMPT, max_tokens=1)
     page.goto(f"{live_server.url}/ui/")
-    _shot(page, "dashboard")
+    shot(page, "dashboard")
     gateway.forget("tiny-console")
     from workers import actor as worker_actor
 

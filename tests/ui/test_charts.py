@@ -1,112 +1,83 @@
-"""Server-rendered SVG charts (``controlplane.ui.charts``): the renderer on its own (valid SVG,
-points scaled into the plot, gaps, empty series, escaping, ticks), then the dashboard and the tenant
-charts over samples of canned worker snapshots (only ``controlplane.runtime.gateway.call`` is
-replaced, as in test_dashboard_tiers.py), with the tier capacity bars and load-vs-recompute figures."""
+"""The console's charts: the data on a fixed grid (``timeseries.selectors.series_bucketed``: sums,
+gauges, gaps), the chart data (``ui.chart_spec``: units, stable tenant colours, wire rounding, table
+rows), then the dashboard's and a tenant's charts over samples of canned worker snapshots (only
+``controlplane.runtime.gateway.call`` is replaced, as in test_dashboard_tiers.py): the JSON charts.js
+draws, the per-chart tables (the no-JavaScript fallback), the range selector and its JSON endpoint,
+offboarded tenants labelled, and the tier capacity bars and load-vs-recompute figures. The browser
+test (test_browser.py) checks that uPlot draws them, hover values and the range switch."""
 
 from __future__ import annotations
 
+import json
 import re
-import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.template.loader import render_to_string
 
-from controlplane.ui.charts import EMPTY_TEXT, Line, line_chart, tenant_charts, time_ticks, value_ticks
+from controlplane.timeseries.selectors import Series, series_bucketed
+from controlplane.ui.chart_spec import PALETTE, Chart, Line, tenant_color
+from controlplane.ui.trend_charts import RANGES, range_choice, tenant_charts, window_step
 from tests.controlplane.test_stats import canned_snapshots, install_gateway, setup_cluster
 from tests.controlplane.test_timeseries import bump
 
-SVG = "{http://www.w3.org/2000/svg}"
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
-def _svg(markup: str) -> ET.Element:
-    root = ET.fromstring(markup)  # raises on anything that is not well-formed XML
-    assert root.tag == f"{SVG}svg"
-    return root
+# ---------------------------------------------------------------------- the grid
+def _series(points: list[tuple[int, float, dict | None]]) -> Series:
+    """(seconds after T0 at which the interval ends, its length, its values) per interval."""
+    return Series(times=tuple(T0 + timedelta(seconds=t) for t, _, _ in points),
+                  seconds=tuple(s for _, s, _ in points),
+                  scopes={("total", ""): tuple(v for _, _, v in points)})
 
 
-def _points(element: ET.Element) -> list[tuple[float, float]]:
-    return [tuple(map(float, pair.split(","))) for pair in element.get("points").split()]
+def test_buckets_sum_counter_deltas_keep_the_last_gauge_and_leave_empty_buckets_as_gaps():
+    series = _series([(30, 30, {"requests": 1, "used_bytes": 10}), (60, 30, {"requests": 2, "used_bytes": 20}),
+                      (90, 30, {"requests": 4, "used_bytes": 5}), (210, 30, {"requests": 8, "used_bytes": 7})])
+    grid = series_bucketed(series, start=T0, width=60, count=4)
+    assert [t - T0 for t in grid.times] == [timedelta(seconds=s) for s in (60, 120, 180, 240)]
+    assert grid.scope("total") == ({"requests": 3, "used_bytes": 20}, {"requests": 4, "used_bytes": 5}, None,
+                                   {"requests": 8, "used_bytes": 7})
+    assert grid.seconds == (60, 30, 0, 30)
 
 
-def _plot_box(root: ET.Element) -> tuple[float, float, float, float]:
-    """(left, right, top, bottom) of the plot: the x axis line and the outermost grid lines."""
-    grid = root.find(f"{SVG}g[@class='chart-grid']")
-    ys = [float(line.get("y1")) for line in grid]
-    first = grid[0]
-    return float(first.get("x1")), float(first.get("x2")), min(ys), max(ys)
+def test_an_interval_spanning_a_sampler_stop_is_a_gap_not_an_averaged_point():
+    series = _series([(30, 30, {"requests": 1}), (3630, 3600, {"requests": 500}), (3660, 30, {"requests": 2})])
+    grid = series_bucketed(series, start=T0, width=30, count=122, max_seconds=75)
+    values = grid.scope("total")
+    assert values[0] == {"requests": 1} and values[121] == {"requests": 2}
+    assert all(v is None for v in values[1:121])  # the stop and the interval across it
+    outside = series_bucketed(series, start=T0 + timedelta(hours=2), width=30, count=2)
+    assert outside.scope("total") == (None, None)  # intervals outside the grid are left out
 
 
-# ---------------------------------------------------------------------- the renderer
-def test_points_are_scaled_into_the_plot_area():
-    root = _svg(line_chart([Line("a", [(0, 0.0), (50, 5.0), (100, 10.0)])], x_range=(0, 100), y_range=(0, 10)))
-    left, right, top, bottom = _plot_box(root)
-    (polyline,) = root.iter(f"{SVG}polyline")
-    assert polyline.get("data-series") == "a"
-    (x0, y0), (x1, y1), (x2, y2) = _points(polyline)
-    assert (x0, y0) == (left, bottom) and (x2, y2) == (right, top)
-    assert x1 == pytest.approx((left + right) / 2, abs=0.1) and y1 == pytest.approx((top + bottom) / 2, abs=0.1)
+def test_ranges_keep_at_most_about_300_points_on_multiples_of_the_sample_interval(settings):
+    settings.STRATA_SAMPLE_INTERVAL_SECONDS = 30
+    assert [window_step(r) for r in RANGES] == [30, 90, 300]
+    assert all(RANGES[r] // window_step(r) <= 300 for r in RANGES)
+    assert range_choice("6h") == "6h" and range_choice("1y") == "1h" and range_choice(None) == "1h"
 
 
-def test_the_y_axis_fits_the_data_to_nice_ticks_unless_fixed():
-    root = _svg(line_chart([Line("a", [(0, 3.0), (1, 87.0)])], x_range=(0, 1)))
-    labels = [t.text for t in root.find(f"{SVG}g[@class='chart-axis']").iter(f"{SVG}text")]
-    assert labels[:5] == ["0", "25", "50", "75", "100"]  # 0 .. 87 on a nice step: 0 .. 100 by 25
-    assert value_ticks(0, 0.93, target=5) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert value_ticks(0, 0) == [0, 0.25, 0.5, 0.75, 1.0]  # a flat zero line still has an axis
-    assert value_ticks(0, 1, target=4) != value_ticks(0, 1, target=10)
+# ---------------------------------------------------------------------- chart data
+def test_tenant_colours_are_stable_and_the_first_tenants_all_differ():
+    assert len({tenant_color("t", pk) for pk in range(1, len(PALETTE) + 1)}) == len(PALETTE)
+    assert tenant_color("acme", 3) == tenant_color("renamed", 3) == PALETTE[2]
+    assert tenant_color("gone") == tenant_color("gone") in PALETTE  # no row: by its slug
 
 
-def test_time_ticks_fall_on_round_minutes_inside_the_window():
-    start = T0.timestamp() + 17
-    ticks = time_ticks(start, start + 3600)
-    assert len(ticks) == 6 and all(t % 600 == 0 for t in ticks)  # every 10 minutes
-    assert start <= ticks[0] and ticks[-1] <= start + 3600
-
-
-def test_a_missing_value_breaks_the_line_and_a_lone_point_is_marked():
-    root = _svg(line_chart([Line("a", [(0, 1.0), (1, 2.0), (2, None), (3, 2.0), (4, None), (5, 1.0), (6, 1.5)])],
-                           x_range=(0, 6)))
-    polylines = list(root.iter(f"{SVG}polyline"))
-    assert [len(_points(p)) for p in polylines] == [2, 2]
-    (circle,) = root.iter(f"{SVG}circle")  # the point at x=3 has no neighbour to join
-    assert circle.get("data-series") == "a"
-
-
-def test_points_outside_the_window_are_dropped():
-    root = _svg(line_chart([Line("a", [(-10, 9.0), (0, 1.0), (10, 2.0)])], x_range=(0, 10)))
-    (polyline,) = root.iter(f"{SVG}polyline")
-    assert len(_points(polyline)) == 2
-
-
-def test_an_empty_series_draws_the_axes_and_says_there_is_nothing_yet():
-    for lines in ([], [Line("a", [])], [Line("a", [(0, None), (1, None)])]):
-        markup = line_chart(lines, x_range=(0, 3600), label="Requests")
-        root = _svg(markup)
-        assert EMPTY_TEXT in markup and not list(root.iter(f"{SVG}polyline"))
-        assert root.find(f"{SVG}title").text == "Requests"
-    assert EMPTY_TEXT not in line_chart([Line("a", [(0, 0.0)])], x_range=(0, 1))
-
-
-def test_labels_are_escaped_and_every_line_has_a_legend_entry():
-    markup = line_chart([Line("<script>alert(1)</script>", [(0, 1.0), (1, 2.0)]), Line("b & c", [(0, 2.0)])],
-                        x_range=(0, 1), label='a "quoted" <title>')
-    assert "<script>" not in markup
-    root = _svg(markup)
-    legend = [t.text for t in root.find(f"{SVG}g[@class='chart-legend']").iter(f"{SVG}text")]
-    assert legend == ["<script>alert(1)</script>", "b & c"]
-    colours = [r.get("fill") for r in root.find(f"{SVG}g[@class='chart-legend']").iter(f"{SVG}rect")]
-    assert len(set(colours)) == 2
-    assert root.get("aria-label") == 'a "quoted" <title>'
-
-
-def test_a_long_legend_wraps_and_the_chart_grows_to_hold_it():
-    short = _svg(line_chart([Line("a", [(0, 1.0)])], x_range=(0, 1)))
-    many = _svg(line_chart([Line(f"tenant-number-{i}", [(0, 1.0)]) for i in range(10)], x_range=(0, 1)))
-    height = lambda root: float(root.get("viewBox").split()[3])  # noqa: E731
-    rows = {float(r.get("y")) for r in many.find(f"{SVG}g[@class='chart-legend']").iter(f"{SVG}rect")}
-    assert len(rows) > 1 and height(many) > height(short)
+def test_a_chart_refuses_a_line_of_the_wrong_length_and_rounds_for_the_wire():
+    with pytest.raises(ValueError, match="2 values for 3"):
+        Chart(id="c", title="t", hint="h", x=[1, 2, 3], lines=[Line("a", [1.0, 2.0], "#000")])
+    with pytest.raises(ValueError, match="unknown unit"):
+        Chart(id="c", title="t", hint="h", x=[], lines=[], unit="furlongs")
+    chart = Chart(id="c", title="t", hint="h", x=[1.0, 2.0, 3.0], unit="percent",
+                  lines=[Line("a", [1 / 3, None, float("nan")], "#000"), Line("b", [None, None, 0.5], "#111")])
+    wire = chart.to_json()
+    assert wire["series"][0]["values"] == [0.3333, None, None] and wire["x"] == [1, 2, 3]
+    assert [r["cells"] for r in chart.rows()] == [["—", "50.0%"], ["33.3%", "—"]]  # newest first, gaps skipped
+    assert chart.latest() == [("a", "33.3%"), ("b", "50.0%")] and not chart.empty
+    assert Chart(id="e", title="t", hint="h", x=[1.0], lines=[Line("a", [None], "#000")]).empty
 
 
 # ---------------------------------------------------------------------- dashboard and tenant charts
@@ -127,41 +98,103 @@ def sampled(db, actor, monkeypatch):
     return ids
 
 
+
+def _doc(html: str, script_id: str = "trends-data") -> dict:
+    match = re.search(rf'<script id="{script_id}" type="application/json">(.*?)</script>', html, re.S)
+    assert match, script_id
+    return json.loads(match.group(1))
+
+
+def _spec(doc: dict, chart_id: str) -> dict:
+    return next(c for c in doc["charts"] if c["id"] == chart_id)
+
+
+def _last(spec: dict, label: str) -> float | None:
+    values = next(s["values"] for s in spec["series"] if s["label"] == label)
+    return next((v for v in reversed(values) if v is not None), None)
+
+
 def _figure(html: str, chart_id: str) -> str:
-    match = re.search(rf'<figure class="chart[^"]*" id="{chart_id}">(.*?)</figure>', html, re.S)
+    match = re.search(rf'<figure class="chart[^"]*" id="{chart_id}" data-chart="{chart_id}">(.*?)</figure>', html, re.S)
     assert match, chart_id
     return match.group(1)
 
 
 def _latest(figure: str) -> str:
-    match = re.search(r'<p class="chart-latest">(.*?)</p>', figure, re.S)
+    match = re.search(r'<p class="chart-latest"[^>]*>(.*?)</p>', figure, re.S)
     assert match
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", match.group(1))).strip()
 
 
-@pytest.mark.parametrize("url", ["/ui/", "/ui/live/"])
-def test_dashboard_charts_the_last_hour_from_counter_deltas(viewer_ui, sampled, url):
-    html = viewer_ui.get(url).content.decode()
-    hit = _figure(html, "chart-hit-ratio")
-    _svg(hit[hit.index("<svg"):hit.index("</svg>") + 6])
-    assert 'data-series="acme"' in hit and 'data-series="beta"' in hit and 'data-series="all tenants"' in hit
+def test_dashboard_charts_carry_the_counter_deltas_as_json_and_as_tables(viewer_ui, sampled):
+    html = viewer_ui.get("/ui/").content.decode()
+    doc = _doc(html)
+    assert doc["range"] == "1h" and doc["ranges"] == ["1h", "6h", "24h"] and doc["step"] == 30
+    hit = _spec(doc, "chart-hit-ratio")
+    assert hit["unit"] == "percent" and hit["y_max"] == 1.0 and len(hit["x"]) == 120
     # token-weighted over the interval: acme 360/400, beta 0/100, all 360/500
-    assert "all tenants 72.0%" in _latest(hit) and "acme 90.0%" in _latest(hit) and "beta 0.0%" in _latest(hit)
-    assert "requests 0.133/s" in _latest(_figure(html, "chart-requests"))  # 4 requests in 30 s
-    assert "presented 16.7/s · prefill skipped 12/s" in _latest(_figure(html, "chart-tokens"))
-    assert "saved 1.00 s/min" in _latest(_figure(html, "chart-saved"))
-    assert "L1 device pages 10/s" in _latest(_figure(html, "chart-tier-hits"))  # 300 hit tokens / 30 s
-    assert "L1 device pages 8/min" in _latest(_figure(html, "chart-evictions"))
-    assert "L1 device pages 40.0%" in _latest(_figure(html, "chart-tier-use"))  # 80 KiB of 200 KiB
-    assert "loaded 0/min" in _latest(_figure(html, "chart-decisions"))
-    assert "No samples yet" not in html
+    assert (_last(hit, "all tenants"), _last(hit, "acme"), _last(hit, "beta")) == (0.72, 0.9, 0.0)
+    assert sum(v is not None for v in hit["series"][0]["values"]) == 1  # one interval: the rest are gaps
+    colours = {s["label"]: s["color"] for s in hit["series"]}
+    assert colours["acme"] == tenant_color("acme", sampled_pk("acme")) != colours["beta"]
+    assert _last(_spec(doc, "chart-requests"), "requests") == pytest.approx(0.1333, abs=1e-4)  # 4 in 30 s
+    tokens = _spec(doc, "chart-tokens")
+    assert (_last(tokens, "presented"), _last(tokens, "prefill skipped")) == (pytest.approx(16.67, abs=0.01), 12.0)
+    assert _last(_spec(doc, "chart-saved"), "saved") == 1.0
+    assert _last(_spec(doc, "chart-tier-hits"), "L1 device pages") == 10.0  # 300 hit tokens / 30 s
+    assert _last(_spec(doc, "chart-evictions"), "L1 device pages") == 8.0
+    assert _last(_spec(doc, "chart-tier-use"), "L1 device pages") == 0.4  # 80 KiB of 200 KiB
+    # the same figures without JavaScript: the latest values and each chart's table
+    figure = _figure(html, "chart-hit-ratio")
+    assert "all tenants 72.0%" in _latest(figure) and "acme 90.0%" in _latest(figure)
+    table = re.search(r'<details class="chart-table">(.*?)</details>', figure, re.S).group(1)
+    assert re.search(r"<th scope=\"row\" class=\"nowrap\">2026-12-01 12:00:30</th><td class=\"num\">72.0%</td>", table)
+    assert 'aria-current="true">1h</a>' in html and 'href="?range=6h#trends"' in html
+    assert "ui/charts.js" in html and "vendor/uplot/uPlot.iife.min.js" in html
+
+
+def sampled_pk(slug: str) -> int:
+    from controlplane.tenants.models import Tenant
+
+    return Tenant.objects.get(slug=slug).pk
+
+
+def test_the_range_selector_works_without_javascript_and_through_the_json_endpoint(viewer_ui, sampled):
+    six = _doc(viewer_ui.get("/ui/?range=6h").content.decode())
+    assert six["range"] == "6h" and six["step"] == 90 and len(_spec(six, "chart-hit-ratio")["x"]) == 240
+    assert _last(_spec(six, "chart-hit-ratio"), "acme") == 0.9  # the interval sits in one 90 s point
+    response = viewer_ui.get("/ui/charts/cluster.json?range=24h")
+    assert response.status_code == 200 and response["Cache-Control"] == "no-store"
+    day = response.json()
+    assert day["range"] == "24h" and day["step"] == 300 and len(_spec(day, "chart-requests")["x"]) == 288
+    assert viewer_ui.get("/ui/charts/cluster.json?range=<script>").json()["range"] == "1h"  # never an error
+    tenant = viewer_ui.get("/ui/charts/tenants/acme.json?range=1h").json()
+    assert [c["id"] for c in tenant["charts"]][0] == "tenant-acme-hit-ratio"
+    assert viewer_ui.get("/ui/charts/tenants/nobody.json").status_code == 404
+
+
+def test_the_chart_endpoints_need_an_operator(client, sampled):
+    for url in ("/ui/charts/cluster.json", "/ui/charts/tenants/acme.json"):
+        response = client.get(url)
+        assert response.status_code == 302 and "/ui/login/" in response["Location"]
+
+
+def test_an_offboarded_tenant_keeps_its_history_labelled_and_dashed(viewer_ui, sampled):
+    from controlplane.tenants.models import Tenant
+
+    Tenant.objects.filter(slug="beta").update(status=Tenant.Status.OFFBOARDED)
+    hit = _spec(_doc(viewer_ui.get("/ui/").content.decode()), "chart-hit-ratio")
+    beta = next(s for s in hit["series"] if s["label"].startswith("beta"))
+    acme = next(s for s in hit["series"] if s["label"].startswith("acme"))
+    assert beta["label"] == "beta (offboarded)" and beta["dashed"] and not acme["dashed"]
 
 
 def test_dashboard_without_samples_says_the_sampler_has_not_run(admin_ui, actor, monkeypatch):
     setup_cluster(actor, monkeypatch)
     html = admin_ui.get("/ui/").content.decode()
-    assert "No samples yet" in html and EMPTY_TEXT in _figure(html, "chart-hit-ratio")
-    assert "<polyline" not in html
+    figure = _figure(html, "chart-hit-ratio")
+    assert "No samples in this range yet" in figure and 'class="chart-empty empty">' in figure
+    assert all(v is None for c in _doc(html)["charts"] for s in c["series"] for v in s["values"])
 
 
 def test_dashboard_shows_tier_capacity_by_tenant_and_load_or_recompute(viewer_ui, actor, monkeypatch):
@@ -177,27 +210,26 @@ def test_dashboard_shows_tier_capacity_by_tenant_and_load_or_recompute(viewer_ui
 
 
 def test_tenant_charts_show_one_tenant_and_render_through_the_include(sampled):
+    from controlplane.ui.chart_views import chartset
+
     charts = tenant_charts("acme")
-    assert [c["id"] for c in charts] == ["tenant-acme-hit-ratio", "tenant-acme-saved", "tenant-acme-requests",
-                                         "tenant-acme-tokens", "tenant-acme-resident"]
-    html = render_to_string("ui/_charts.html", {"charts": charts})
+    assert [c.id for c in charts] == ["tenant-acme-hit-ratio", "tenant-acme-saved", "tenant-acme-requests",
+                                      "tenant-acme-tokens", "tenant-acme-resident"]
+    html = render_to_string("ui/_charts.html", {"chartset": chartset("t", charts, range_name="1h")})
     hit = _latest(_figure(html, "tenant-acme-hit-ratio"))
     assert "prefill skipped 90.0%" in hit and "index held 95.0%" in hit
     assert "requests 0.0333/s" in _latest(_figure(html, "tenant-acme-requests"))  # 1 request in 30 s, not beta's 3
     assert "L1 device pages 40.0 KiB" in _latest(_figure(html, "tenant-acme-resident"))
     assert "beta" not in html
     other = tenant_charts("beta")
-    assert "prefill skipped 0.0%" in _latest(_figure(render_to_string("ui/_charts.html", {"charts": other}),
-                                                      "tenant-beta-hit-ratio"))
-    assert all(c["empty"] for c in tenant_charts("nobody"))
+    assert "prefill skipped 0.0%" in _latest(_figure(render_to_string("ui/_charts.html", {
+        "chartset": chartset("t", other)}), "tenant-beta-hit-ratio"))
+    assert all(c.empty for c in tenant_charts("nobody"))
 
 
-def test_a_bytes_axis_ticks_on_round_binary_units():
-    from controlplane.ui.charts import byte_unit
-    from controlplane.ui.present import human_bytes
-
-    values = [(0, 40 * 1024.0), (1, 8 * 1024.0)]
-    assert byte_unit([40 * 1024, 8 * 1024]) == 1024 and byte_unit([]) == 1 and byte_unit([3 * 2**30]) == 2**30
-    root = _svg(line_chart([Line("l1", values)], x_range=(0, 1), y_format=human_bytes, y_unit=1024))
-    labels = [t.text for t in root.find(f"{SVG}g[@class='chart-axis']").iter(f"{SVG}text")][:4]
-    assert labels == ["0 B", "10.0 KiB", "20.0 KiB", "30.0 KiB"]
+def test_the_tenant_page_has_its_trends_and_its_cache_usage_charts(viewer_ui, sampled):
+    html = viewer_ui.get("/ui/tenants/acme/?range=6h").content.decode()
+    assert _doc(html)["range"] == "6h"
+    usage = _doc(html, "cache-usage-charts-data")
+    assert [c["id"] for c in usage["charts"]] == ["tenant-acme-cache-usage", "tenant-acme-miss-reasons"]
+    assert "range" not in usage  # the ledger's 24 hours by hour: no range to pick

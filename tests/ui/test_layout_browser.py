@@ -9,64 +9,12 @@ artifact of the run, never committed."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from tests.ui.conftest import chromium_decision, find_chromium, in_ci, require_chromium
+from tests.ui.conftest import require_chromium, shot
 
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run"]
-SHOTS = Path(os.environ.get("STRATA_SCREENSHOTS") or "/tmp/strata-screenshots")
 LONG = "orders-and-invoices-for-the-northern-european-region-2024-q3-eu"  # 63 characters, a slug's most
 MODEL = "llama-3.1-70b-instruct-awq-int4-long-context"
-
-
-@pytest.fixture(scope="session")
-def chromium() -> str | None:
-    """First argument of each test: without Chromium it skips here; under CI it returns None and the
-    test's first line (:func:`require_chromium`) FAILS it instead."""
-    verdict, detail = chromium_decision(find_chromium(), in_ci())
-    if verdict == "skip":
-        pytest.skip(detail)
-    return detail if verdict == "run" else None
-
-
-@pytest.fixture
-def logged_in_page(chromium, live_server, admin_user):
-    """``logged_in_page(width)`` -> a Chromium page ``width`` px wide with alice's session cookie. Call it
-    after the test's ORM work (Playwright's sync API runs an event loop in this thread, under which
-    Django refuses ORM calls); the session is made here, before that."""
-    from django.conf import settings
-    from django.test import Client
-
-    client = Client()
-    client.force_login(admin_user)
-    cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
-              "url": live_server.url}
-    started = []
-
-    def launch(width: int):
-        from playwright.sync_api import sync_playwright
-
-        if not started:
-            started.append(sync_playwright().start())
-        browser = started[0].chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": width, "height": 900})
-        context.add_cookies([cookie])
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        return page
-
-    yield launch
-    for pw in started:
-        pw.stop()
-
-
-def _shot(page, name: str, full_page: bool = True) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full_page)
 
 
 @pytest.fixture
@@ -115,7 +63,7 @@ def test_the_jobs_table_fits_the_window(chromium, live_server, many_jobs, logged
     page = logged_in_page(width)
     page.goto(f"{live_server.url}/ui/jobs/")
     page.locator("#jobs-live table.jobs tbody tr").first.wait_for()
-    _shot(page, f"jobs-{width}")
+    shot(page, f"jobs-{width}")
     sizes = _jobs_table_box(page)
     assert sizes["page"] <= width and sizes["window"] == width, sizes
     assert sizes["overflowX"] == "auto", sizes  # a narrower window scrolls the table, not the page
@@ -135,5 +83,5 @@ def test_the_api_docs_page_shows_the_bearer_header_with_its_placeholder(chromium
     page.goto(f"{live_server.url}/api/admin/docs")
     description = page.locator(".swagger-ui .info .description")
     expect(description).to_contain_text("Authorization: Bearer <operator token>")
-    _shot(page, "api-docs", full_page=False)
+    shot(page, "api-docs", full_page=False)
     assert "Bearer ," not in description.inner_text()

@@ -23,11 +23,13 @@ VALUES = st.one_of(st.sampled_from(TRICKY), st.text(max_size=60), st.integers().
 # Console GET pages and the query parameters they read (test_console_list_names_every_parsed_parameter
 # keeps it complete).
 CONSOLE = {
-    "/ui/": ["x"],
+    "/ui/": ["range"],
+    "/ui/charts/cluster.json": ["range"],
+    "/ui/charts/tenants/acme.json": ["range"],
     "/ui/login/": ["next"],
     "/ui/live/": ["x"],
     "/ui/tenants/": ["q", "status"],
-    "/ui/tenants/acme/": ["x"],
+    "/ui/tenants/acme/": ["range"],
     "/ui/models/": ["x"],
     "/ui/jobs/": ["kind"],
     "/ui/jobs/live/": ["kind"],

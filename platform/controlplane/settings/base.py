@@ -147,6 +147,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = STRATA_HOME / "static"
 STATICFILES_DIRS = [_FRONTEND / "static"] if (_FRONTEND / "static").is_dir() else []
+# Front-end packages from the npm registry through frontend/package-lock.json (`npm ci --prefix
+# frontend`, run by `make setup`): served from node_modules, never copied into the repo or from a CDN.
+# Without them the console's charts fall back to their tables (charts.js says so on the page).
+_UPLOT = _FRONTEND / "node_modules" / "uplot" / "dist"
+if _UPLOT.is_dir():
+    STATICFILES_DIRS.append(("vendor/uplot", _UPLOT))
 STRATA_SERVE_STATIC = False  # urls.py serves /static/ itself when True (no separate web server)
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # collectstatic's target; WhiteNoise warns when it is missing

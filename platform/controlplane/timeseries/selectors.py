@@ -16,10 +16,11 @@ baseline. Gauges (``models.is_gauge``: capacity and use) are the level at the in
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Max, Q
@@ -127,3 +128,37 @@ def series_for(*, since: datetime, tenant: str | None = None) -> Series:
 def sample_latest() -> datetime | None:
     """The time of the newest sample, None before the first."""
     return StatSample.objects.aggregate(latest=Max("at"))["latest"]
+
+
+def series_bucketed(series: Series, *, start: datetime, width: float, count: int,
+                    max_seconds: float | None = None) -> Series:
+    """``series`` on a fixed grid of ``count`` buckets of ``width`` seconds after ``start``.
+
+    Bucket ``k`` covers ``(start + k*width, start + (k+1)*width]`` and sums the deltas (gauges: the
+    last level) and the seconds of the intervals that end inside it. A bucket in which no interval
+    ends is None for every scope: a gap (the sampler was not running), never a zero. An interval
+    longer than ``max_seconds`` (it spans a time the sampler was down) is left out, so that a stop
+    shows as a gap rather than as one averaged point."""
+    t0 = start.timestamp()
+    slots: list[list[int]] = [[] for _ in range(count)]
+    seconds = [0.0] * count
+    for i, (at, length) in enumerate(zip(series.times, series.seconds, strict=True)):
+        if max_seconds is not None and length > max_seconds:
+            continue
+        k = math.ceil((at.timestamp() - t0) / width - 1e-9) - 1
+        if 0 <= k < count:
+            slots[k].append(i)
+            seconds[k] += length
+    scopes: dict[tuple[str, str], tuple[Values | None, ...]] = {}
+    for key, values in series.scopes.items():
+        out: list[Values | None] = []
+        for members in slots:
+            parts = [values[i] for i in members if values[i] is not None]
+            total: Values | None = {} if parts else None
+            for part in parts:
+                for name, value in part.items():
+                    total[name] = value if is_gauge(name) else total.get(name, 0) + value
+            out.append(total)
+        scopes[key] = tuple(out)
+    times = tuple(start + timedelta(seconds=width * (k + 1)) for k in range(count))
+    return Series(times=times, seconds=tuple(seconds), scopes=scopes)

@@ -1,6 +1,6 @@
 """The tenant page's "Cache usage" section: the last 24 hours of the tenant cache ledger by hour.
 
-Two charts (``charts.line_chart``, rendered by ``ui/_charts.html``): prompt tokens presented, read
+Two charts (``chart_spec.Chart``, drawn by ``ui/_charts.html`` and charts.js): prompt tokens presented, read
 from L1 / L2 / L3 and written to the cache; and prompt tokens not reused, by miss reason. The same
 figures as a table (the fallback for readers of numbers), the CSV download of the admin API, and the
 tenant's live named caches. The ledger is complete (an hour without a row had no usage), so hours
@@ -26,7 +26,7 @@ from controlplane.ledger.selectors import (
     totals_of,
 )
 from controlplane.tenants.models import Tenant
-from controlplane.ui.charts import Line, clock, line_chart, si
+from controlplane.ui.chart_spec import TOTAL_COLOR, Chart, Line, position_color, si
 
 WINDOW = timedelta(hours=24)
 USAGE = (("presented", "prompt_tokens"), ("read from L1", "cached_l1"), ("read from L2", "cached_l2"),
@@ -34,12 +34,9 @@ USAGE = (("presented", "prompt_tokens"), ("read from L1", "cached_l1"), ("read f
 REASON_LABELS = {r: r.replace("_", " ") for r in (*MISS_REASONS, OTHER_REASON)}
 
 
-def _chart(chart_id: str, title: str, hint: str, lines: list[Line], x_range: tuple[float, float]) -> dict[str, Any]:
-    """A chart context for ``ui/_charts.html`` (``latest``: the current hour's values)."""
-    latest = [(line.label, si(line.points[-1][1] or 0)) for line in lines if line.points]
-    empty = not any(y for line in lines for _, y in line.points)
-    svg = line_chart(lines, x_range=x_range, y_format=si, x_format=clock, label=f"{title} ({hint})")
-    return {"id": chart_id, "title": title, "hint": hint, "svg": svg, "empty": empty, "latest": latest}
+def _chart(chart_id: str, title: str, hint: str, lines: list[Line], x: list[float]) -> Chart:
+    return Chart(id=chart_id, title=title, hint=hint, x=x, lines=lines, suffix="/h",
+                 empty_text="No usage in the last 24 hours.")
 
 
 def _by_hour(rows: list[LedgerRow], hours: list[datetime]) -> dict[datetime, LedgerRow]:
@@ -67,20 +64,23 @@ def cache_usage(tenant: Tenant, *, now: datetime | None = None) -> dict[str, Any
     rows = ledger_rows(tenant=tenant, since=start, until=end, now=now)
     by_hour = _by_hour(rows, hours)
     totals = totals_of(rows)
-    x_range = (hours[0].timestamp(), hours[-1].timestamp())
+    x = [h.timestamp() for h in hours]
+    colors = {"prompt_tokens": TOTAL_COLOR, "cached_l1": position_color(0), "cached_l2": position_color(1),
+              "cached_l3": position_color(2), "write_tokens": position_color(3)}
 
-    def line(label: str, column: str) -> Line:
-        return Line(label, [(h.timestamp(), float(by_hour[h].counts[column])) for h in hours])
+    def line(label: str, column: str, color: str) -> Line:
+        return Line(label, [float(by_hour[h].counts[column]) for h in hours], color)
 
     used = any(totals.counts[c] for _, c in USAGE)
     reasons = [r for r in (*MISS_REASONS, OTHER_REASON) if totals.counts[miss_field(r)]]
+    every_reason = (*MISS_REASONS, OTHER_REASON)
     slug = tenant.slug
     charts = [
         _chart(f"tenant-{slug}-cache-usage", "Cache usage by hour",
                "prompt tokens per hour: presented, read from each tier, written to the cache",
-               [line(label, column) for label, column in USAGE] if used else [], x_range),
+               [line(label, column, colors[column]) for label, column in USAGE] if used else [], x),
         _chart(f"tenant-{slug}-miss-reasons", "Miss reasons by hour", "prompt tokens not reused per hour, by reason",
-               [line(REASON_LABELS[r], miss_field(r)) for r in reasons], x_range),
+               [line(REASON_LABELS[r], miss_field(r), position_color(every_reason.index(r) + 4)) for r in reasons], x),
     ]
     table = [{"hour": h, "requests": r.counts["requests"], "presented": r.counts["prompt_tokens"],
               "l1": r.counts["cached_l1"], "l2": r.counts["cached_l2"], "l3": r.counts["cached_l3"],

@@ -50,7 +50,7 @@ from controlplane.tenants.selectors import (
 )
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
-from controlplane.ui.charts import tenant_charts
+from controlplane.ui.chart_views import chartset, tenant_chartset
 from controlplane.ui.forms import form_error_text
 from controlplane.ui.ledger_charts import cache_usage
 from controlplane.ui.tenant_forms import (
@@ -182,13 +182,15 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
                 messages.error(request, form_error_text(form))
     from controlplane.serving.health import serving_summary
 
+    usage = cache_usage(tenant)
     return _page(
         request, "ui/tenant_detail.html", status, tenant=info, usable=usable, keys=keys, granted=granted,
         data_keys=data_keys, group=group, has_groups=bool(groups),
         active_keys=sum(1 for k in keys if k["revoked_at"] is None),
         jobs=_tenant_jobs(tenant),
-        charts=tenant_charts(tenant.slug),
-        usage=cache_usage(tenant),
+        chartset=tenant_chartset(tenant.slug, request.GET.get("range")),
+        usage=usage,
+        usage_charts=chartset("cache-usage-charts", usage["charts"]),
         serving=serving_summary(tenant.slug),
         events=[present.audit_event(e) for e in audit_list(tenant=tenant.slug, limit=AUDIT_SHOWN)],
         **forms,

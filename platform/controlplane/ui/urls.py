@@ -2,13 +2,15 @@
 
 from django.urls import path
 
-from controlplane.ui import model_views, tenant_views, token_views, user_views, views
+from controlplane.ui import chart_views, model_views, tenant_views, token_views, user_views, views
 
 app_name = "ui"
 
 urlpatterns = [
     path("ui/", views.dashboard, name="dashboard"),
     path("ui/live/", views.dashboard_live, name="dashboard-live"),
+    path("ui/charts/cluster.json", chart_views.cluster_charts, name="charts-cluster"),
+    path("ui/charts/tenants/<slug:slug>.json", chart_views.tenant_charts, name="charts-tenant"),
     path("ui/login/", views.LoginView.as_view(), name="login"),
     path("ui/logout/", views.LogoutView.as_view(), name="logout"),
     path("ui/tenants/", tenant_views.tenants, name="tenants"),

@@ -28,8 +28,9 @@ from controlplane.operators.views import lockout_response
 from controlplane.runtime.stats import cluster_stats
 from controlplane.tenants.selectors import tenant_get, tenant_list
 from controlplane.tenants.services import tenant_update
-from controlplane.ui import charts, present
+from controlplane.ui import live_figures, present
 from controlplane.ui.access import operator_view
+from controlplane.ui.chart_views import dashboard_chartset
 from controlplane.ui.forms import TenantStatusForm, form_error_text
 
 POLL_STOP_HEADER = "X-Strata-Poll"
@@ -89,8 +90,10 @@ def _actor(request: HttpRequest):
 
 # ---------------------------------------------------------------------- dashboard
 def _dashboard() -> dict[str, Any]:
+    """The live region's figures (the charts are outside it: charts.js refreshes them)."""
     stats = cluster_stats()
-    return {"stats": present.dashboard(stats), **charts.dashboard_context(stats)}
+    return {"stats": present.dashboard(stats), "capacity": live_figures.capacity_bars(stats),
+            "decisions": live_figures.decisions(stats)}
 
 
 @operator_view
@@ -99,7 +102,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     from controlplane.serving.health import serving_summary
 
     return _page(request, "ui/dashboard.html", "dashboard", lockouts=login_lockouts_recent(),
-                 serving=serving_summary(), **_dashboard())
+                 serving=serving_summary(), chartset=dashboard_chartset(request.GET.get("range")), **_dashboard())
 
 
 @operator_view
