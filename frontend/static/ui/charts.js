@@ -110,9 +110,22 @@
           },
         },
       },
-      axes: [{}, { size: 64, values: function (u, ticks) { return ticks.map(axisFormatter(spec)); } }],
+      axes: [{}, {
+        size: 64,
+        incrs: spec.unit === "bytes" ? BYTE_INCRS : undefined,
+        values: function (u, ticks) { return ticks.map(axisFormatter(spec)); },
+      }],
     };
   }
+
+  // A bytes axis ticks on round binary units (256 KiB, 1 MiB, 2 MiB...), not on 1.9 MiB.
+  var BYTE_INCRS = (function () {
+    var out = [];
+    for (var k = 0; k < 5; k++) {
+      [1, 2, 4, 8, 16, 32, 64, 128, 256, 512].forEach(function (m) { out.push(m * Math.pow(1024, k)); });
+    }
+    return out;
+  })();
 
   function data(spec) {
     return [spec.x].concat(spec.series.map(function (s) { return s.values; }));
