@@ -36,7 +36,7 @@ import torch
 
 from cachecore.device import pick_device
 from cachecore.engine import CacheEngine
-from cachecore.layout import DTYPES
+from cachecore.layout import torch_dtype
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
 from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
@@ -138,7 +138,7 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
     hf, _ = build_checkpoint("llama", workdir, seed=1, max_pos=max(4096, prompt_len + decode), **sizes)
     loaded = load_model("bench-model", "", RevisionSpec(label="r1", checkpoint_path=str(workdir)), device=dev,
                         dtype=dtype)
-    hf = hf.to(device=dev, dtype=DTYPES[loaded.config.dtype]).eval()
+    hf = hf.to(device=dev, dtype=torch_dtype(loaded.config.dtype)).eval()
     blocks = -(-(prompt_len + decode) // loaded.block_size) + 8
     engine = CacheEngine(loaded.layout, num_blocks=blocks, device=dev)
     prompt = _prompt(loaded.config.vocab_size, prompt_len)

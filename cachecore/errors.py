@@ -68,6 +68,14 @@ class InvalidKV(CacheError, ValueError):
     code = "invalid_kv"
 
 
+class KVApiUnsupported(CacheError):
+    """A replica that has no KV to serve through the KV API (a vLLM deployment without Strata's tiers).
+    Defined here, with the other errors a replica raises to the web tier, so the web process unpickles
+    it without importing the replica's engine."""
+
+    code = "kv_api_unsupported"
+
+
 class DecryptError(CacheError, ValueError):
     """An L3 object (or a wrapped data key) failed to decrypt or verify: wrong key, wrong associated
     data (moved to another key, tenant, model or revision), torn, truncated, bit-flipped or of an

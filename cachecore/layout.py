@@ -3,26 +3,44 @@
 A block holds ``block_size`` consecutive token positions for every layer, K and V.
 The layout is part of the cache namespace (``canonical()``), so two layouts that differ in any
 field never share cached bytes.
+
+Plain Python: the control plane reads layouts (sizes, bytes per block) without torch. Only
+:func:`torch_dtype` (and ``KVLayout.torch_dtype``), which the engine's tensor code calls, imports it.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
+# The dtypes a layout may have (torch's own names) and the bytes of one element of each.
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
 }
+
+
+@functools.cache
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name`` (one of ``DTYPE_BYTES``, else ``KeyError``). Engine side only: it
+    imports torch, where the tensor code that asks has it loaded already."""
+    if name not in DTYPE_BYTES:
+        raise KeyError(name)
+    import torch
+
+    return getattr(torch, name)
 
 
 @dataclass(frozen=True)
 class KVLayout:
     """Shape of one KV block: ``(num_layers, 2, block_size, num_kv_heads, head_dim)`` of ``dtype``.
 
-    Validated when built: positive integer sizes, ``dtype`` one of ``DTYPES`` (else ``ValueError``).
+    Validated when built: positive integer sizes, ``dtype`` one of ``DTYPE_BYTES`` (else ``ValueError``).
     """
 
     num_layers: int
@@ -36,8 +54,8 @@ class KVLayout:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"KVLayout.{name} must be a positive int, got {value!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"KVLayout.dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"KVLayout.dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
 
     @property
     def page_shape(self) -> tuple[int, int, int, int, int]:
@@ -46,11 +64,11 @@ class KVLayout:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     @property
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def bytes_per_block(self) -> int:

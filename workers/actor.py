@@ -3,14 +3,17 @@
 deployment's ``engine``; both keep ``workers.engine_contract.ServingEngine``.
 
 ``import ray`` happens only inside the functions that need it, so this module (and the plain class)
-import without Ray. The actor is made remote at the call site (``launch``); where it runs is
-``placement``: one GPU each when the cluster has GPUs; otherwise one unit of the custom resource
-``strata_worker`` when some node advertises it (worker nodes join with ``ray start --address ...
---resources '{"strata_worker": 8}'``, so cache workers stay off the web/Celery head node), and
-anywhere (the head, the single-machine ``make run``) when none does. A deployment's replicas are
-spread over the nodes (``scheduling_strategy="SPREAD"``). A vLLM replica with
-``tensor_parallel_size`` tp > 1 asks for tp GPUs: one actor's resources always come from one node,
-and vLLM spreads the model over the GPUs Ray gave it (``CUDA_VISIBLE_DEVICES``).
+import without Ray; the engines only inside ``build_worker``, which runs in the actor's own process,
+so the web tier (which names, finds and launches actors) imports neither torch nor the engine.
+
+The actor is made remote at the call site (``launch``); where it runs is ``placement``: one GPU each
+when the cluster has GPUs; otherwise one unit of the custom resource ``strata_worker`` when some node
+advertises it (worker nodes join with ``ray start --address ... --resources '{"strata_worker": 8}'``,
+so cache workers stay off the web/Celery head node), and anywhere (the head, the single-machine
+``make run``) when none does. A deployment's replicas are spread over the nodes
+(``scheduling_strategy="SPREAD"``). A vLLM replica with ``tensor_parallel_size`` tp > 1 asks for tp
+GPUs: one actor's resources always come from one node, and vLLM spreads the model over the GPUs Ray
+gave it (``CUDA_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from workers.cache_worker import MAX_CONCURRENCY, CacheWorker
+from workers.admission import MAX_CONCURRENCY
+from workers.engine_contract import ServingEngine
 
 NAMESPACE = "strata"
 WORKER_RESOURCE = "strata_worker"  # the custom resource worker nodes advertise
@@ -29,7 +33,8 @@ def actor_name(deployment: str, replica: int = 0) -> str:
 
 
 def build_worker(*, engine: str = "strata", tensor_parallel_size: int = 1, **kwargs):
-    """The replica's engine: ``CacheWorker`` or ``VllmWorker`` (imported only when asked for)."""
+    """The replica's engine: ``CacheWorker`` or ``VllmWorker``, imported only here (in the actor's
+    process: the engines need torch, which the processes that merely address actors never load)."""
     if engine == "vllm":
         from workers.vllm_worker import VllmWorker
 
@@ -38,6 +43,8 @@ def build_worker(*, engine: str = "strata", tensor_parallel_size: int = 1, **kwa
         raise ValueError(f"unknown engine {engine!r}; known: strata, vllm")
     if tensor_parallel_size != 1:
         raise ValueError("the strata engine runs on one device: tensor_parallel_size must be 1")
+    from workers.cache_worker import CacheWorker
+
     return CacheWorker(**kwargs)
 
 
@@ -53,7 +60,8 @@ class CacheWorkerActor:
 
 
 _DELEGATED = (
-    "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve", "flush",
+    "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve",
+    "kv_store_wire", "kv_retrieve_wire", "flush",
     "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks", "cancel",
     "drop_data_key", "kv_events", "kv_snapshot", "cancel_tenant", "drain_writes",
     "prewarm", "cache_pin", "cache_drop", "cache_resident",
@@ -65,7 +73,7 @@ def _delegate(name: str):
         return getattr(self.worker, name)(*args, **kwargs)
 
     method.__name__ = name
-    method.__doc__ = getattr(CacheWorker, name).__doc__
+    method.__doc__ = getattr(getattr(ServingEngine, name, None), "__doc__", None) or f"The engine's ``{name}``."
     return method
 
 

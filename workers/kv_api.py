@@ -16,6 +16,8 @@ import torch
 
 from cachecore.errors import InvalidKV
 from cachecore.routing.hashes import request_salt
+from workers.kv_wire import from_wire, retrieved_wire
+from workers.protocol import KVRetrieved, KVWire
 
 
 def _weight(share_weight: int | None) -> int:
@@ -103,6 +105,16 @@ class KVApiMixin:
         """KV of the longer contiguous hit (model or the tenant's uploads), its mask and origin."""
         with self._tenant_slot(req):
             return self._kv_retrieve(req)
+
+    # The web tier's calls (``/v1/kv/store``, ``/v1/kv/retrieve``): the KV as plain bytes, so no tensor
+    # crosses to (or is unpickled in) a process without torch.
+    def kv_store_wire(self, req: dict, kv: KVWire) -> int:
+        """``kv_store`` of the blocks ``kv`` describes (``workers.protocol.KVWire``)."""
+        return self.kv_store(req, from_wire(kv))
+
+    def kv_retrieve_wire(self, req: dict) -> KVRetrieved:
+        """``kv_retrieve`` as ``{"hit_tokens", "origin", "kv": KVWire}``."""
+        return retrieved_wire(*self.kv_retrieve(req))
 
     def _kv_retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
         tokens = self._kv_tokens(req)

@@ -335,7 +335,7 @@ class TierService:
 
     def kv_retrieve(self, hashes: list[bytes], tokens: list[int]) -> dict:
         """The L2 blocks of ``hashes`` (the contiguous part that arrives and verifies), as raw bytes."""
-        from workers.vllm_kv_api import to_wire
+        from workers.kv_wire import to_wire
 
         bs = self.block_size
         items = [(key, tuple(tokens[i * bs:(i + 1) * bs])) for i, key in enumerate(hashes)]
@@ -351,7 +351,7 @@ class TierService:
     def kv_store(self, *, tenant: str, model: str, revision: str, ns_digest: bytes, hashes: list[bytes],
                  tokens: list[int], kv: dict, share_weight: int | None, max_cached_tokens: int | None) -> int:
         """Uploaded blocks (checked by the caller) into L2 under their own keys, never persisted."""
-        from workers.vllm_kv_api import from_wire
+        from workers.kv_wire import from_wire
 
         if self.l2 is None:
             return 0

@@ -50,12 +50,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.actor import WORKER_RESOURCE  # the custom resource worker nodes advertise
 from workers.config import apply_ray_env
 from workers.supervisor import Supervisor, private_dir, private_files, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
-WORKER_RESOURCE = "strata_worker"  # workers.actor.WORKER_RESOURCE (not imported: that pulls in torch)
 DEFAULT_RAY_PORT = 6380  # not 6379: that is Redis's port
 HOST = "127.0.0.1"
 PRIVATE_UMASK = 0o077  # files the launcher and its children create: owner only

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 __all__ = [
-    "TIERS", "Error", "Event", "Finished", "Prefilled", "Token", "Usage", "WorkerRequest",
+    "TIERS", "Error", "Event", "Finished", "KVRetrieved", "KVWire", "Prefilled", "Token", "Usage", "WorkerRequest",
     "error_event", "finished_event", "fold_completion", "prefilled_event", "token_event",
 ]
 
@@ -175,6 +175,27 @@ class Error(TypedDict):
 
 
 Event = Prefilled | Token | Finished | Error
+
+
+class KVWire(TypedDict):
+    """KV blocks as plain data, how the KV API's bytes cross between the web tier and a replica
+    (``kv_store_wire``, ``kv_retrieve_wire``; ``workers.kv_wire`` converts on the replica): ``data``
+    is the raw bytes, in the machine's (little-endian) order, of a C-contiguous array of ``shape``
+    and ``dtype`` (torch's name: ``float32``, ``float16``, ``bfloat16``). The web tier never holds a
+    tensor, so it never imports torch."""
+
+    shape: list[int]
+    dtype: str
+    data: bytes
+
+
+class KVRetrieved(TypedDict):
+    """``kv_retrieve_wire``: the tokens of the longer contiguous hit, its origin (``model`` or
+    ``upload``; None without a hit) and its blocks."""
+
+    hit_tokens: int
+    origin: str | None
+    kv: KVWire
 
 
 def prefilled_event(*, prompt_tokens: int, cached_tokens: int, revision: str) -> Prefilled:

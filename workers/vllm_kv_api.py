@@ -18,27 +18,12 @@ Tensors cross to the tier service as raw bytes.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from cachecore.errors import CacheError, InvalidKV
+from cachecore.errors import InvalidKV, KVApiUnsupported
 from cachecore.hashing import chain_hashes
 from cachecore.routing.hashes import request_salt
-
-
-class KVApiUnsupported(CacheError):
-    code = "kv_api_unsupported"
-
-
-def to_wire(kv: torch.Tensor) -> dict:
-    return {"shape": list(kv.shape), "dtype": str(kv.dtype).removeprefix("torch."),
-            "data": kv.contiguous().view(torch.uint8).numpy().tobytes()}
-
-
-def from_wire(d: dict) -> torch.Tensor:
-    dtype = getattr(torch, d["dtype"])
-    raw = torch.from_numpy(np.frombuffer(d["data"], dtype=np.uint8).copy())
-    return raw.view(dtype).reshape(d["shape"])
+from workers.kv_wire import from_wire, to_wire
 
 
 class VllmKVApi:

@@ -64,6 +64,7 @@ from workers.fair_gate import FairGate
 from workers.kv_params import KEY, TransferParams
 from workers.kv_rpc import TierCallError
 from workers.kv_tiers import CHUNK_TOKENS
+from workers.kv_wire import from_wire, retrieved_wire
 from workers.named_caches import VllmNamedCaches
 from workers.protocol import (
     WorkerRequest,
@@ -734,6 +735,14 @@ class VllmWorker(AdmissionMixin):
 
     def kv_store(self, req: dict, kv) -> int:
         return self.kv_api.store(req, kv)
+
+    def kv_store_wire(self, req: dict, kv: dict) -> int:
+        """``kv_store`` of the blocks ``kv`` describes (``workers.protocol.KVWire``: the web tier's call)."""
+        return self.kv_api.store(req, from_wire(kv))
+
+    def kv_retrieve_wire(self, req: dict) -> dict:
+        """``kv_retrieve`` as ``{"hit_tokens", "origin", "kv": KVWire}`` (the web tier's call)."""
+        return retrieved_wire(*self.kv_api.retrieve(req))
 
     # ------------------------------------------------------------------ named caches (workers.named_caches)
     # vLLM's device cache (L1) cannot be edited per block from outside: ``l1`` is the replica's record

@@ -24,6 +24,7 @@ from typing import Any
 
 from cachecore.layout import KVLayout
 from cachecore.model.chat_template import JinjaChatTemplate
+from cachecore.model.digests import check_checkpoint_tensors, checkpoint_digest, weight_files
 from cachecore.model.hf_config import (
     CheckpointConfig,
     CheckpointError,
@@ -33,7 +34,6 @@ from cachecore.model.hf_config import (
     token_ids,
 )
 from cachecore.model.hf_tokenizer import HFTokenizer, load_text
-from cachecore.model.hf_weights import check_checkpoint_tensors, checkpoint_digest, weight_files
 
 ENGINES = ("strata", "vllm")
 _GENERIC_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "fp32": "float32",
@@ -155,7 +155,7 @@ def read_generic_config(path: str | os.PathLike[str]) -> GenericConfig:
 class CheckpointInfo:
     path: str  # resolved directory
     config: CheckpointConfig | GenericConfig  # GenericConfig for engine "vllm"
-    digest: str  # weight digest (hf_weights.checkpoint_digest)
+    digest: str  # weight digest (digests.checkpoint_digest)
     tokenizer: HFTokenizer
     chat: JinjaChatTemplate
 

@@ -5,16 +5,16 @@ from it, so two configs that differ anywhere never share weights or cached KV. T
 Hugging Face checkpoints need (explicit head size, q/k/v and output biases, Qwen3's q/k norm, RoPE
 scaling) appear in ``canonical()`` only when set, so the presets' digests and namespaces are the same
 as before the switches existed. ``cachecore.model.hf_config`` builds a config from ``config.json``.
+
+Plain Python (the control plane reads presets and configs without torch): the RoPE tensors these
+fields describe are computed by the decoder (``cachecore.model.llama.rope_inv_freq``).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-import torch
-
-from cachecore.layout import DTYPES, KVLayout
+from cachecore.layout import DTYPE_BYTES, KVLayout
 
 # RoPE flavour implemented by llama.py: rotate the two halves of each head (GPT-NeoX / HF Llama
 # convention), not interleaved pairs. Part of the namespace: the two give different K.
@@ -45,20 +45,6 @@ class RopeScaling:
         ):
             raise ValueError("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and "
                              "original_max_position_embeddings > 0")
-
-    def apply(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        """The scaled inverse frequencies (the formulas, and the fp32 arithmetic, of transformers'
-        ``rope_init_fn``s, so positions rotate by exactly the same angles)."""
-        if self.kind == "linear":
-            return inv_freq / self.factor
-        old = self.original_max_position_embeddings
-        low_wavelen, high_wavelen = old / self.low_freq_factor, old / self.high_freq_factor
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / self.factor, inv_freq)
-        smooth = (old / wavelen - self.low_freq_factor) / (self.high_freq_factor - self.low_freq_factor)
-        smoothed = (1 - smooth) * scaled / self.factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled)
 
 
 @dataclass(frozen=True)
@@ -99,19 +85,12 @@ class ModelConfig:
             raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
         if not self.rope_theta > 0 or not self.norm_eps > 0:
             raise ValueError("rope_theta and norm_eps must be positive")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
 
     @property
     def head_dim(self) -> int:
         return self.head_dim_override or self.dim // self.n_heads
-
-    def inv_freq(self) -> torch.Tensor:
-        """RoPE inverse frequencies of one head (``head_dim / 2``, fp32 on CPU), scaled when configured.
-        Computed as transformers computes them (fp32), so the angles match it bit for bit."""
-        hd = self.head_dim
-        freqs = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
-        return self.rope_scaling.apply(freqs) if self.rope_scaling is not None else freqs
 
     def kv_layout(self, block_size: int = 16) -> KVLayout:
         """The KV layout this model writes into pages."""

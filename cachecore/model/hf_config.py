@@ -27,11 +27,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from cachecore.model.config import ModelConfig, RopeScaling
+
+if TYPE_CHECKING:  # plain Python: the control plane reads checkpoint configs without torch
+    import torch
 
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",

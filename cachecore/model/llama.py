@@ -19,10 +19,33 @@ import torch
 import torch.nn.functional as F
 
 from cachecore.errors import InvalidPrompt, PromptTooLong
-from cachecore.layout import DTYPES
-from cachecore.model.config import ModelConfig
+from cachecore.layout import torch_dtype
+from cachecore.model.config import ModelConfig, RopeScaling
 from cachecore.model.weights import validate_weights
 from cachecore.pages import KVPages
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies of one head (``head_dim / 2``, fp32 on CPU), scaled when configured.
+    Computed as transformers computes them (fp32), so the angles match it bit for bit."""
+    hd = config.head_dim
+    freqs = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    return rope_scaled(config.rope_scaling, freqs) if config.rope_scaling is not None else freqs
+
+
+def rope_scaled(scaling: RopeScaling, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The inverse frequencies scaled by ``scaling`` (the formulas, and the fp32 arithmetic, of
+    transformers' ``rope_init_fn``s, so positions rotate by exactly the same angles)."""
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    old = scaling.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 class _Layer(NamedTuple):
@@ -51,7 +74,7 @@ class LlamaModel:
     ) -> None:
         validate_weights(weights, config)
         self.config = config
-        dtype = DTYPES[config.dtype]
+        dtype = torch_dtype(config.dtype)
         w = {k: v.to(device=torch.device(device), dtype=dtype) for k, v in weights.items()}
         self.tok_emb = w["tok_embeddings.weight"]
         self.device = self.tok_emb.device
@@ -77,7 +100,7 @@ class LlamaModel:
                 )
             )
         # fp32 angles computed as transformers computes them (RoPE scaling included).
-        angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float32), config.inv_freq())
+        angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float32), rope_inv_freq(config))
         self.cos = angles.cos().to(device=self.device)  # [max_seq_len, hd/2]
         self.sin = angles.sin().to(device=self.device)
 

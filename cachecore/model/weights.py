@@ -3,7 +3,8 @@
 Each source has a digest that goes into the cache namespace:
 
 - seeded: ``seeded_digest`` hashes the recipe (config, generator version, torch RNG version, model
-  name, revision label, seed) without building anything, so the control plane can compute it cheaply;
+  name, revision label, seed) without building anything, so the control plane can compute it cheaply
+  (it lives in the torch-free ``cachecore.model.digests``, with ``weight_shapes``; re-exported here);
 - file: sha256 of the file's bytes (hashed from the same bytes that are parsed, so the digest always
   describes the weights that were loaded).
 
@@ -17,7 +18,6 @@ onto these.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import tempfile
@@ -28,73 +28,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from cachecore.layout import DTYPES
+from cachecore.layout import torch_dtype
 from cachecore.model.config import ModelConfig
-
-# Bump when the order or scaling of seeded draws changes: the same recipe must always mean the
-# same weights, or cached KV from the old weights would be served for the new ones.
-GENERATOR_VERSION = "strata-seeded-v1"
-OPTIONAL = frozenset({"output.weight"})
-
-
-def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model reads, in the (fixed) order seeded weights are drawn."""
-    d, hd, f = config.dim, config.head_dim, config.ffn_dim
-    q_rows, kv_rows = config.n_heads * hd, config.n_kv_heads * hd
-    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (config.vocab_size, d)}
-    for i in range(config.n_layers):
-        p = f"layers.{i}."
-        shapes[p + "attention_norm.weight"] = (d,)
-        shapes[p + "attention.wq.weight"] = (q_rows, d)
-        shapes[p + "attention.wk.weight"] = (kv_rows, d)
-        shapes[p + "attention.wv.weight"] = (kv_rows, d)
-        shapes[p + "attention.wo.weight"] = (d, q_rows)
-        if config.qkv_bias:
-            shapes[p + "attention.wq.bias"] = (q_rows,)
-            shapes[p + "attention.wk.bias"] = (kv_rows,)
-            shapes[p + "attention.wv.bias"] = (kv_rows,)
-        if config.o_bias:
-            shapes[p + "attention.wo.bias"] = (d,)
-        if config.qk_norm:
-            shapes[p + "attention.q_norm.weight"] = (hd,)
-            shapes[p + "attention.k_norm.weight"] = (hd,)
-        shapes[p + "ffn_norm.weight"] = (d,)
-        shapes[p + "feed_forward.w1.weight"] = (f, d)
-        shapes[p + "feed_forward.w3.weight"] = (f, d)
-        shapes[p + "feed_forward.w2.weight"] = (d, f)
-    shapes["norm.weight"] = (d,)
-    shapes["output.weight"] = (config.vocab_size, d)
-    return shapes
-
-
-def _canonical_json(obj: object) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _check_recipe(model_name: str, revision_label: str, seed: int) -> None:
-    if not isinstance(model_name, str) or not isinstance(revision_label, str):
-        raise ValueError("model_name and revision_label must be strings")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-
-
-def seeded_digest(config: ModelConfig, *, model_name: str, revision_label: str, seed: int) -> str:
-    """sha256 hex of the seeded-weights recipe. Cheap: builds no tensor.
-
-    Includes torch's major.minor version: torch does not promise the same random stream across
-    releases, and a digest must never name two different sets of weights.
-    """
-    _check_recipe(model_name, revision_label, seed)
-    recipe = {
-        "source": "seeded",
-        "generator": GENERATOR_VERSION,
-        "torch_rng": ".".join(torch.__version__.split(".")[:2]),
-        "config": config.canonical(),
-        "model_name": model_name,
-        "revision_label": revision_label,
-        "seed": seed,
-    }
-    return hashlib.sha256(_canonical_json(recipe)).hexdigest()
+from cachecore.model.digests import (  # noqa: F401  (re-exported: this module's API before the split)
+    GENERATOR_VERSION,
+    OPTIONAL,
+    canonical_json,
+    check_recipe,
+    seeded_digest,
+    weight_shapes,
+)
 
 
 def seeded_weights(
@@ -106,8 +49,8 @@ def seeded_weights(
     stay O(1): embeddings N(0, 1), projections N(0, 1/fan_in), residual outputs (wo, w2) further
     divided by sqrt(2 * n_layers), norms 1; logits then have a spread of about 1 (not degenerate).
     """
-    _check_recipe(model_name, revision_label, seed)
-    material = _canonical_json({"model_name": model_name, "revision_label": revision_label, "seed": seed})
+    check_recipe(model_name, revision_label, seed)
+    material = canonical_json({"model_name": model_name, "revision_label": revision_label, "seed": seed})
     gen = torch.Generator(device="cpu")
     gen.manual_seed(int.from_bytes(hashlib.sha256(material).digest()[:8], "big") & (2**63 - 1))
     residual = 1.0 / math.sqrt(2 * config.n_layers)
@@ -123,7 +66,7 @@ def seeded_weights(
                 t /= math.sqrt(shape[1])
             if name.endswith(("wo.weight", "w2.weight")):
                 t *= residual
-        out[name] = t.to(DTYPES[config.dtype])
+        out[name] = t.to(torch_dtype(config.dtype))
     return out
 
 
@@ -161,7 +104,7 @@ def load_safetensors(
     except (SafetensorError, ValueError, RuntimeError) as exc:
         raise ValueError(f"{os.fspath(path)!r} is not a valid safetensors file: {exc}") from exc
     validate_weights(weights, config)
-    dtype = DTYPES[config.dtype]
+    dtype = torch_dtype(config.dtype)
     return {k: v.to(dtype) for k, v in weights.items()}, digest
 
 

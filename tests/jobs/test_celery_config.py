@@ -10,8 +10,10 @@ REPO = Path(__file__).resolve().parents[2]
 PROBE = """
 import django
 django.setup()
+from controlplane.jobs import services
+print(services.celery_app.main, services.celery_app.conf.broker_url)
 from controlplane.jobs.tasks import run_job
-print(run_job.app.main, run_job.app.conf.broker_url)
+print(run_job.app.main, run_job.app.conf.broker_url, run_job.name == services.RUN_JOB)
 """
 
 
@@ -20,4 +22,5 @@ def test_fresh_django_process_sends_jobs_to_the_configured_broker(tmp_path):
            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/9"}
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=REPO, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
-    assert out == ["strata", "redis://127.0.0.1:6379/9"]
+    # the app the services send jobs with (by name) is the one the task is registered on
+    assert out == ["strata", "redis://127.0.0.1:6379/9", "strata", "redis://127.0.0.1:6379/9", "True"]

@@ -206,6 +206,14 @@ def test_kv_api_uploads_stay_apart_and_never_feed_a_completion(tiered, site):
     assert tiered.kv_lookup(_kv_req("up", scope, prompt)) == {"hit_tokens": 128, "origin": "upload"}
     got, mask, origin = tiered.kv_retrieve(_kv_req("up", scope, prompt))
     assert origin == "upload" and torch.equal(got, kv)
+    # the web tier's calls: the same KV as plain bytes (workers.protocol.KVWire), no tensor crossing
+    from workers.kv_wire import from_wire, to_wire
+
+    wire = tiered.kv_retrieve_wire(_kv_req("up", scope, prompt))
+    assert wire["hit_tokens"] == 128 and wire["origin"] == "upload" and torch.equal(from_wire(wire["kv"]), kv)
+    other = _prompt(130, 74)
+    assert tiered.kv_store_wire(_kv_req("up", scope, other), to_wire(kv)) == 4
+    assert torch.equal(tiered.kv_retrieve(_kv_req("up", scope, other))[0], kv)
     assert tiered.kv_lookup(_kv_req("other", secrets.token_bytes(32), prompt))["hit_tokens"] == 0
     _reset_vllm(tiered)
     assert _run(tiered, site, "up", scope, prompt)["usage"]["cached_tokens"] == 0  # never the uploaded bytes

@@ -11,7 +11,7 @@ Crypto-shredding (``shred`` jobs, one data-key version; ``offboard`` jobs, after
 version of the tenant). Both jobs first make every worker stop the tenant's running and waiting
 requests (``cancel_tenant``, results ``<actor>:cancel``), so no stream outlives its key or tenant:
 
-1. the wrapped keys are deleted in the database (``tenants.datakeys.data_key_destroy``: state
+1. the wrapped keys are deleted in the database (``tenants.keystore.data_key_destroy``: state
    ``shredded``, ``wrapped`` NULL, audited), with the job's step, in one transaction: from then on
    no process can unwrap them;
 2. after ``STRATA_DATA_KEY_CACHE_SECONDS`` (no web process still hands the key out in a worker
@@ -31,17 +31,19 @@ from django.db.models import Max
 from django.utils import timezone
 
 from controlplane.audit.services import audit_record
+from controlplane.celery_app import app as celery_app
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput, NotFound, Unavailable
 from controlplane.jobs.models import FlushJob
 from controlplane.registry.models import ModelDeployment, ModelRevision
 from controlplane.registry.services import model_activate_revision
 from controlplane.runtime import gateway
-from controlplane.tenants.datakeys import data_key_destroy
+from controlplane.tenants.keystore import data_key_destroy
 from controlplane.tenants.models import DataKey, Tenant
 from workers.actor import actor_name
-from workers.cache_worker import CacheWorker
+from workers.engine_contract import ServingEngine
 
+RUN_JOB = "strata.run_job"  # the Celery task that runs a job (``jobs.tasks.run_job``), enqueued by name
 DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
 # Per-worker result states that need no retry. ``not_running``: the replica was never started (or is
 # stopped), so it holds nothing and there is nothing to do (``absent`` in rows written before).
@@ -53,10 +55,15 @@ class RetryLater(Exception):
     """Some workers could not be reached; the task retries with backoff."""
 
 
-def _enqueue(job: FlushJob) -> None:
-    from controlplane.jobs.tasks import run_job
+def job_send(job_id: int) -> None:
+    """Send ``RUN_JOB`` for ``job_id`` now. By name, on Strata's Celery app: nothing but Celery imports
+    the tasks module (the tasks import the services), so there is no import cycle."""
+    celery_app.send_task(RUN_JOB, args=[job_id])
 
-    transaction.on_commit(lambda: run_job.delay(job.pk))
+
+def _enqueue(job: FlushJob) -> None:
+    """Send the job once the transaction commits (``job_send``)."""
+    transaction.on_commit(lambda: job_send(job.pk))
 
 
 def _step(job: FlushJob, step: str, **detail) -> None:
@@ -381,10 +388,10 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
 
 
 def workers_hold_data_keys() -> bool:
-    """Whether this version of the cache worker keeps data keys (has ``drop_data_key``). Workers that
-    predate L3 encryption hold no key and no L3 object of any version: steps 2 and 3 of a shred have
-    nothing to do there and are recorded ``skipped``."""
-    return hasattr(CacheWorker, "drop_data_key")
+    """Whether this version of the worker protocol keeps data keys (the engine contract has
+    ``drop_data_key``). Workers that predate L3 encryption hold no key and no L3 object of any
+    version: steps 2 and 3 of a shred have nothing to do there and are recorded ``skipped``."""
+    return hasattr(ServingEngine, "drop_data_key")
 
 
 def _destroy_keys(job: FlushJob, versions: list[int]) -> None:

@@ -28,7 +28,7 @@ def stale_seconds() -> float:
 
 def resume_stale_jobs() -> list[int]:
     from controlplane.jobs.models import FlushJob
-    from controlplane.jobs.tasks import run_job
+    from controlplane.jobs.services import job_send
 
     now = timezone.now()
     stale = FlushJob.objects.filter(status=FlushJob.Status.RUNNING,
@@ -38,7 +38,7 @@ def resume_stale_jobs() -> list[int]:
         FlushJob.objects.filter(pk__in=ids).update(heartbeat_at=now)
     for job_id in ids:
         logger.info("resuming stale job %s", job_id)
-        run_job.delay(job_id)
+        job_send(job_id)
     return ids
 
 

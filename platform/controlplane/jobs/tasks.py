@@ -14,7 +14,7 @@ logger = logging.getLogger("controlplane.jobs")
 MAX_RETRIES = 6
 
 
-@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES, name="strata.run_job")
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_RETRIES, name=services.RUN_JOB)
 def run_job(self, job_id: int) -> str:
     """Run flush/rollout/offboard job ``job_id`` to a final state; unreachable workers are retried with
     exponential backoff, and the last attempt records what is still failing (partial/failed)."""

@@ -1,8 +1,8 @@
 """Registry writes: model deployments, revisions, switching the active revision. Every write is audited
 in the same transaction.
 
-Digests come from cachecore (imported lazily: it pulls in torch): seeded revisions use
-``cachecore.model.weights.seeded_digest(preset(name), model_name=, revision_label=, seed=)``; file
+Digests come from cachecore's torch-free ``cachecore.model.digests``: seeded revisions use
+``seeded_digest(preset(name), model_name=, revision_label=, seed=)``; file
 revisions use the SHA-256 of the file's bytes, the same digest ``load_safetensors`` reports;
 checkpoint revisions (a Hugging Face directory, ``path``) are validated by
 ``cachecore.model.checkpoint.inspect_checkpoint`` (config, tensor shapes, tokenizer, chat template) and
@@ -25,7 +25,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from cachecore.model.hf_weights import sha256_file
+from cachecore.model.digests import checkpoint_digest, seeded_digest, sha256_file
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
@@ -86,8 +86,6 @@ def _with_digest(info):
     is chosen."""
     from dataclasses import replace
 
-    from cachecore.model.hf_weights import checkpoint_digest
-
     return replace(info, digest=checkpoint_digest(Path(info.path)))
 
 
@@ -127,8 +125,6 @@ def _revision_source(
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise InvalidInput(f"seed must be an integer in [0, {MAX_SEED}]")
-        from cachecore.model.weights import seeded_digest
-
         return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
     file = _weights_file(str(weights_path))
     return None, str(file), None, sha256_file(file)

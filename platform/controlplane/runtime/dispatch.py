@@ -33,7 +33,8 @@ from controlplane.runtime.replicas import Replica, ReplicaSet, gone
 logger = logging.getLogger("controlplane.runtime")
 
 CANCELLABLE = frozenset({"collect", "complete"})  # methods whose first argument is a request dict
-TENANT_AFFINE = frozenset({"kv_lookup", "kv_store", "kv_retrieve"})  # a tenant's KV calls meet on one replica
+# a tenant's KV calls meet on one replica
+TENANT_AFFINE = frozenset({"kv_lookup", "kv_store", "kv_retrieve", "kv_store_wire", "kv_retrieve_wire"})
 
 
 def _pick(spec: WorkerSpec, rs: ReplicaSet, method: str, args: tuple, exclude: frozenset[int]) -> Replica:

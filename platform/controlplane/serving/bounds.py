@@ -24,9 +24,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from cachecore.layout import DTYPES
 from controlplane.common.errors import ApplicationError, TooLarge
 from controlplane.serving.model_facts import ModelFacts
 
@@ -139,6 +136,6 @@ def kv_store_body_limit(facts: ModelFacts) -> int:
     blocks = facts.max_seq_len // layout.block_size
     # The worker may serve in another dtype than the config names (float32 on a CPU): count 4 bytes an
     # element, the widest it uses.
-    elements = layout.bytes_per_block // torch.tensor([], dtype=DTYPES[layout.dtype]).element_size()
+    elements = layout.bytes_per_block // layout.element_size
     kv_b64 = 4 * -(-blocks * elements * 4 // 3)
     return kv_b64 + token_list_body_limit(facts)

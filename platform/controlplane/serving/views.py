@@ -14,7 +14,6 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-import torch
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -23,6 +22,7 @@ from controlplane.common.errors import ApplicationError, InvalidInput, error_bod
 from controlplane.runtime import gateway
 from controlplane.serving import accountant, accounting, context, health, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
+from workers.protocol import KVWire
 
 
 def _api_view(methods: tuple[str, ...]):
@@ -195,7 +195,8 @@ async def kv_lookup(request: HttpRequest):
 @_api_view(("POST",))
 async def kv_store(request: HttpRequest):
     """Upload KV for full blocks. Untrusted: exact size for the layout, finite values only, keyed under
-    the uploading tenant alone and never read by a completion (``CacheWorker.kv_store``)."""
+    the uploading tenant alone and never read by a completion (``CacheWorker.kv_store``). The bytes go
+    to the replica as they came (``workers.protocol.KVWire``); only the replica makes a tensor of them."""
     spec, body, req = await context.prepare_kv(request, KVRequest)
     layout = await gateway.acall(spec, "kv_layout")
     n_blocks = len(body.tokens) // layout["block_size"]
@@ -206,11 +207,11 @@ async def kv_store(request: HttpRequest):
     if kv is None:
         return JsonResponse({"stored_blocks": 0})
     # Finite values are checked by the worker, inside the job its scheduler charges to this tenant.
-    stored = await gateway.acall(spec, "kv_store", req, kv)
+    stored = await gateway.acall(spec, "kv_store_wire", req, kv)
     return JsonResponse({"stored_blocks": stored, "blocks": n_blocks})
 
 
-def _decode_kv(b64: str, n_blocks: int, layout: dict) -> torch.Tensor | None:
+def _decode_kv(b64: str, n_blocks: int, layout: dict) -> KVWire | None:
     """The uploaded ``kv`` as ``[n_blocks, *page_shape]`` of the layout's dtype (None for no blocks);
     422 unless it is base64 of exactly that many bytes."""
     try:
@@ -222,19 +223,13 @@ def _decode_kv(b64: str, n_blocks: int, layout: dict) -> torch.Tensor | None:
         raise InvalidInput(f"kv holds {len(raw)} bytes; {n_blocks} full blocks need {expected}", code="invalid_kv")
     if n_blocks == 0:
         return None
-    return torch.frombuffer(bytearray(raw), dtype=getattr(torch, layout["dtype"])).view(n_blocks, *layout["page_shape"])
-
-
-def kv_bytes(kv: torch.Tensor) -> bytes:
-    """The raw little-endian bytes of ``kv`` in its own dtype, as ``kv_store`` takes them. Through a
-    uint8 view rather than numpy, which has no bfloat16."""
-    return kv.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+    return {"shape": [n_blocks, *layout["page_shape"]], "dtype": layout["dtype"], "data": raw}
 
 
 @_api_view(("POST",))
 async def kv_retrieve(request: HttpRequest):
     spec, _, req = await context.prepare_kv(request, KVRequest)
-    kv, mask, origin = await gateway.acall(spec, "kv_retrieve", req)
-    hit = int(mask.sum())
-    return JsonResponse({"hit_tokens": hit, "origin": origin, "dtype": str(kv.dtype).removeprefix("torch."),
-                         "shape": list(kv.shape), "kv": base64.b64encode(kv_bytes(kv)).decode()})
+    got = await gateway.acall(spec, "kv_retrieve_wire", req)
+    kv = got["kv"]
+    return JsonResponse({"hit_tokens": got["hit_tokens"], "origin": got["origin"], "dtype": kv["dtype"],
+                         "shape": kv["shape"], "kv": base64.b64encode(kv["data"]).decode()})

@@ -14,7 +14,7 @@ Serving-path contract:
   ``max_cached_tokens``, ``max_prompt_tokens``, ``max_l3_bytes``; ``None`` = unlimited.
 - cache policy: ``tenant.persist_kv`` (may KV go to L3 at all), ``tenant.retention_seconds``.
 - ``data_key_for_worker(tenant)`` -> the tenant's wrapped data keys for its worker request
-  (``controlplane.tenants.datakeys``); ``data_key_list`` / ``data_key_get`` -> versions and states.
+  (``controlplane.tenants.keystore``); ``data_key_list`` / ``data_key_get`` -> versions and states.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from django.db.models import QuerySet
 from controlplane.common.errors import NotFound
 from controlplane.common.tokens import secret_matches, secret_prefix
 from controlplane.registry.models import ModelDeployment
-from controlplane.tenants.datakeys import data_key_for_worker, data_key_get, data_key_list  # noqa: F401
+from controlplane.tenants.keystore import data_key_for_worker, data_key_get, data_key_list  # noqa: F401
 from controlplane.tenants.models import ApiKey, Grant, ShareGroup, Tenant
 
 FINGERPRINT_DOMAIN = b"strata/scope-fingerprint/v1\x00"
