@@ -84,6 +84,16 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
     def hashes(i: int) -> list[bytes]:
         return [os.urandom(32) for _ in range(cb - 1)] + [i.to_bytes(32, "little")]
 
+    # Every timed put must write and every get return the whole chunk: a skipped put or a missed get
+    # costs next to nothing, and its GB/s would time that.
+    def stored(written: bool) -> None:
+        if not written:
+            raise SystemExit("an L3 put was skipped, not written: nothing measured")
+
+    def fetched(got) -> None:
+        if got.stopped is not None or len(got.kv) != cb:
+            raise SystemExit(f"an L3 get returned {len(got.kv)} of {cb} blocks ({got.stopped}): nothing measured")
+
     chains = [hashes(i) for i in range(chunks)]
     try:
         fs = store(root.as_uri(), layout, ring)
@@ -92,12 +102,13 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
         def fs_put() -> None:
             state["round"] += 1
             for i, chain in enumerate(chains):
-                fs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens, tag, kv)
+                stored(fs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens,
+                                    tag, kv))
 
         def fs_get() -> None:
             for i, chain in enumerate(chains):
                 c = chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")]
-                fs.get(c, tokens, tag, cb)
+                fetched(fs.get(c, tokens, tag, cb))
 
         measure("fs put (encrypted)", fs_put)
         measure("fs get (decrypted)", fs_get)
@@ -118,11 +129,13 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
             def rs_put() -> None:
                 state["round"] += 1
                 for i, chain in enumerate(chains):
-                    rs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens, tag, kv)
+                    stored(rs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens,
+                                        tag, kv))
 
             def rs_get() -> None:
                 for i, chain in enumerate(chains):
-                    rs.get(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens, tag, cb)
+                    fetched(rs.get(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens, tag,
+                                   cb))
 
             measure("redis put (encrypted)", rs_put)
             measure("redis get (decrypted)", rs_get)

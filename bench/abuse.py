@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> None:
         counts = out.get(timeout=300)
         attacker.join(timeout=60)
 
+    answered = sum(v for k, v in counts.items() if ":" not in k and k not in ("seconds", "closed"))
+    if answered == 0:
+        raise SystemExit("the attack never reached the server (no HTTP answer to any of A's requests): "
+                         "nothing measured")
     growth = peak.peak - before
     sizes = ", ".join(f"{k} {len(v[1]) / MiB:.1f} MiB" for k, v in sorted(kinds.items()))
     offered = f"{args.rate:g} requests/s offered" if args.rate > 0 else "unpaced"

@@ -204,11 +204,15 @@ def _sched(actor) -> dict:
     return ray.get(actor.stats.remote())["scheduler"]
 
 
-def _breakdown(before: dict, after: dict, owner: str) -> dict:
-    """The worker's scheduler figures between two snapshots: mean step, B's queue wait and worker TTFT."""
+def _breakdown(before: dict, after: dict, owner: str, sent: int) -> dict:
+    """The worker's scheduler figures between two snapshots: mean step, B's queue wait and worker TTFT.
+    The scheduler must have counted a first token for each of the ``sent`` requests B sent meanwhile."""
     steps = after["steps"] - before["steps"]
     mine_b, mine_a = before["tenants"].get(owner, {}), after["tenants"].get(owner, {})
     firsts = mine_a.get("first_tokens", 0) - mine_b.get("first_tokens", 0)
+    if firsts < sent or steps <= 0:
+        raise SystemExit(f"the worker's scheduler counted {firsts} first tokens of B's ({steps} steps) for the "
+                         f"{sent} requests B sent: its figures would not describe them; nothing measured")
 
     def per_first(key: str) -> float:
         return (mine_a.get(key, 0) - mine_b.get(key, 0)) / firsts * 1e3 if firsts else 0.0
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     a, a_alone = flood.counts, solo.counts
     if a["served"] == 0 or under["requests"] != n:
         raise SystemExit("the flood never reached the worker: nothing measured")
-    why_alone, why_flood = _breakdown(s0, s1, b_owner), _breakdown(s2, s3, b_owner)
+    why_alone, why_flood = _breakdown(s0, s1, b_owner, n), _breakdown(s2, s3, b_owner, n)
     a_tps = a["completion_tokens"] / a["seconds"]
     a_alone_tps = a_alone["completion_tokens"] / a_alone["seconds"]
     flooded_tokens = a["uploaded_blocks"] * p.block_size

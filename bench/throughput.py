@@ -107,7 +107,7 @@ class Run:
 
 def _one(gen, ns, prompt, owner, params, out: list) -> None:
     t0 = time.perf_counter()
-    ttft, n, cached = None, 0, 0
+    ttft, n, cached = None, 0, None
     for ev in gen.stream(ns, prompt, owner=owner, params=params):
         if isinstance(ev, Prefilled):
             cached = ev.cached_tokens
@@ -144,6 +144,12 @@ def drive(gen, ns, jobs: list[tuple[list[int], str]], streams: int, params: Samp
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    # Every request must have been seen whole (a stream thread that died leaves no record): its
+    # Prefilled event (the hit ratio), its first token (TTFT) and all its tokens (throughput).
+    blind = [o for o in out if o[0] is None or o[3] is None or o[1] != params.max_tokens]
+    if len(out) != len(jobs) or blind:
+        raise SystemExit(f"{len(jobs) - len(out)} of {len(jobs)} requests left no record and {len(blind)} no first "
+                         f"token, Prefilled event or all {params.max_tokens} tokens: nothing measured")
     return Run(wall, sum(o[1] for o in out), [o[0] for o in out if o[0] is not None],
                sum(o[2] for o in out), sum(o[3] for o in out))
 

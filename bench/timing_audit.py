@@ -118,6 +118,10 @@ def main(argv: list[str] | None = None) -> None:
                 if (i + 1) % 50 == 0:
                     print(f"  {i + 1}/{len(trials)} trials, {time.perf_counter() - t_loop:.0f} s", flush=True)
             t_loop = time.perf_counter() - t_loop
+    # The cached-token cross-check must have seen every timed answer's usage (-1: none came).
+    blind = sum(c < 0 for kind in cached.values() for values in kind.values() for c in values)
+    if blind:
+        raise SystemExit(f"{blind} timed answers carried no usage: the cached-token cross-check saw nothing of them")
 
     # ------------------------------------------------------------------ report
     def test(kind: str) -> tuple[float, float]:

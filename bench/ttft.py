@@ -21,16 +21,18 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams, TokenOut
+from cachecore.runner import Generator, Prefilled, SamplingParams, TokenOut
 
 
 def ttft(gen: Generator, ns, tokens: list[int], *, use_cache: bool = True) -> tuple[float, int]:
     start = time.perf_counter()
-    cached = 0
+    cached = None
     for ev in gen.stream(ns, tokens, owner="bench", params=SamplingParams(max_tokens=1), use_cache=use_cache):
-        if hasattr(ev, "cached_tokens") and not isinstance(ev, TokenOut):
+        if isinstance(ev, Prefilled):
             cached = ev.cached_tokens
         if isinstance(ev, TokenOut):
+            if cached is None:
+                raise RuntimeError("the first token came without a Prefilled event: its cached tokens went unseen")
             return time.perf_counter() - start, cached
     raise RuntimeError("no token produced")
 
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(reps):
         for name, frac in cases:
             target = prompt()
+            keep = 0
             if frac is None:
                 t, c = ttft(gen, ns, target, use_cache=False)
             else:
@@ -70,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
                     warm = target[:keep] + [(x + 1) % vocab for x in target[keep:]]
                     ttft(gen, ns, warm)  # populates exactly `keep` tokens of shared prefix
                 t, c = ttft(gen, ns, target)
+            if c != keep:  # the engine served what the case names, or its row measures another case
+                raise SystemExit(f"{name}: the request found {c} cached tokens, not the {keep} its case warmed: "
+                                 "nothing measured")
             results[name].append(t)
             cached_tokens[name] = c
     engine.check_integrity()
