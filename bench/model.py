@@ -7,13 +7,13 @@ FFN 1408; ``--quick``: dim 128, 2 layers) is saved with ``save_pretrained`` to a
 and loaded by both. In the same run, best of ``--rounds`` (each round runs the engines in another order,
 as the load of a shared machine drifts):
 
-- **prefill**: tokens/s of one ``--prompt``-token prompt from nothing cached: Strata's ``Generator``
+- **prefill**: tokens/s of one ``--prompt``-token prompt from nothing cached: Strata's ``CompletionRunner``
   until its ``Prefilled`` event (admission, paged forward), transformers' forward with a fresh
   ``DynamicCache``;
 - **decode**: tokens/s (1 / the median time between tokens) of ``--decode`` greedy tokens after that
   prompt: Strata's stream of token events, transformers' one-token forwards over its ``DynamicCache``.
 
-Strata is measured twice: the **runner** (``Generator``: admission, chunked prefill in
+Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunked prefill in
 ``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
 forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it.
@@ -39,7 +39,7 @@ from cachecore.engine import CacheEngine
 from cachecore.layout import torch_dtype
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
-from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
 
 SMALL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1408}
 QUICK = {"dim": 128, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 256}
@@ -65,8 +65,8 @@ def _prompt(vocab: int, n: int) -> list[int]:
 
 
 def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int) -> Figures:
-    """One cold prefill then ``decode`` greedy tokens through Strata's ``Generator`` (EOS ignored)."""
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
+    """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored)."""
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
     params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
     t0 = time.perf_counter()

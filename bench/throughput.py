@@ -34,7 +34,7 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 
 SERIAL_CHUNK = 256  # the old generator's default prefill chunk
@@ -186,13 +186,13 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     per_req = -(-(system + args.question + output) // bs)
     max_batch = max(levels) + 4
 
-    def batched(policy: str = "cache_aware", budget: int | None = None) -> Generator:
+    def batched(policy: str = "cache_aware", budget: int | None = None) -> CompletionRunner:
         engine = CacheEngine(loaded.layout, num_blocks=max(256, 4 * max_batch * per_req), device=model.device)
         for owner in ("a", "b"):
             engine.set_inflight_limit(owner, engine.pool.num_blocks * bs)
         sched = Scheduler(engine, token_budget=max(budget or args.token_budget, max_batch + 1),
                           max_batch=max_batch, policy=policy)
-        return Generator(model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
+        return CompletionRunner(model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
                          prefill_chunk=args.chunk)
 
     def serial() -> SerialGenerator:

@@ -73,13 +73,14 @@ from bench import _l3, traces
 from cachecore.config import EngineConfig
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, SamplingParams, TokenOut
 from cachecore.tiers.remote import DEFAULT_CHUNK_BLOCKS
 
 BS = 16
 
 
-def _ttft(gen: Generator, ns, tokens: list[int], *, owner: str = "bench", use_cache: bool = True) -> tuple[float, int]:
+def _ttft(gen: CompletionRunner, ns, tokens: list[int], *, owner: str = "bench",
+          use_cache: bool = True) -> tuple[float, int]:
     start = time.perf_counter()
     cached = 0
     for ev in gen.stream(ns, tokens, owner=owner, params=SamplingParams(max_tokens=1), use_cache=use_cache):
@@ -95,7 +96,7 @@ def ttft_by_tier(preset: str, n_tokens: int, reps: int) -> dict:
     # L1 fits one prompt (plus the filler's room); L2 holds several.
     engine = CacheEngine(loaded.layout, num_blocks=blocks + 2, device=loaded.model.device,
                          config=EngineConfig(l2_blocks=4 * blocks, load_policy="always_load"))
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="bench-tiers", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench-tiers", revision="r1")
     ns = loaded.namespace(secrets.token_bytes(32))
     rng = random.Random(0)
 
@@ -135,10 +136,10 @@ def ttft_from_l3(preset: str, n_tokens: int, reps: int, url: str) -> tuple[float
     rng = random.Random(1)
     times, cached = [], 0
 
-    def gen_on(store) -> Generator:
+    def gen_on(store) -> CompletionRunner:
         engine = CacheEngine(loaded.layout, num_blocks=blocks + 2, device=loaded.model.device,
                              config=EngineConfig(load_policy="always_load", load_deadline_s=30.0), l3=store)
-        return Generator(loaded.model, engine, loaded.tokenizer, model_name="bench-tiers", revision="r1")
+        return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench-tiers", revision="r1")
 
     for _ in range(reps + 1):
         target = [rng.randrange(256) for _ in range(n_tokens)]
@@ -159,7 +160,7 @@ def replay(prompts: list[list[int]], loaded, *, l1_blocks: int, l2_blocks: int, 
     l3 = _l3.store(l3_url, loaded.layout, _l3.keyring(), chunk_blocks=chunk_blocks) if l3_url else None
     engine = CacheEngine(loaded.layout, num_blocks=l1_blocks, device="cpu",
                          config=EngineConfig(l2_blocks=l2_blocks, load_policy=load_policy), l3=l3)
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="replay", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="replay", revision="r1")
     ns = loaded.namespace(b"\x01" * 32)
     ttfts = []
     skipped = 0

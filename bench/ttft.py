@@ -21,10 +21,10 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, Prefilled, SamplingParams, TokenOut
 
 
-def ttft(gen: Generator, ns, tokens: list[int], *, use_cache: bool = True) -> tuple[float, int]:
+def ttft(gen: CompletionRunner, ns, tokens: list[int], *, use_cache: bool = True) -> tuple[float, int]:
     start = time.perf_counter()
     cached = None
     for ev in gen.stream(ns, tokens, owner="bench", params=SamplingParams(max_tokens=1), use_cache=use_cache):
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     loaded = load_model("bench-llama", args.preset, RevisionSpec(label="r1", seed=7))
     n, bs = args.tokens, loaded.block_size
     engine = CacheEngine(loaded.layout, num_blocks=4 * (n // bs + 2) * 4, device=loaded.model.device)
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="bench-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench-llama", revision="r1")
     ns = loaded.namespace(secrets.token_bytes(32))
     rng = random.Random(0)
     vocab = loaded.config.vocab_size

@@ -13,7 +13,7 @@ import time
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, Prefilled, SamplingParams, TokenOut
 
 DOCUMENT = (
     "Strata keeps the attention KV of prompts that many requests share, so that a later request with "
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     loaded = load_model("demo-llama", args.preset, RevisionSpec(label="r1", seed=1), device=args.device)
     engine = CacheEngine(loaded.layout, num_blocks=2048, device=loaded.model.device)
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="demo-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="demo-llama", revision="r1")
     print(f"model demo-llama ({args.preset}) on {engine.pages.device}, revision r1 digest "
           f"{loaded.weight_digest[:12]}, {engine.pool.num_blocks} blocks of {engine.block_size} tokens, "
           f"loaded in {time.perf_counter() - t0:.2f}s\n")

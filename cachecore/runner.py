@@ -1,4 +1,4 @@
-"""Generator: serves completions from a model through the paged prefix cache and the scheduler.
+"""CompletionRunner: serves completions from a model through the paged prefix cache and the scheduler.
 
 ``stream`` yields events as they happen: one ``Prefilled`` (after the prefix hit is known and the rest
 of the prompt is computed), one ``TokenOut`` per generated token, then ``Finished``. The KV of the
@@ -31,7 +31,7 @@ from cachecore.scheduler.events import Event
 DEFAULT_PREFILL_CHUNK = 256
 _POLL_SECONDS = 0.05  # how often a waiting stream polls should_abort
 
-__all__ = ["Completion", "Event", "Finished", "Generator", "Prefilled", "SamplingParams", "TokenOut"]
+__all__ = ["Completion", "Event", "Finished", "CompletionRunner", "Prefilled", "SamplingParams", "TokenOut"]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Completion:
 
 
 
-class Generator:
+class CompletionRunner:
     """Owns nothing but references: the model (weights), the engine (cache), the tokenizer and the
     scheduler that runs its forwards (its own unless one is handed in to share)."""
 
@@ -106,7 +106,7 @@ class Generator:
             )
         return out
 
-    # ------------------------------------------------------------------ the scheduler's side (Runner)
+    # ------------------------------------------------------------------ the scheduler's side (scheduler.request.Runner)
     def forward_items(self, items: list[tuple[CachedSequence, int, int]]) -> torch.Tensor:
         """One batched forward over ``seq.tokens[start:end]`` of each item; last logits on the CPU."""
         batch = [BatchItem(seq.tokens[start:end], start, seq.block_table) for seq, start, end in items]

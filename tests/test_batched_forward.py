@@ -15,7 +15,7 @@ from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.model.batched import BatchItem, forward_batch
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 
 BS = 16
 
@@ -87,7 +87,8 @@ def test_bad_batches_raise_typed_errors_and_write_nothing(loaded):
 
 def test_concurrent_streams_are_batched_and_each_gives_its_greedy_tokens_alone(loaded):
     engine = CacheEngine(loaded.layout, num_blocks=256, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="batch-llama", revision="r1", prefill_chunk=16)
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="batch-llama", revision="r1",
+                           prefill_chunk=16)
     ns = loaded.namespace(secrets.token_bytes(32))
     system = _prompt(40, 99)
     prompts = [system + _prompt(5 + 3 * i, 200 + i) for i in range(6)] + [_prompt(30, 300)]

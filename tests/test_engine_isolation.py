@@ -12,7 +12,7 @@ from cachecore.engine import CacheEngine
 from cachecore.errors import InvalidPrompt, OutOfBlocks, PromptTooLong, UnknownNamespaceField
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.namespace import Namespace
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 
 BS = 16
 PROMPT = list(range(40, 40 + 70))
@@ -26,7 +26,7 @@ def loaded():
 @pytest.fixture
 def gen(loaded):
     engine = CacheEngine(loaded.layout, num_blocks=128, device="cpu")
-    return Generator(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
+    return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
 
 
 def _hit(gen, ns, tokens=PROMPT, owner="a", salt=b""):
@@ -119,7 +119,7 @@ def test_bad_input_raises_typed_errors(loaded, gen):
 
 def test_tenant_flood_under_cap_cannot_evict_other_tenants_hot_prefix(loaded):
     engine = CacheEngine(loaded.layout, num_blocks=48, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
     victim, attacker = loaded.namespace(secrets.token_bytes(32)), loaded.namespace(secrets.token_bytes(32))
     hot = list(range(100, 100 + 65))  # 4 full blocks usable
     assert _hit(gen, victim, tokens=hot, owner="victim") == 0
@@ -133,7 +133,7 @@ def test_tenant_flood_under_cap_cannot_evict_other_tenants_hot_prefix(loaded):
 
 def test_out_of_blocks_is_typed_and_leaks_nothing(loaded):
     engine = CacheEngine(loaded.layout, num_blocks=4, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="iso-llama", revision="r1")
     ns = loaded.namespace(secrets.token_bytes(32))
     with pytest.raises(OutOfBlocks):
         gen.complete(ns, list(range(100)), owner="a", params=SamplingParams(max_tokens=1))

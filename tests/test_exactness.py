@@ -9,7 +9,7 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 
 BS = 16
 
@@ -22,7 +22,7 @@ def loaded():
 @pytest.fixture
 def gen(loaded):
     engine = CacheEngine(loaded.layout, num_blocks=256, device="cpu")
-    return Generator(loaded.model, engine, loaded.tokenizer, model_name="exact-llama", revision="r1")
+    return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="exact-llama", revision="r1")
 
 
 @pytest.fixture
@@ -121,7 +121,7 @@ def test_decode_logits_match_dense_after_cached_prefix(loaded, gen, ns):
 @pytest.mark.parametrize("chunk", [1, 7, 16, 33])
 def test_chunked_prefill_is_exact_at_any_chunk_size(loaded, ns, chunk):
     engine = CacheEngine(loaded.layout, num_blocks=64, device="cpu")
-    chunked = Generator(loaded.model, engine, loaded.tokenizer, model_name="exact-llama", revision="r1",
+    chunked = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="exact-llama", revision="r1",
                         prefill_chunk=chunk)
     tokens = _prompt(70, seed=chunk)
     logits, hit = chunked.prefill_logits(ns, tokens, owner="t")

@@ -17,7 +17,7 @@ from cachecore.engine import CacheEngine
 from cachecore.model.llama import LlamaModel
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 from tests.hf_checkpoints import KINDS, build_checkpoint
 
 pytest.importorskip("transformers")
@@ -49,7 +49,7 @@ def ckpt(request, tmp_path_factory):
 def gen(ckpt):
     loaded = ckpt[4]
     engine = CacheEngine(loaded.layout, num_blocks=128, device="cpu")
-    return Generator(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
+    return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
 
 
 def _hf_logits(hf, ids: list[int]) -> torch.Tensor:
@@ -194,7 +194,7 @@ def test_attention_bias_checkpoints_serve_transformers_greedy_tokens_through_the
     with torch.no_grad():
         expected = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, 35:].tolist()
     engine = CacheEngine(loaded.layout, num_blocks=128, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="bias", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bias", revision="r1")
     ns = loaded.namespace(secrets.token_bytes(32))
     params = SamplingParams(max_tokens=12)
     cold = gen.complete(ns, ids, owner="t", params=params)

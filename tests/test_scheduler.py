@@ -11,7 +11,7 @@ import torch
 from cachecore.engine import CacheEngine
 from cachecore.errors import OutOfBlocks
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 from cachecore.scheduler import Failed, Finished, Request, Scheduler, State, TokenOut
 from tests.test_scheduler_property import FakeRunner, alone
 
@@ -61,12 +61,12 @@ def test_preempted_request_is_recomputed_from_the_cache_with_identical_greedy_to
     engine = CacheEngine(loaded.layout, num_blocks=10, device="cpu")
     for owner in ("x", "y", "z"):
         engine.set_inflight_limit(owner, 10 * BS)
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="sched-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="sched-llama", revision="r1")
     sched = Scheduler(engine, token_budget=64, max_batch=4, age_steps=2, start_thread=False)
     params = SamplingParams(max_tokens=40, stop_at_eos=False)
     p_old, p_young = _prompt(60, 1), _prompt(30, 2)
     solo = CacheEngine(loaded.layout, num_blocks=64, device="cpu")
-    solo_gen = Generator(loaded.model, solo, loaded.tokenizer, model_name="sched-llama", revision="r1")
+    solo_gen = CompletionRunner(loaded.model, solo, loaded.tokenizer, model_name="sched-llama", revision="r1")
     expected = [solo_gen.complete(ns, p, owner="s", params=params, use_cache=False).token_ids
                 for p in (p_old, p_young)]
     other = engine.admit(ns, _prompt(80, 3), owner="z")  # someone else holds half the pool for now

@@ -11,7 +11,7 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 from cachecore.scheduler import Request, Scheduler, State, TokenOut
 from cachecore.scheduler.fairness import RecentTenants, TenantDemand, plan_step, slot_shares, step_budget, water_fill
 from tests.test_scheduler_property import FakeRunner, alone
@@ -176,7 +176,7 @@ def test_the_victims_first_token_comes_within_a_bounded_number_of_steps_under_a_
     """Real tiny model: 32 flood requests decoding fill most of a small step budget; the victim's 128-token
     prompt (chunks of 32) still gets its first token in 4 steps, and its tokens equal the uncached run."""
     engine = CacheEngine(loaded.layout, num_blocks=1200, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name="fair-llama", revision="r1")
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="fair-llama", revision="r1")
     sched = Scheduler(engine, token_budget=48, max_batch=40, start_thread=False)
     params = SamplingParams(max_tokens=6, stop_at_eos=False)
     flood_params = SamplingParams(max_tokens=60, stop_at_eos=False)
@@ -201,7 +201,7 @@ def test_the_victims_first_token_comes_within_a_bounded_number_of_steps_under_a_
     while not victim.done.is_set():
         sched.step()
     solo = CacheEngine(loaded.layout, num_blocks=64, device="cpu")
-    solo_gen = Generator(loaded.model, solo, loaded.tokenizer, model_name="fair-llama", revision="r1")
+    solo_gen = CompletionRunner(loaded.model, solo, loaded.tokenizer, model_name="fair-llama", revision="r1")
     expected = solo_gen.complete(ns, prompt, owner="s", params=params, use_cache=False).token_ids
     assert [e.token_id for e in _drain(victim) if isinstance(e, TokenOut)] == expected
     for r in flood:

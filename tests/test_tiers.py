@@ -15,7 +15,7 @@ import torch
 from cachecore.config import EngineConfig
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 
 BS = 16
 
@@ -25,9 +25,9 @@ def loaded():
     return load_model("tier-llama", "tiny", RevisionSpec(label="r1", seed=4), device="cpu")
 
 
-def _gen(loaded, *, l1=12, l2=64, **cfg) -> Generator:
+def _gen(loaded, *, l1=12, l2=64, **cfg) -> CompletionRunner:
     engine = CacheEngine(loaded.layout, num_blocks=l1, device="cpu", config=EngineConfig(l2_blocks=l2, **cfg))
-    return Generator(loaded.model, engine, loaded.tokenizer, model_name="tier-llama", revision="r1")
+    return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="tier-llama", revision="r1")
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -39,7 +39,7 @@ def _dense_last(loaded, tokens):
         return loaded.model.forward_dense(torch.tensor(tokens))[-1].float()
 
 
-def _evict_l1(gen: Generator, ns, owner: str = "t", seed: int = 999) -> None:
+def _evict_l1(gen: CompletionRunner, ns, owner: str = "t", seed: int = 999) -> None:
     """Fill L1 with other prompts of the same owner so every earlier block leaves L1 (for L2)."""
     for i in range(3):
         gen.prefill_logits(ns, _prompt(BS * (gen.engine.pool.num_blocks - 1), seed + i), owner=owner)

@@ -13,7 +13,7 @@ from cachecore import crypto
 from cachecore.config import EngineConfig
 from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
-from cachecore.runner import Generator, SamplingParams
+from cachecore.runner import CompletionRunner, SamplingParams
 from cachecore.tiers.backends import open_backend
 from cachecore.tiers.remote import RemoteStore
 
@@ -32,10 +32,10 @@ def keys():
     return ring
 
 
-def _gen(loaded, root, keys, *, l1=24, l2=0, **cfg) -> Generator:
+def _gen(loaded, root, keys, *, l1=24, l2=0, **cfg) -> CompletionRunner:
     store = RemoteStore(open_backend(root.as_uri()), keys, loaded.layout, chunk_blocks=CHUNK)
     engine = CacheEngine(loaded.layout, num_blocks=l1, device="cpu", config=EngineConfig(l2_blocks=l2, **cfg), l3=store)
-    return Generator(loaded.model, engine, loaded.tokenizer, model_name="l3-llama", revision="r1")
+    return CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="l3-llama", revision="r1")
 
 
 def _prompt(n: int, seed: int) -> list[int]:

@@ -33,7 +33,7 @@ from cachecore.events import EventLog
 from cachecore.model.hf_config import weights_root
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.routing.hashes import namespace_fields, request_salt
-from cachecore.runner import Finished, Generator, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 from workers.admission import (  # noqa: F401  (re-exported: callers import them from here too)
     DEFAULT_TENANT_CONCURRENCY,
@@ -68,7 +68,7 @@ class RevisionChanged(CacheError):
 @dataclass
 class _Active:
     loaded: LoadedModel
-    generator: Generator
+    generator: CompletionRunner
 
 
 def replica_id(deployment: str, replica: int) -> str:
@@ -139,8 +139,8 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
     def _bundle(self, loaded: LoadedModel) -> _Active:
         return _Active(loaded, self._generator(loaded))
 
-    def _generator(self, loaded: LoadedModel) -> Generator:
-        return Generator(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
+    def _generator(self, loaded: LoadedModel) -> CompletionRunner:
+        return CompletionRunner(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
                          revision=loaded.revision.label, scheduler=self.scheduler,
                          prefill_chunk=self.config.prefill_chunk)
 

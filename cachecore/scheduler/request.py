@@ -26,7 +26,7 @@ class State(enum.Enum):
 
 
 class Runner(Protocol):
-    """What the loop needs from a model (``cachecore.runner.Generator`` is one)."""
+    """What the loop needs from a model (``cachecore.runner.CompletionRunner`` is one)."""
 
     def forward_items(self, items: list[tuple[CachedSequence, int, int]]) -> torch.Tensor:
         """Compute ``seq.tokens[start:end]`` of each item (KV into the pages); the last logits of each

@@ -17,11 +17,11 @@ def _reference(model: str, label: str, seed: int, prompt: str, max_tokens: int) 
     """From-scratch greedy output of one revision, computed in this process on a fresh cache."""
     from cachecore.engine import CacheEngine
     from cachecore.model.loader import RevisionSpec, load_model
-    from cachecore.runner import Generator, SamplingParams
+    from cachecore.runner import CompletionRunner, SamplingParams
 
     loaded = load_model(model, "tiny", RevisionSpec(label=label, seed=seed), device="cpu")
     engine = CacheEngine(loaded.layout, num_blocks=256, device="cpu")
-    gen = Generator(loaded.model, engine, loaded.tokenizer, model_name=model, revision=label)
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=model, revision=label)
     ns = loaded.namespace(b"\x00" * 32)
     return gen.complete(ns, loaded.tokenizer.encode(prompt), owner="ref", params=SamplingParams(max_tokens=max_tokens),
                         use_cache=False).text

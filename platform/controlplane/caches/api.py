@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from controlplane.caches import selectors, services, workers
 from controlplane.caches.models import NamedCache
 from controlplane.common.actor import Actor
-from controlplane.common.errors import NotFound
+from controlplane.common.errors import NotFound, WorkerError
 from controlplane.common.sources import request_source
 from controlplane.runtime import gateway
-from controlplane.serving import accounting, bounds, context, intake, ratelimit, responses
+from controlplane.serving import accounting, bounds, context, intake, ratelimit
 from controlplane.serving.admission import authenticate_key, body_limit_for
 from controlplane.serving.model_facts import model_facts
 from controlplane.serving.schemas import CompletionRequest, Message, TokenId
@@ -143,7 +143,7 @@ async def caches(request: HttpRequest):
         _prepare_create, thread_sensitive=True)(request)
     res = await gateway.acall(prep.spec, "prewarm", prep.worker_req, None, timeout=PREWARM_TIMEOUT_S)
     if res.get("error"):
-        raise responses.WorkerError(res["error"])
+        raise WorkerError.from_event(res["error"])
     cache = await sync_to_async(_finish_create, thread_sensitive=True)(
         tenant, actor, prefix, deployment, body, messages, prep, res)
     return JsonResponse(present(cache), status=201)

@@ -172,6 +172,13 @@ class WorkerError(ApplicationError):
         self.status = status
         super().__init__(message, code=code, headers={"Retry-After": str(retry)} if retry else None)
 
+    @classmethod
+    def from_event(cls, event: dict) -> WorkerError:
+        """An ``error`` event of a worker's stream: a code the table does not list is the worker's
+        failure, so 503 and retryable (a call's refusal, by contrast, defaults to 422)."""
+        return cls(event.get("message", "the worker failed"), code=event.get("code") or "worker_failed",
+                   default=(503, 2))
+
 
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     parts, param = [], None

@@ -27,14 +27,6 @@ def _top(top: dict | None) -> dict:
     return {k: round_logprob(v) for k, v in (top or {}).items()}
 
 
-class WorkerError(errors.WorkerError):
-    """An ``error`` event of a worker's stream as an API error (codes not listed: 503, retryable)."""
-
-    def __init__(self, event: dict):
-        super().__init__(event.get("message", "the worker failed"), code=event.get("code") or "worker_failed",
-                         default=(503, 2))
-
-
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:24]}"
 

@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.common.errors import ApplicationError, InvalidInput, error_body, error_response
+from controlplane.common.errors import ApplicationError, InvalidInput, WorkerError, error_body, error_response
 from controlplane.runtime import gateway
 from controlplane.serving import accountant, accounting, context, health, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
@@ -64,9 +64,9 @@ async def _collect(prep: context.Prepared) -> tuple[list[dict], dict]:
         elif ev["type"] == "finished":
             finished = ev
         elif ev["type"] == "error":
-            raise responses.WorkerError(ev)
+            raise WorkerError.from_event(ev)
     if finished is None:
-        raise responses.WorkerError({"code": "worker_failed", "message": "the worker ended without a result"})
+        raise WorkerError.from_event({"code": "worker_failed", "message": "the worker ended without a result"})
     return tokens, finished
 
 
@@ -80,7 +80,7 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
     # Pull the first event before answering so an unreachable worker is a 503, not a broken stream.
     first = await events.__anext__()
     if first["type"] == "error":
-        raise responses.WorkerError(first)
+        raise WorkerError.from_event(first)
     cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
 
     ended = []
