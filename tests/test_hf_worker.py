@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.hf_checkpoints import build_checkpoint
+from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 
 pytest.importorskip("transformers")
@@ -46,8 +47,8 @@ def _expected(hf, tok, ids: list[int], n: int = 12) -> list[int]:
 def test_worker_serves_transformers_tokens_and_reuses_the_prefix_exactly(setup):
     worker, _, (hf, tok), _ = setup
     ids = tok(TEXT * 2)["input_ids"]
-    cold = worker.complete(_req(ids))
-    warm = worker.complete(_req(ids))
+    cold = complete(worker, _req(ids))
+    warm = complete(worker, _req(ids))
     assert cold["token_ids"] == warm["token_ids"] == _expected(hf, tok, ids)
     assert cold["text"] == tok.decode(cold["token_ids"], skip_special_tokens=True)
     assert cold["usage"]["cached_tokens"] == 0
@@ -60,10 +61,10 @@ def test_worker_serves_transformers_tokens_and_reuses_the_prefix_exactly(setup):
 def test_worker_stops_at_a_stop_sequence(setup):
     worker, _, (_, tok), _ = setup
     ids = tok(TEXT)["input_ids"]
-    whole = worker.complete(_req(ids, max_tokens=16))
+    whole = complete(worker, _req(ids, max_tokens=16))
     stop = whole["text"][3:6]
     assert len(stop) == 3 and stop not in whole["text"][:3]
-    cut = worker.complete(_req(ids, max_tokens=16, stop=[stop]))
+    cut = complete(worker, _req(ids, max_tokens=16, stop=[stop]))
     assert cut["text"] == whole["text"][:whole["text"].index(stop)]
     assert cut["finish_reason"] == "stop"
     assert len(cut["token_ids"]) == cut["usage"]["completion_tokens"] <= len(whole["token_ids"])
@@ -75,14 +76,14 @@ def test_rollout_to_another_checkpoint_is_a_new_namespace_with_the_new_models_to
     worker, root, (_, tok), (hf2, tok2) = setup
     ids = tok(TEXT * 2)["input_ids"]
     assert ids == tok2(TEXT * 2)["input_ids"]  # same tokenizer: only the weights differ
-    before = worker.complete(_req(ids))
+    before = complete(worker, _req(ids))
     staged = worker.stage_revision({"label": "r2", "checkpoint_path": str(root / "r2")})
     assert staged["weight_digest"] != worker.info()["weight_digest"]
     switched = worker.switch_revision("r2", drain_seconds=1)
     assert switched["switched"] and switched["revision"] == "r2"
-    after = worker.complete(_req(ids))
+    after = complete(worker, _req(ids))
     assert after["usage"]["cached_tokens"] == 0  # the old revision's KV is never served for the new one
     assert after["token_ids"] == _expected(hf2, tok2, ids) != before["token_ids"]
-    again = worker.complete(_req(ids))
+    again = complete(worker, _req(ids))
     assert again["usage"]["cached_tokens"] > 0 and again["token_ids"] == after["token_ids"]
     worker.check_integrity()

@@ -26,6 +26,7 @@ from cachecore.tiers.host import HostStore
 from cachecore.tiers.remote import RemoteStore
 from tests.l3_workers import L3Site
 from tests.test_l3 import redis_server, redis_up  # noqa: F401  (fixtures: a real redis-server)
+from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 from workers.config import WorkerConfig
 
@@ -285,7 +286,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _complete(worker: CacheWorker, req: dict, **kw) -> dict:
-    out = worker.complete({**req, **kw})
+    out = complete(worker, {**req, **kw})
     assert "error" not in out, out
     worker.drain_writes()
     return out

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from cachecore.events import AllCleared, BlockRemoved, BlockStored, EventBatch, EventLog, InvalidEvent
 from cachecore.routing.hashes import namespace_fields, request_hashes, request_salt
 from cachecore.routing.index import PrefixIndex
+from tests.worker_calls import complete
 
 BS = 16
 H = [bytes([i]) * 32 for i in range(64)]
@@ -146,7 +147,7 @@ def _prompt(n: int, seed: int) -> list[int]:
 
 
 def _serve(worker, salt: bytes, prompt: list[int], tenant: str = "A", **extra) -> dict:
-    out = worker.complete({"tenant": tenant, "scope_salt": salt, "prompt": prompt, "max_tokens": 3,
+    out = complete(worker, {"tenant": tenant, "scope_salt": salt, "prompt": prompt, "max_tokens": 3,
                            "temperature": 0, **extra})
     assert out["type"] == "finished", out
     return out

@@ -17,6 +17,7 @@ from cachecore.scheduler.anticipate import Anticipation
 from cachecore.scheduler.work import Work, WorkQueue
 from tests.test_scheduler_fairness import Recording, _flooded, _req, ns_layout
 from tests.test_scheduler_property import FakeRunner
+from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 
 
@@ -191,7 +192,7 @@ def test_an_upload_sent_during_a_forward_runs_after_it_and_reads_back_exactly(wo
     monkeypatch.setattr(gen, "forward_items", forward)
     monkeypatch.setattr(engine, "store", store)
     prompt = torch.randint(0, 256, (40,), generator=torch.Generator().manual_seed(10)).tolist()
-    out = worker.complete({"tenant": "chat", "scope_salt": salt, "prompt": prompt,
+    out = complete(worker, {"tenant": "chat", "scope_salt": salt, "prompt": prompt,
                            "max_tokens": 2, "temperature": 0})
     assert out["usage"]["completion_tokens"] == 2
     assert uploaded.wait(60) and result.get("stored") == 4

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from cachecore.errors import InflightLimit, InvalidKV
+from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 
 BS = 16
@@ -26,7 +27,7 @@ def _req(tenant: str, salt: bytes, prompt: list[int], **extra) -> dict:
 
 
 def _run(worker, req) -> dict:
-    out = worker.complete(req)
+    out = complete(worker, req)
     worker.check_integrity()
     return out
 

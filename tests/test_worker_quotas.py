@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cachecore.errors import InflightLimit, TenantBusy
+from tests.worker_calls import complete
 from workers.admission import DEFAULT_TENANT_CONCURRENCY, tenant_concurrency
 from workers.cache_worker import CacheWorker
 
@@ -68,12 +69,12 @@ def test_a_kv_call_in_flight_takes_the_slot_from_a_completion(worker, monkeypatc
     t.start()
     try:
         assert entered.wait(30)
-        busy = worker.complete(_req("kv2", salt, _prompt(20, 4), max_concurrent_requests=1))
+        busy = complete(worker, _req("kv2", salt, _prompt(20, 4), max_concurrent_requests=1))
         assert busy["code"] == "tenant_busy" and busy["retryable"] is True
     finally:
         release.set()
         t.join(30)
-    ok = worker.complete(_req("kv2", salt, _prompt(20, 4), max_concurrent_requests=1))
+    ok = complete(worker, _req("kv2", salt, _prompt(20, 4), max_concurrent_requests=1))
     assert ok["type"] == "finished"  # the slot came back with the KV call's end
     assert worker.counters["tenant_busy"] >= 1
 
@@ -81,12 +82,12 @@ def test_a_kv_call_in_flight_takes_the_slot_from_a_completion(worker, monkeypatc
 def test_a_zero_concurrency_quota_runs_nothing_and_null_is_the_default(worker):
     assert tenant_concurrency(None) == DEFAULT_TENANT_CONCURRENCY and tenant_concurrency(0) == 0
     salt = secrets.token_bytes(32)
-    out = worker.complete(_req("zero", salt, _prompt(20, 5), max_concurrent_requests=0))
+    out = complete(worker, _req("zero", salt, _prompt(20, 5), max_concurrent_requests=0))
     assert out["code"] == "tenant_busy" and "quota is 0" in out["message"]
     with pytest.raises(TenantBusy, match="quota is 0"):
         worker.kv_lookup(_kv("zero", salt, _prompt(BS, 6), max_concurrent_requests=0))
     # null is the default (a quarter of the slots), not zero
-    assert worker.complete(_req("zero", salt, _prompt(20, 5), max_concurrent_requests=None))["type"] == "finished"
+    assert complete(worker, _req("zero", salt, _prompt(20, 5), max_concurrent_requests=None))["type"] == "finished"
     assert not worker.engine.running()
 
 
@@ -125,5 +126,5 @@ def test_cancel_tenant_ends_its_streams_with_cancelled_and_no_more_tokens(worker
     tail = list(bystander)  # another tenant's stream runs to its end
     assert tail[-1]["type"] == "finished" and tail[-1]["usage"]["completion_tokens"] == 40
     assert worker.cancel_tenant("gone") == {"cancelled": 0, "remaining": 0}  # idempotent
-    assert worker.complete(_req("gone", salt, _prompt(20, 14)))["type"] == "finished"  # later requests run
+    assert complete(worker, _req("gone", salt, _prompt(20, 14)))["type"] == "finished"  # later requests run
     worker.check_integrity()

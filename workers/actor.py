@@ -60,7 +60,7 @@ class CacheWorkerActor:
 
 
 _DELEGATED = (
-    "info", "ping", "stats", "complete", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve",
+    "info", "ping", "stats", "collect", "kv_layout", "kv_lookup", "kv_store", "kv_retrieve",
     "kv_store_wire", "kv_retrieve_wire", "flush",
     "probe", "stage_revision", "switch_revision", "check_integrity", "poison_free_blocks", "cancel",
     "drop_data_key", "kv_events", "kv_snapshot", "cancel_tenant", "drain_writes",

@@ -49,7 +49,6 @@ from workers.protocol import (
     WorkerRequest,
     error_event,
     finished_event,
-    fold_completion,
     prefilled_event,
     token_event,
 )
@@ -299,9 +298,6 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         """All events of ``stream`` at once (one round trip for non-streaming API calls)."""
         return list(self.stream(req))
 
-    def complete(self, req: dict) -> dict:
-        """Non-streaming form of ``stream``: one dict with text, tokens, logprobs and usage (or error)."""
-        return fold_completion(self.stream(req))
 
 
 __all__ = ["CacheWorker", "RevisionChanged", "Tag", "request_salt"]

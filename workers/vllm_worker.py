@@ -70,7 +70,6 @@ from workers.protocol import (
     WorkerRequest,
     error_event,
     finished_event,
-    fold_completion,
     prefilled_event,
     token_event,
 )
@@ -361,8 +360,6 @@ class VllmWorker(AdmissionMixin):
     def collect(self, req: dict) -> list[dict]:
         return list(self.stream(req))
 
-    def complete(self, req: dict) -> dict:
-        return fold_completion(self.stream(req))
 
     @staticmethod
     def _error(exc: CacheError) -> dict:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.l3_workers import DAY, L3Site
+from tests.worker_calls import complete
 from workers.config import WorkerConfig
 from workers.kv_params import TransferParams
 
@@ -48,7 +49,7 @@ def tiered(site, vllm_checkpoint):
 
 def _run(worker, site: L3Site, tenant: str, salt: bytes, prompt: list[int], *, max_tokens: int = 8, **kw) -> dict:
     req = {**site.request(tenant, prompt, scope_salt=salt, **kw), "max_tokens": max_tokens}
-    out = worker.complete(req)
+    out = complete(worker, req)
     assert "error" not in out, out
     worker.drain_writes()
     return out

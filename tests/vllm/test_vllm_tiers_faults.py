@@ -15,6 +15,7 @@ import torch
 
 from tests.l3_workers import L3Site
 from tests.test_l3 import RedisServer
+from tests.worker_calls import complete
 from workers.config import WorkerConfig
 
 pytest.importorskip("vllm")
@@ -53,7 +54,7 @@ def redis_worker(redis_l3, vllm_checkpoint):
 
 
 def _run(worker, site, tenant, salt, prompt, **kw):
-    out = worker.complete({**site.request(tenant, prompt, scope_salt=salt, **kw), "max_tokens": 6})
+    out = complete(worker, {**site.request(tenant, prompt, scope_salt=salt, **kw), "max_tokens": 6})
     assert "error" not in out, out
     worker.drain_writes()
     return out

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cachecore.routing.hashes import request_hashes, request_salt
+from tests.worker_calls import complete
 
 A, B = secrets.token_bytes(32), secrets.token_bytes(32)
 PROMPT = list(range(3, 140))  # 137 tokens: 4 full blocks of 32 are reusable
@@ -51,8 +52,8 @@ def test_greedy_output_is_identical_cold_and_with_a_prefix_hit_around_block_boun
     hf = vllm_checkpoint[1]
     prompt = [5 + (i * 7) % 300 for i in range(length)]
     salt = secrets.token_bytes(32)
-    cold = vllm_worker.complete(_req(salt, prompt, tenant="9", max_tokens=8))
-    warm = vllm_worker.complete(_req(salt, prompt, tenant="9", max_tokens=8))
+    cold = complete(vllm_worker, _req(salt, prompt, tenant="9", max_tokens=8))
+    warm = complete(vllm_worker, _req(salt, prompt, tenant="9", max_tokens=8))
     assert warm["usage"]["cached_tokens"] == (length - 1) // 32 * 32
     assert warm["token_ids"] == cold["token_ids"]
     with torch.no_grad():
@@ -95,17 +96,17 @@ def test_model_flush_reaches_every_scope(vllm_worker):
 
 
 def test_stop_logprobs_and_seed(vllm_worker):
-    out = vllm_worker.complete(_req(A, max_tokens=6, logprobs=3))
+    out = complete(vllm_worker, _req(A, max_tokens=6, logprobs=3))
     assert len(out["logprobs"]) == 6 and all(lp <= 0 for lp in out["logprobs"])
     assert all(len(top) <= 3 for top in out["top_logprobs"])
-    first = vllm_worker.complete(_req(A, max_tokens=6, temperature=1.0, seed=7))
-    again = vllm_worker.complete(_req(A, max_tokens=6, temperature=1.0, seed=7))
+    first = complete(vllm_worker, _req(A, max_tokens=6, temperature=1.0, seed=7))
+    again = complete(vllm_worker, _req(A, max_tokens=6, temperature=1.0, seed=7))
     assert first["token_ids"] == again["token_ids"]
-    full = vllm_worker.complete(_req(A, max_tokens=12))
+    full = complete(vllm_worker, _req(A, max_tokens=12))
     text = full["text"]
     stop = text[3:5]
     if stop.strip():
-        cut = vllm_worker.complete(_req(A, max_tokens=12, stop=[stop]))
+        cut = complete(vllm_worker, _req(A, max_tokens=12, stop=[stop]))
         assert cut["finish_reason"] == "stop" and stop not in cut["text"] and text.startswith(cut["text"])
 
 

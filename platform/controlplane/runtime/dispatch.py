@@ -32,7 +32,7 @@ from controlplane.runtime.replicas import Replica, ReplicaSet, gone
 
 logger = logging.getLogger("controlplane.runtime")
 
-CANCELLABLE = frozenset({"collect", "complete"})  # methods whose first argument is a request dict
+CANCELLABLE = frozenset({"collect"})  # methods whose first argument is a request dict
 # a tenant's KV calls meet on one replica
 TENANT_AFFINE = frozenset({"kv_lookup", "kv_store", "kv_retrieve", "kv_store_wire", "kv_retrieve_wire"})
 
