@@ -7,48 +7,50 @@ fields, so typos answer 422 instead of being ignored. Outputs never carry salts,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from ninja import Schema
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from controlplane.registry.engines import MAX_TENSOR_PARALLEL
 from controlplane.registry.models import LABEL_PATTERN, NAME_PATTERN
 from controlplane.registry.services import MAX_REPLICAS
+from controlplane.tenants import quotas
 from controlplane.tenants.models import RETENTION_MAX_SECONDS, SLUG_PATTERN
-
-Count = Field(default=None, ge=0)
+from controlplane.tenants.quotas import QuotaSpec
 
 
 class StrictIn(Schema):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class QuotasIn(StrictIn):
-    requests_per_minute: int | None = Count
-    tokens_per_minute: int | None = Count
-    max_cached_tokens: int | None = Count
-    max_prompt_tokens: int | None = Count
-    max_l3_bytes: int | None = Count
-    max_inflight_tokens: int | None = Count
-    max_concurrent_requests: int | None = Count
-    share_weight: int | None = Field(default=None, ge=1, le=100, description=(
-        "weight of the tenant's fair share of each worker's cache and compute (1-100; null = 1)"))
-    max_pinned_tokens: int | None = Field(default=None, ge=0, description=(
-        "tokens of the tenant's named caches soft-pinned in L2 and L3 (null = 0: none pinned)"))
+def _documented(spec: QuotaSpec) -> dict[str, Any]:
+    return {"description": spec.help, "json_schema_extra": {"x-unit": spec.unit}}
 
 
-class QuotasOut(Schema):
-    requests_per_minute: int | None
-    tokens_per_minute: int | None
-    max_cached_tokens: int | None
-    max_prompt_tokens: int | None
-    max_l3_bytes: int | None
-    max_inflight_tokens: int | None
-    max_concurrent_requests: int | None
-    share_weight: int | None
-    max_pinned_tokens: int | None
+def quota_in_field(spec: QuotaSpec) -> tuple[Any, Any]:
+    """One quota of ``QuotasIn``: optional, nullable, its type, help text and unit from the registry.
+    The schema states the quota's own bounds (``minimum``, ``maximum``); a refused 0 (``zero_hint``)
+    and an int column's capacity are left to the service, whose 422 says why."""
+    bounds = {"ge": 0 if spec.zero_hint else spec.minimum}
+    if spec.maximum is not None:
+        bounds["le"] = spec.maximum
+    return (spec.value_type | None, Field(default=None, **bounds, **_documented(spec)))
+
+
+def quota_schemas(specs: Sequence[QuotaSpec]) -> tuple[type[StrictIn], type[Schema]]:
+    """``(QuotasIn, QuotasOut)`` for ``specs``: one field per quota, in registry order (every quota is
+    in every tenant answer, null included)."""
+    quotas_in = create_model("QuotasIn", __base__=StrictIn, __module__=__name__,
+                             **{s.name: quota_in_field(s) for s in specs})
+    quotas_out = create_model("QuotasOut", __base__=Schema, __module__=__name__,
+                              **{s.name: (s.value_type | None, Field(**_documented(s))) for s in specs})
+    return quotas_in, quotas_out
+
+
+QuotasIn, QuotasOut = quota_schemas(quotas.QUOTAS)
 
 
 class CachePolicyIn(StrictIn):

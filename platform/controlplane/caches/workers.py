@@ -9,6 +9,7 @@ import logging
 from controlplane.caches.models import NamedCache
 from controlplane.common.errors import Unavailable
 from controlplane.runtime import gateway
+from controlplane.tenants import quotas
 from controlplane.tenants import selectors as tenant_selectors
 from workers.protocol import TIERS, WorkerRequest
 
@@ -21,8 +22,7 @@ def cache_request(cache: NamedCache) -> dict:
     tenant = cache.tenant
     return WorkerRequest(
         tenant=str(tenant.pk), scope_salt=tenant_selectors.tenant_scope_salt(tenant), prompt=list(cache.token_ids),
-        cache_salt=cache.cache_salt, max_tokens=1, max_cached_tokens=tenant.max_cached_tokens,
-        max_l3_bytes=tenant.max_l3_bytes, share_weight=tenant.share_weight,
+        cache_salt=cache.cache_salt, max_tokens=1, **quotas.worker_values(tenant, "cache"),
         persist=bool(tenant.persist_kv and tenant.retention_seconds > 0), retention_seconds=tenant.retention_seconds,
         tenant_retention_seconds=tenant.retention_seconds, data_key=tenant_selectors.data_key_for_worker(tenant),
     ).to_dict()

@@ -34,6 +34,7 @@ from controlplane.serving import bounds, intake, ratelimit, render_pool
 from controlplane.serving.admission import Admission, admitted, authenticate, gate_admission
 from controlplane.serving.intake import BadRequest
 from controlplane.serving.model_facts import ModelFacts, model_facts
+from controlplane.tenants import quotas
 from controlplane.tenants import selectors as tenant_selectors
 from workers.protocol import WorkerRequest
 
@@ -215,17 +216,13 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
         logprobs=logprobs,
         stop=body.stop,
         user=body.user,  # the router's stickiness key (scoped to the tenant there); never hashed into KV
-        max_cached_tokens=tenant.max_cached_tokens,
-        max_l3_bytes=tenant.max_l3_bytes,
+        **quotas.worker_values(tenant, "completion"),  # the quotas the worker enforces (the registry's)
         # L3 policy: the tenant's (may it persist at all, for how long), narrowed by the request's
         # prompt_cache_retention ("in_memory": never beyond host memory; "24h": at most a day).
         persist=persist_allowed(tenant, body.prompt_cache_retention),
         retention_seconds=retention_for(tenant, body.prompt_cache_retention),
         tenant_retention_seconds=tenant.retention_seconds,  # the worker's sweep applies the tenant's own
         data_key=tenant_selectors.data_key_for_worker(tenant),
-        max_inflight_tokens=tenant.max_inflight_tokens,
-        max_concurrent_requests=tenant.max_concurrent_requests,
-        share_weight=tenant.share_weight,
         expected_revision=spec.revision["label"],
         request_id=uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
     ).to_dict()  # plain data through Ray; every engine reads it back with WorkerRequest.from_dict
@@ -282,10 +279,7 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSp
         "tenant_salt": bytes(tenant.scope_salt),
         "cache_salt": body.cache_salt,
         "tokens": tokens,
-        "max_cached_tokens": tenant.max_cached_tokens,
-        "max_l3_bytes": tenant.max_l3_bytes,
-        "max_concurrent_requests": tenant.max_concurrent_requests,
-        "share_weight": tenant.share_weight,
+        **quotas.worker_values(tenant, "kv"),  # the quotas the worker enforces (the registry's)
         "persist": persist_allowed(tenant, None),
         "retention_seconds": retention_for(tenant, None),
         "tenant_retention_seconds": tenant.retention_seconds,

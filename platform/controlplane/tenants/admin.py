@@ -4,6 +4,7 @@ list); the scope appears as its fingerprint only."""
 from django.contrib import admin
 
 from controlplane.common.admin import ReadOnlyAdmin
+from controlplane.tenants import quotas
 from controlplane.tenants.models import ApiKey, Grant, ShareGroup, Tenant
 from controlplane.tenants.selectors import scope_fingerprint
 
@@ -24,11 +25,7 @@ class TenantAdmin(ReadOnlyAdmin):
     list_display = ("slug", "name", "status", "share_group", "requests_per_minute", "tokens_per_minute", "created")
     list_filter = ("status",)
     search_fields = ("slug", "name")
-    fields = (
-        "slug", "name", "status", "share_group", "fingerprint", "requests_per_minute", "tokens_per_minute",
-        "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes", "max_inflight_tokens",
-        "max_concurrent_requests", "created", "updated",
-    )
+    fields = ("slug", "name", "status", "share_group", "fingerprint", *quotas.names(), "created", "updated")
     readonly_fields = fields
     inlines = [ApiKeyInline]
 

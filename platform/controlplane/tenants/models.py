@@ -10,12 +10,13 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from controlplane.tenants import quotas as quota_registry
+from controlplane.tenants.quotas import QuotaSpec
+
 SLUG_PATTERN = r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$"
 slug_validator = RegexValidator(SLUG_PATTERN, "use 1-63 characters a-z, 0-9 and '-' (not at either end)")
-QUOTA_FIELDS = (
-    "requests_per_minute", "tokens_per_minute", "max_cached_tokens", "max_prompt_tokens", "max_l3_bytes",
-    "max_inflight_tokens", "max_concurrent_requests", "share_weight", "max_pinned_tokens",
-)
+INT_COLUMNS = {16: models.PositiveSmallIntegerField, 32: models.PositiveIntegerField,
+               64: models.PositiveBigIntegerField}
 
 
 RETENTION_DEFAULT_SECONDS = 86_400  # 24 h
@@ -38,7 +39,25 @@ class ShareGroup(models.Model):
         return self.slug
 
 
-class Tenant(models.Model):
+def quota_column(spec: QuotaSpec) -> models.Field:
+    """A quota's column: nullable (null = unlimited or the worker's default, ``spec.null_means``), as
+    wide as ``spec.bits`` for an int. Bounds are checked by ``quotas.clean``, not by the column."""
+    if spec.value_type is float:
+        return models.FloatField(null=True, blank=True)
+    return INT_COLUMNS[spec.bits](null=True, blank=True)
+
+
+def _quota_columns() -> type[models.Model]:
+    """An abstract model with one column per quota of the registry (``quota_registry.QUOTAS``)."""
+    meta = type("Meta", (), {"abstract": True})
+    columns = {spec.name: quota_column(spec) for spec in quota_registry.QUOTAS}
+    return type("QuotaColumns", (models.Model,), {"__module__": __name__, "Meta": meta, **columns})
+
+
+QuotaColumns = _quota_columns()
+
+
+class Tenant(QuotaColumns):
     class Status(models.TextChoices):
         ACTIVE = "active"
         SUSPENDED = "suspended"
@@ -51,22 +70,7 @@ class Tenant(models.Model):
     share_group = models.ForeignKey(
         ShareGroup, null=True, blank=True, on_delete=models.PROTECT, related_name="members"
     )
-    # Quotas: NULL = unlimited. Enforced by the serving API.
-    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
-    tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
-    max_cached_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    max_prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
-    max_l3_bytes = models.PositiveBigIntegerField(null=True, blank=True)
-    # Resource bounds per worker; NULL = the worker's safe default (half the pool; a quarter of its
-    # request slots), never unlimited.
-    max_inflight_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    max_concurrent_requests = models.PositiveIntegerField(null=True, blank=True)
-    # Weight of the tenant's fair share of every worker's cache (eviction protection) and compute
-    # (the scheduler's fair queue); NULL = 1, an equal share.
-    share_weight = models.PositiveSmallIntegerField(null=True, blank=True)
-    # Tokens of the tenant's named caches that are soft-pinned in L2 and L3 (protected from its own
-    # eviction pressure, never below another tenant's fair share); NULL = 0, no pins.
-    max_pinned_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # Quotas: one column each, from ``QuotaColumns`` (the registry, ``controlplane.tenants.quotas``).
     # Cache policy: may this tenant's KV be persisted beyond host memory (L3), and for how long.
     persist_kv = models.BooleanField(default=True)
     retention_seconds = models.PositiveIntegerField(default=RETENTION_DEFAULT_SECONDS)
@@ -84,8 +88,9 @@ class Tenant(models.Model):
         return self.slug
 
     @property
-    def quotas(self) -> dict[str, int | None]:
-        return {name: getattr(self, name) for name in QUOTA_FIELDS}
+    def quotas(self) -> dict[str, int | float | None]:
+        """Every quota by name, in registry order (the admin API's ``quotas``)."""
+        return quota_registry.of(self)
 
     @property
     def is_active(self) -> bool:

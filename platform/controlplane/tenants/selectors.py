@@ -10,8 +10,8 @@ Serving-path contract:
 - ``tenant_scope_fingerprint(tenant)`` -> short hex, the only form of the scope anything shows.
 - ``grant_get_deployment(tenant, model_name)`` -> ``ModelDeployment | None``; ``None`` both for a
   model that does not exist and one not granted (answer both with the same 404).
-- quotas: ``tenant.quotas`` (dict) or the columns ``requests_per_minute``, ``tokens_per_minute``,
-  ``max_cached_tokens``, ``max_prompt_tokens``, ``max_l3_bytes``; ``None`` = unlimited.
+- quotas: ``tenant.quotas`` (dict) or one column per quota of the registry
+  (``controlplane.tenants.quotas.QUOTAS``: what a ``None`` means, unlimited or a worker default).
 - cache policy: ``tenant.persist_kv`` (may KV go to L3 at all), ``tenant.retention_seconds``.
 - ``data_key_for_worker(tenant)`` -> the tenant's wrapped data keys for its worker request
   (``controlplane.tenants.keystore``); ``data_key_list`` / ``data_key_get`` -> versions and states.

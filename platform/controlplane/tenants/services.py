@@ -23,35 +23,16 @@ from controlplane.common.errors import Conflict, InvalidInput, Unavailable
 from controlplane.common.hooks import optional_attr
 from controlplane.common.tokens import new_secret
 from controlplane.tenants.models import (
-    QUOTA_FIELDS,
     RETENTION_MAX_SECONDS,
     ApiKey,
     DataKey,
     Tenant,
     slug_validator,
 )
-from workers.admission import DEFAULT_TENANT_CONCURRENCY
+from controlplane.tenants.quotas import audited as audited_quotas  # audit values, with ``effective``
+from controlplane.tenants.quotas import clean as clean_quotas  # bounds, and the 422's message
 
 KEY_KIND = "sk-st-"
-# Largest value each quota column holds (PositiveIntegerField / PositiveBigIntegerField).
-QUOTA_MAX = {name: 2**31 - 1 for name in ("requests_per_minute", "max_prompt_tokens", "max_concurrent_requests")} | {
-    name: 2**63 - 1 for name in ("tokens_per_minute", "max_cached_tokens", "max_l3_bytes", "max_inflight_tokens",
-                                   "max_pinned_tokens")
-} | {"share_weight": 100}
-# A zero concurrency or in-flight quota would let the tenant run nothing at all, which is what
-# suspending it is for; it is refused rather than stored (and a 0 from an older row still means zero on
-# the worker, never its default).
-QUOTA_MIN = {"share_weight": 1, "max_concurrent_requests": 1, "max_inflight_tokens": 1}
-QUOTA_ZERO_HINT = {name: " (0 would let the tenant run nothing: suspend it instead)"
-                   for name in ("max_concurrent_requests", "max_inflight_tokens")}
-# What null means where it is not "unlimited": the default each worker applies. Audited beside the
-# null (``effective``), so the record says what the tenant really got.
-QUOTA_NULL = {
-    "share_weight": "1, an equal share",
-    "max_pinned_tokens": "0, no named cache is pinned",
-    "max_concurrent_requests": f"the default, {DEFAULT_TENANT_CONCURRENCY} per worker",
-    "max_inflight_tokens": "the default, half of each worker's device cache",
-}
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
@@ -61,30 +42,7 @@ class OffboardResult(NamedTuple):
     flush_job: Any  # the jobs app's FlushJob, or None before that app exists
 
 
-def clean_quotas(quotas: Mapping[str, Any]) -> dict[str, int | None]:
-    """Validate a (partial) quota mapping: known names only; each ``None`` (unlimited) or an int >= 0."""
-    unknown = sorted(set(quotas) - set(QUOTA_FIELDS))
-    if unknown:
-        raise InvalidInput(f"unknown quota(s): {', '.join(unknown)}; known: {', '.join(QUOTA_FIELDS)}")
-    cleaned: dict[str, int | None] = {}
-    for name, value in quotas.items():
-        low = QUOTA_MIN.get(name, 0)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not low <= value <= QUOTA_MAX[name]):
-            raise InvalidInput(f"quota {name} must be null ({QUOTA_NULL.get(name, 'unlimited')}) or an integer "
-                               f"in [{low}, {QUOTA_MAX[name]}]{QUOTA_ZERO_HINT.get(name, '') if value == 0 else ''}")
-        cleaned[name] = value
-    return cleaned
-
-
 CACHE_POLICY_FIELDS = {"persist": "persist_kv", "retention_seconds": "retention_seconds"}
-
-
-def audited_quotas(values: Mapping[str, int | None]) -> dict:
-    """``values`` for an audit event, with ``effective``: what each null that means a default (not
-    "unlimited") stands for (``QUOTA_NULL``); no ``effective`` key when there is none."""
-    effective = {k: QUOTA_NULL[k] for k, v in values.items() if v is None and k in QUOTA_NULL}
-    return {**values, "effective": effective} if effective else dict(values)
 
 
 def clean_cache_policy(policy: Mapping[str, Any]) -> dict[str, bool | int]:

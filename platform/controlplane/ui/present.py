@@ -14,6 +14,7 @@ from controlplane.audit.models import AuditEvent
 from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_view
 from controlplane.registry.models import ModelDeployment
+from controlplane.tenants import quotas as quota_registry
 from controlplane.tenants.models import Tenant
 from controlplane.tenants.selectors import api_key_list
 
@@ -109,10 +110,20 @@ def dashboard(stats: dict) -> dict:
     }
 
 
+def quota_list(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tenant's quotas (``tenant_out(...)["quotas"]``) for a read-only page, in registry order:
+    ``label`` (the form's), ``short`` (the tenants list's), ``value``, ``null`` (what a null shows) and
+    ``limit`` (null means unlimited: the limits the tenants list shows)."""
+    return [{"name": s.name, "label": s.label, "short": s.short or s.label, "value": values.get(s.name),
+             "null": s.null_display, "limit": s.unlimited} for s in quota_registry.QUOTAS]
+
+
 def tenant_row(tenant: Tenant) -> dict[str, Any]:
     keys = list(api_key_list(tenant=tenant))
+    out = tenant_out(tenant)
     return {
-        **tenant_out(tenant),
+        **out,
+        "quota_list": quota_list(out["quotas"]),
         "keys": [{"prefix": k.prefix, "name": k.name, "revoked": k.is_revoked} for k in keys],
     }
 

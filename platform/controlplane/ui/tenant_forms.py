@@ -10,29 +10,27 @@ import secrets
 from django import forms
 
 from controlplane.common.errors import ApplicationError
+from controlplane.tenants import quotas as quota_registry
 from controlplane.tenants.models import (
-    QUOTA_FIELDS,
     RETENTION_DEFAULT_SECONDS,
     RETENTION_MAX_SECONDS,
     Tenant,
     slug_validator,
 )
-from controlplane.tenants.services import QUOTA_MAX, QUOTA_MIN, QUOTA_ZERO_HINT
-from workers.admission import DEFAULT_TENANT_CONCURRENCY
+from controlplane.tenants.quotas import QuotaSpec
 
 REASON_MAX = 1000  # the admin API's limit (``TenantPatchIn.reason``)
-QUOTA_LABELS = {
-    "requests_per_minute": ("Requests / minute", "blank = unlimited"),
-    "tokens_per_minute": ("Tokens / minute", "blank = unlimited"),
-    "max_cached_tokens": ("Max cached tokens", "blank = unlimited"),
-    "max_prompt_tokens": ("Max prompt tokens", "blank = unlimited"),
-    "max_l3_bytes": ("Max L3 bytes", "blank = unlimited"),
-    "max_inflight_tokens": ("In-flight tokens", "per worker; blank = worker default"),
-    "max_concurrent_requests": ("Concurrent requests", "per worker, completions and KV calls; blank = worker "
-                                f"default ({DEFAULT_TENANT_CONCURRENCY})"),
-    "share_weight": ("Share weight", "of each worker's cache and compute, 1-100; blank = 1 (equal shares)"),
-    "max_pinned_tokens": ("Pinned tokens", "of named caches, soft-pinned in L2/L3; blank = 0 (none)"),
-}
+QUOTAS_HERE = "*quotas"  # in a form's ``field_order``: where the registry's quota fields go
+
+
+def quota_field(spec: QuotaSpec) -> forms.Field:
+    """A quota's form field from the registry: blank = null; its label, help text and range (a refused
+    0 says why, as the services do)."""
+    field = forms.IntegerField if spec.value_type is int else forms.FloatField
+    return field(
+        required=False, min_value=spec.minimum, max_value=spec.upper, label=spec.label, help_text=spec.hint,
+        error_messages={"min_value": f"Ensure this value is greater than or equal to %(limit_value)s{spec.zero_hint}."},
+        widget=forms.NumberInput(attrs={"class": "num-input", "placeholder": "—"}))
 
 
 def _reason(placeholder: str = "recorded in the audit log") -> forms.CharField:
@@ -51,7 +49,8 @@ def _name_field(label: str = "Name") -> forms.CharField:
 
 
 class QuotaPolicyMixin(forms.Form):
-    """The seven quotas (blank = unlimited / worker default) and the cache policy."""
+    """The registry's quotas (blank = unlimited / worker default), at ``QUOTAS_HERE`` in the form's
+    ``field_order``, and the cache policy."""
 
     persist = forms.BooleanField(required=False, initial=True, label="Persist KV to L3",
                                  help_text="may this tenant's KV be written to and read from the remote store; "
@@ -64,17 +63,13 @@ class QuotaPolicyMixin(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for name in QUOTA_FIELDS:
-            label, hint = QUOTA_LABELS[name]
-            self.fields[name] = forms.IntegerField(
-                required=False, min_value=QUOTA_MIN.get(name, 0), max_value=QUOTA_MAX[name], label=label,
-                help_text=hint, error_messages={"min_value": "Ensure this value is greater than or equal to "
-                                                             f"%(limit_value)s{QUOTA_ZERO_HINT.get(name, '')}."},
-                widget=forms.NumberInput(attrs={"class": "num-input", "placeholder": "—"}))
-        self.order_fields(self.field_order)
+        for spec in quota_registry.QUOTAS:
+            self.fields[spec.name] = quota_field(spec)
+        names = quota_registry.names()
+        self.order_fields([n for item in self.field_order for n in (names if item == QUOTAS_HERE else [item])])
 
-    def quotas(self) -> dict[str, int | None]:
-        return {name: self.cleaned_data.get(name) for name in QUOTA_FIELDS}
+    def quotas(self) -> dict[str, int | float | None]:
+        return {name: self.cleaned_data.get(name) for name in quota_registry.names()}
 
     def cache_policy(self) -> dict[str, bool | int]:
         return {"persist": bool(self.cleaned_data.get("persist")),
@@ -84,13 +79,13 @@ class QuotaPolicyMixin(forms.Form):
 class TenantCreateForm(QuotaPolicyMixin):
     slug = _slug_field("Slug")
     name = _name_field()
-    field_order = ["slug", "name", *QUOTA_FIELDS, "persist", "retention_seconds"]
+    field_order = ["slug", "name", QUOTAS_HERE, "persist", "retention_seconds"]
 
 
 class TenantSettingsForm(QuotaPolicyMixin):
     name = _name_field()
     reason = _reason()
-    field_order = ["name", *QUOTA_FIELDS, "persist", "retention_seconds", "reason"]
+    field_order = ["name", QUOTAS_HERE, "persist", "retention_seconds", "reason"]
 
     @classmethod
     def for_tenant(cls, tenant: Tenant, **kwargs) -> TenantSettingsForm:

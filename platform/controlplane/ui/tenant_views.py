@@ -184,7 +184,8 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
 
     usage = cache_usage(tenant)
     return _page(
-        request, "ui/tenant_detail.html", status, tenant=info, usable=usable, keys=keys, granted=granted,
+        request, "ui/tenant_detail.html", status, tenant=info, quota_list=present.quota_list(info["quotas"]),
+        usable=usable, keys=keys, granted=granted,
         data_keys=data_keys, group=group, has_groups=bool(groups),
         active_keys=sum(1 for k in keys if k["revoked_at"] is None),
         jobs=_tenant_jobs(tenant),
