@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cachecore.routing import (
-    POLICIES,
+    ROUTING_POLICIES,
     CostModel,
     ExpectedTTFT,
     LeastLoaded,
@@ -173,9 +173,9 @@ def test_sticky_session_is_not_kept_on_a_guarded_out_replica():
     assert policy.choose(req, [rep("a", 0), rep("b", 600)], {}) == "a"
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(ROUTING_POLICIES))
 def test_dead_replicas_are_never_chosen(name):
-    policy = POLICIES[name]()
+    policy = ROUTING_POLICIES[name]()
     replicas = [rep("dead", 0, alive=False, cached=0), rep("live", 5_000, waiting=50, cached=10_000)]
     hits = {"dead": {"l1": 999}}
     for _ in range(3):

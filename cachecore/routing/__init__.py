@@ -3,7 +3,7 @@ policies (``policies``). Pure Python, no framework."""
 
 from cachecore.routing.cost import TIERS, CostModel, Hit, Rates, ReplicaState
 from cachecore.routing.policies import (
-    POLICIES,
+    ROUTING_POLICIES,
     ExpectedTTFT,
     LeastLoaded,
     NoReplicaError,
@@ -14,7 +14,7 @@ from cachecore.routing.policies import (
 )
 
 __all__ = [
-    "POLICIES",
+    "ROUTING_POLICIES",
     "TIERS",
     "CostModel",
     "ExpectedTTFT",

@@ -34,7 +34,7 @@ from typing import Protocol
 from cachecore.routing.cost import TIERS, CostModel, Hit, ReplicaState
 
 __all__ = [
-    "POLICIES",
+    "ROUTING_POLICIES",
     "ExpectedTTFT",
     "LeastLoaded",
     "NoReplicaError",
@@ -238,8 +238,8 @@ class ExpectedTTFT:
         return self._sessions.get(session)
 
 
-#: Policy constructors by name (``POLICIES[name](**params)``).
-POLICIES: dict[str, Callable[..., Policy]] = {
+#: Policy constructors by name (``ROUTING_POLICIES[name](**params)``).
+ROUTING_POLICIES: dict[str, Callable[..., Policy]] = {
     RoundRobin.name: RoundRobin,
     LeastLoaded.name: LeastLoaded,
     SGLangRule.name: SGLangRule,

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cachecore.scheduler.fairness import TenantDemand, plan_step, slot_shares
-from cachecore.scheduler.queue import FairQueue, PrefixIndex, is_overdue, order_key
+from cachecore.scheduler.queue import CachedPrefixes, FairQueue, is_overdue, order_key
 from cachecore.scheduler.request import Request, State
 
 Item = tuple[Request, int, int]  # compute seq.tokens[start:end] of the request
@@ -46,7 +46,7 @@ def _block_range(start: int, end: int, bs: int) -> range:
     return range(start // bs, -(-end // bs))
 
 
-def _follows(req: Request, computing: set[bytes] | frozenset[bytes], index: PrefixIndex, bs: int) -> bool:
+def _follows(req: Request, computing: set[bytes] | frozenset[bytes], index: CachedPrefixes, bs: int) -> bool:
     """Whether the first block of ``req``'s prompt that is neither held nor known committed is one
     another request is computing now (uncommitted blocks of running requests, or this step's)."""
     seq = req.seq
@@ -67,7 +67,7 @@ def build_batch(
     fair: FairQueue,
     policy: str,
     age_steps: int,
-    index: PrefixIndex,
+    index: CachedPrefixes,
     block_size: int,
     try_start: Callable[[Request, Plan], bool],
     computing: frozenset[bytes] = frozenset(),

@@ -58,7 +58,7 @@ from cachecore.scheduler.anticipate import Anticipation
 from cachecore.scheduler.batch import build_batch
 from cachecore.scheduler.events import Finished
 from cachecore.scheduler.fairness import RecentTenants, step_budget
-from cachecore.scheduler.queue import FairQueue, PrefixIndex
+from cachecore.scheduler.queue import CachedPrefixes, FairQueue
 from cachecore.scheduler.request import Failed, Request, State
 from cachecore.scheduler.settings import SchedulerSettings
 from cachecore.scheduler.stats import FirstTokenStats
@@ -108,7 +108,7 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
         self.start_thread = start_thread  # False: nobody runs the loop but explicit ``step`` calls
         self.block_size = engine.block_size
         self.fair = FairQueue(quantum=quantum)
-        self.index = PrefixIndex()
+        self.index = CachedPrefixes()
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.step_no = 0

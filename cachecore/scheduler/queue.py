@@ -9,7 +9,7 @@ flow's first quantum): a light tenant's short request goes ahead of a bursting t
 whole, and a tenant bursting many requests is served its share, not everyone's.
 
 Within a tenant (``order_key``), the ``cache_aware`` policy serves the request with the longest cached
-prefix first (what the scheduler's ``PrefixIndex`` says the cache holds, so requests sharing a prefix
+prefix first (what the scheduler's ``CachedPrefixes`` says the cache holds, so requests sharing a prefix
 follow the one that computes it) and groups requests by their first block; ``fcfs`` serves in arrival
 order. Aging bounds the wait under either: a request that waited ``age_steps`` scheduler steps is
 overdue and goes before every non-overdue request of every tenant, oldest first.
@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 from cachecore.scheduler.request import Request
 
-POLICIES = ("cache_aware", "fcfs")
+QUEUE_POLICIES = ("cache_aware", "fcfs")
 
 
 class FairQueue:
@@ -67,7 +67,7 @@ class FairQueue:
             del self._vtime[owner]
 
 
-class PrefixIndex:
+class CachedPrefixes:
     """Block hashes the scheduler saw committed (bounded LRU): an estimate of what L1 holds, used
     only to order and group waiting requests and to decide when re-admitting finds a longer hit.
     Never trusted for correctness (admission checks the real cache)."""
@@ -93,7 +93,7 @@ class PrefixIndex:
         return n
 
 
-def cached_estimate(req: Request, index: PrefixIndex, block_size: int) -> int:
+def cached_estimate(req: Request, index: CachedPrefixes, block_size: int) -> int:
     """Tokens of ``req``'s prompt the cache likely holds: what its admission holds or loads, or the
     committed prefix the index knows, whichever is longer (the last token is never cached)."""
     seq = req.seq
@@ -111,7 +111,7 @@ def is_overdue(req: Request, step: int, age_steps: int) -> bool:
     return step - req.requeued_step >= age_steps
 
 
-def order_key(req: Request, *, step: int, age_steps: int, policy: str, index: PrefixIndex,
+def order_key(req: Request, *, step: int, age_steps: int, policy: str, index: CachedPrefixes,
               block_size: int) -> tuple:
     """Sort key of a waiting request within its tenant (smaller goes first)."""
     if is_overdue(req, step, age_steps):

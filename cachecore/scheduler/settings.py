@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cachecore.scheduler.queue import POLICIES
+from cachecore.scheduler.queue import QUEUE_POLICIES
 
 
 @dataclass(frozen=True)
@@ -12,7 +12,7 @@ class SchedulerSettings:
     """``token_budget``: tokens one step computes at most (it must exceed ``max_batch``: every step keeps
     room for a prefill chunk beside the decode tokens); ``max_batch``: requests running at once;
     ``age_steps``: steps after which a waiting request goes before every other; ``policy``: order within
-    a tenant (``queue.POLICIES``); ``quantum``: tokens of head start a tenant that was idle gets;
+    a tenant (``queue.QUEUE_POLICIES``); ``quantum``: tokens of head start a tenant that was idle gets;
     ``lean_budget``: tokens all other tenants share in a step carrying the first token of a tenant below
     its share; ``contended_budget``: tokens per step while two or more tenants had work within
     ``contended_window`` steps (0: no bound; otherwise it must exceed ``max_batch``); ``anticipate_ms``: how
@@ -44,5 +44,5 @@ class SchedulerSettings:
         am = self.anticipate_ms
         if isinstance(am, bool) or not isinstance(am, int) or not 0 <= am <= 1000:
             raise ValueError(f"anticipate_ms must be an int from 0 to 1000, got {am!r}")
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.policy not in QUEUE_POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(QUEUE_POLICIES)}, got {self.policy!r}")

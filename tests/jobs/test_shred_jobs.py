@@ -56,7 +56,6 @@ def setup(db, actor, monkeypatch, settings):
     settings.STRATA_DATA_KEY_CACHE_SECONDS = 0
     datakeys.forget_all()
     monkeypatch.setattr(services, "_enqueue", lambda job: None)
-    monkeypatch.setattr(services, "workers_hold_data_keys", lambda: True)
     for i, name in enumerate(("tiny-a", "tiny-b")):
         model_create(actor=actor, name=name, preset="tiny", revision={"label": "r1", "seed": 40 + i})
     tenant = tenant_create(actor=actor, slug="acme", name="Acme")
@@ -208,21 +207,6 @@ def test_offboarding_job_flushes_then_shreds_every_version(setup, actor, monkeyp
     assert set(DataKey.objects.filter(tenant=setup).values_list("state", flat=True)) == {"shredded"}
 
 
-def test_workers_without_data_keys_are_recorded_as_skipped(setup, actor, monkeypatch):
-    """A cache worker that predates L3 encryption holds no data key and no L3 object: steps 2 and 3
-    have nothing to do there (the wrapped key is still deleted)."""
-    from controlplane.jobs import services
-    from controlplane.tenants.datakeys import data_key_shred
-    from controlplane.tenants.models import DataKey
-
-    fake = _fake(monkeypatch)
-    monkeypatch.setattr(services, "workers_hold_data_keys", lambda: False)
-    job = services.job_execute(job_id=data_key_shred(actor=actor, tenant=setup, version=1, reason=REASON).pk)
-    assert job.status == "succeeded" and {m for _, m, _ in fake.calls} == {"cancel_tenant"}  # requests still stop
-    assert {r["status"] for k, r in job.results.items() if ":drop:" in k} == {"skipped"}
-    assert DataKey.objects.get(tenant=setup, version=1).wrapped is None
-
-
 # ---------------------------------------------------------------------- end to end (Celery + Ray)
 def _final(admin_client, job_id, timeout=120):
     return wait_for(lambda: (j := admin_client.get(f"/api/admin/flush-jobs/{job_id}").json())["status"]
@@ -238,7 +222,6 @@ def _cached(platform, tenant, prompt):
 def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, celery_worker_factory):
     import ray
 
-    from controlplane.jobs.services import workers_hold_data_keys
     from controlplane.tenants.models import DataKey
     from workers import actor as worker_actor
 
@@ -257,9 +240,8 @@ def test_shred_job_through_a_real_celery_worker(engine_platform, admin_client, c
     assert job["status"] == "succeeded" and job["verified"] is True, job
     assert job["progress"]["done"] == job["progress"]["total"] >= 1
     row = next(r for r in job["results"] if r["worker"] == f"cache-worker:{platform.model}:0:drop:v1")
-    assert row["status"] == ("ok" if workers_hold_data_keys() else "skipped")
-    if workers_hold_data_keys():
-        assert row["objects"] >= 1 and row["bytes"] > 0  # v1's L3 objects deleted
+    assert row["status"] == "ok"
+    assert row["objects"] >= 1 and row["bytes"] > 0  # v1's L3 objects deleted
     key = DataKey.objects.get(tenant=platform.tenants["acme"], version=1)
     assert key.state == "shredded" and key.wrapped is None
     assert _cached(platform, "acme", prompt) > 0  # v2 serves on; L1 pages are not encrypted objects

@@ -41,7 +41,6 @@ from controlplane.runtime import gateway
 from controlplane.tenants.keystore import data_key_destroy
 from controlplane.tenants.models import DataKey, Tenant
 from workers.actor import actor_name
-from workers.engine_contract import ServingEngine
 
 RUN_JOB = "strata.run_job"  # the Celery task that runs a job (``jobs.tasks.run_job``), enqueued by name
 DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
@@ -311,18 +310,6 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kw
     return failed
 
 
-def _skip_on_workers(job: FlushJob, key: str, reason: str) -> None:
-    """Record ``skipped`` for every target replica (a step these workers have nothing to do for)."""
-    workers = _workers(job)
-    job.progress_total = len(workers) * _phases(job)
-    for deployment, _spec, replica in workers:
-        name = actor_name(deployment.name, replica) + key
-        if job.results.get(name, {}).get("status") not in DONE:
-            job.results = {**job.results, name: {"status": "skipped", "reason": reason}}
-    job.progress_done = sum(1 for r in job.results.values() if r.get("status") in DONE)
-    _save(job, "results", "progress_done", "progress_total")
-
-
 def _verify(job: FlushJob, scope: dict) -> tuple[bool, dict[str, dict]]:
     """Probe ``scope`` on every target replica: (all clean, per-replica ``{"ok", ...}``). A replica
     that does not exist holds nothing (``absent``, ok); one that does not answer is not ok."""
@@ -387,13 +374,6 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
     return _finish(job, failed, verified)
 
 
-def workers_hold_data_keys() -> bool:
-    """Whether this version of the worker protocol keeps data keys (the engine contract has
-    ``drop_data_key``). Workers that predate L3 encryption hold no key and no L3 object of any
-    version: steps 2 and 3 of a shred have nothing to do there and are recorded ``skipped``."""
-    return hasattr(ServingEngine, "drop_data_key")
-
-
 def _destroy_keys(job: FlushJob, versions: list[int]) -> None:
     """Step 1: the wrapped keys go, with their audit events and the job's step, in one transaction."""
     with transaction.atomic():
@@ -420,11 +400,6 @@ def _shred(job: FlushJob, final_attempt: bool) -> tuple[list[str], bool]:
     versions = _shred_versions(job)
     _destroy_keys(job, versions)
     if not versions:
-        return [], True
-    if not workers_hold_data_keys():
-        for version in versions:
-            _skip_on_workers(job, f":drop:v{version}", "this cache worker keeps no data keys")
-        _step(job, "drop_skipped", versions=versions, reason="cache workers keep no data keys")
         return [], True
     _wait_for_caches(job)
     tenant, failed = str(job.tenant_id), []

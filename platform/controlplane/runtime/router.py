@@ -91,7 +91,7 @@ class Router:
         return getattr(self.policy, "name", "round_robin") if self.policy is not None else "round_robin"
 
     def use(self, name: str, **params) -> None:
-        """Route with ``cachecore.routing.policies.POLICIES[name](**params)`` from now on (the
+        """Route with ``cachecore.routing.policies.ROUTING_POLICIES[name](**params)`` from now on (the
         benchmark compares policies on one deployment). Raises KeyError for an unknown name and
         RuntimeError when routing is switched off (``STRATA_ROUTING=round_robin``)."""
         if "policies" not in self._mods:
@@ -99,7 +99,7 @@ class Router:
         policies = self._mods["policies"]
         if name == policies.ExpectedTTFT.name:
             params.setdefault("cost", self._mods["cost"].CostModel())
-        self.policy = policies.POLICIES[name](**params)
+        self.policy = policies.ROUTING_POLICIES[name](**params)
 
     # ------------------------------------------------------------------ choosing
     def choose(self, req: dict | None, *, exclude: frozenset[int] = frozenset()) -> Replica | None:
