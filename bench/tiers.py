@@ -1,6 +1,7 @@
 """The tier hierarchy: what L2 (host memory) under L1 buys, and whether load-vs-recompute decides well.
 
     .venv/bin/python -m bench.tiers [--quick] [--trace FILE] [--scale 16] [--preset small] [--tokens 2048]
+                                    [--policy fair_lru,value_aware]
     .venv/bin/python -m bench.tiers --engine vllm [--quick] [--tokens 2048] [--reps N]
 
 Three questions, one run:
@@ -24,9 +25,14 @@ Three questions, one run:
    redis-py SET/GET of the same frame sizes (goal at least 80%) and the filesystem backend against
    AES-256-GCM alone on the same frames (goal at least 60%); and the replay with L1+L2+L3, L3 holding
    the working set and L1+L2 one eighth of it (goal at least 95% of the infinite-cache bound).
+5. **Eviction policies** (``--policy``, default every registered one: ``fair_lru``, ``value_aware``;
+   ``cachecore.eviction``): the same replays (L1 only; L1+L2, every L2 hit loaded; L1+L2+L3) with
+   each policy in every tier, side by side, in the same run, with per-policy keys in the RESULT line.
+   Rows 2-4 above are the default ``fair_lru``; its rows here are those same runs.
 
-Each replay asserts that its engine saw every request (its query-token counter equals the trace's
-prompt tokens), so a figure never comes from a path the server no longer takes.
+Each replay asserts that its engine saw every request (its request and query-token counters reach at
+least the trace's; a request the scheduler re-admits for a longer hit is counted again), so a figure
+never comes from a path the server no longer takes.
 
 ``--engine vllm`` asks the same of vLLM deployments (``workers.vllm_worker.VllmWorker`` in-process, Strata's
 KV connector ``workers.kv_connector`` behind vLLM's device cache) instead, in one run on one random Llama
@@ -72,6 +78,7 @@ import torch
 from bench import _l3, traces
 from cachecore.config import EngineConfig
 from cachecore.engine import CacheEngine
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.runner import CompletionRunner, SamplingParams, TokenOut
 from cachecore.tiers.remote import DEFAULT_CHUNK_BLOCKS
@@ -156,10 +163,11 @@ def ttft_from_l3(preset: str, n_tokens: int, reps: int, url: str) -> tuple[float
 
 
 def replay(prompts: list[list[int]], loaded, *, l1_blocks: int, l2_blocks: int, load_policy: str = "cost",
-           l3_url: str | None = None, chunk_blocks: int = 16) -> dict:
+           l3_url: str | None = None, chunk_blocks: int = 16, eviction_policy: str = DEFAULT_EVICTION_POLICY) -> dict:
     l3 = _l3.store(l3_url, loaded.layout, _l3.keyring(), chunk_blocks=chunk_blocks) if l3_url else None
     engine = CacheEngine(loaded.layout, num_blocks=l1_blocks, device="cpu",
-                         config=EngineConfig(l2_blocks=l2_blocks, load_policy=load_policy), l3=l3)
+                         config=EngineConfig(l2_blocks=l2_blocks, load_policy=load_policy,
+                                             eviction_policy=eviction_policy), l3=l3)
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="replay", revision="r1")
     ns = loaded.namespace(b"\x01" * 32)
     ttfts = []
@@ -173,7 +181,8 @@ def replay(prompts: list[list[int]], loaded, *, l1_blocks: int, l2_blocks: int, 
     engine.check_integrity()
     total = sum(len(p) for p in prompts)
     usage = engine.metrics.usage("bench", "replay")
-    if usage.query_tokens != total or usage.requests != len(prompts):
+    # At least: a request the scheduler re-admits (its index promised a longer hit) is counted again.
+    if usage.query_tokens < total or usage.requests < len(prompts):
         raise SystemExit("the replay's engine did not see every request: nothing measured")
     l2 = engine.metrics.tier("l2")
     if l3 is not None:
@@ -193,7 +202,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--engine", choices=("strata", "vllm"), default="strata",
                     help="strata: Strata's engine (the default); vllm: the vLLM part (module docstring)")
+    ap.add_argument("--policy", default=",".join(EVICTION_POLICIES),
+                    help="eviction policies to compare on the replays, comma-separated (default: every "
+                         f"registered one: {', '.join(EVICTION_POLICIES)})")
     args = ap.parse_args(argv)
+    policies = list(dict.fromkeys(p.strip() for p in args.policy.split(",") if p.strip()))
+    unknown = [p for p in policies if p not in EVICTION_POLICIES]
+    if unknown or not policies:
+        ap.error(f"--policy: unknown {', '.join(unknown) or '(none given)'}; "
+                 f"registered: {', '.join(EVICTION_POLICIES)}")
     if args.engine == "vllm":
         vllm_part(args)
         return
@@ -294,6 +311,34 @@ def main(argv: list[str] | None = None) -> None:
           f"working set, chunks of {chunk_blocks} block(s) = 256 tokens scaled 1/{args.scale}): effective hit "
           f"{tiered['ratio']:.3f} = "
           f"{tiered['ratio'] / infinite:.3f} of the infinite bound (goal >= 0.95)")
+    # ---------------------------------------------------------------- 5. eviction policies
+    by_policy: dict[str, dict[str, dict]] = {}
+    for policy in policies:
+        if policy == DEFAULT_EVICTION_POLICY:  # rows 2-4 ran with it
+            by_policy[policy] = {"l1": only_l1, "l1_l2": capacity, "l1_l2_l3": tiered}
+            continue
+        policy_dir = Path(tempfile.mkdtemp(prefix="strata-bench-replay-"))
+        by_policy[policy] = {
+            "l1": best_of(l2_blocks=0, eviction_policy=policy),
+            "l1_l2": best_of(l2_blocks=working, load_policy="always_load", eviction_policy=policy),
+            "l1_l2_l3": replay(prompts, loaded, l1_blocks=small + longest, l2_blocks=small,
+                               load_policy="always_load", l3_url=policy_dir.as_uri(), chunk_blocks=chunk_blocks,
+                               eviction_policy=policy),
+        }
+    print()
+    print(f"eviction policies on the same replays (every tier evicts by the policy; one tenant): effective hit "
+          f"ratio with L1 only ({l1_cache}+{longest} blocks, cost policy), L1+L2 (L2 {working}, every L2 hit "
+          f"loaded), L1+L2+L3 (as above); mean TTFT of L1+L2")
+    print(f"{'policy':<14} {'L1 only':>9} {'L1+L2':>9} {'L1+L2+L3':>9} {'vs Belady L1':>13} {'vs Belady L1+L2':>16} "
+          f"{'L1+L2 TTFT ms':>14}")
+    for policy, r in by_policy.items():
+        print(f"{policy:<14} {r['l1']['ratio']:>9.3f} {r['l1_l2']['ratio']:>9.3f} {r['l1_l2_l3']['ratio']:>9.3f} "
+              f"{r['l1']['ratio'] / belady_l1:>13.3f} {r['l1_l2']['ratio'] / belady_l12:>16.3f} "
+              f"{r['l1_l2']['mean_ttft'] * 1e3:>14.2f}")
+    policy_keys = " ".join(
+        f"hit_l1_only_{p}={r['l1']['ratio']:.3f} hit_l1_l2_{p}={r['l1_l2']['ratio']:.3f} "
+        f"hit_l1_l2_l3_{p}={r['l1_l2_l3']['ratio']:.3f} mean_ttft_l1_l2_{p}_ms={r['l1_l2']['mean_ttft'] * 1e3:.2f}"
+        for p, r in by_policy.items())
     worst_l3 = max((v[0] / rec for v in l3_rows.values()), default=0.0)
     print(f"RESULT ttft_recompute_ms={rec * 1e3:.1f} ttft_l1_ms={t['rows']['l1'] * 1e3:.1f} "
           f"ttft_l2_ms={t['rows']['l2'] * 1e3:.1f} l2_vs_recompute={l2_ratio:.3f} "
@@ -310,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
           f"redis_vs_raw={redis_ratio:.3f} fs_vs_aes={fs_ratio:.3f} hit_l1_l2_l3={tiered['ratio']:.3f} "
           f"l1_l2_l3_vs_infinite={tiered['ratio'] / infinite:.3f} goal_l3_ttft={int(worst_l3 <= 0.3)} "
           f"goal_redis={int(redis_ratio >= 0.8)} goal_fs={int(fs_ratio >= 0.6)} "
-          f"goal_l3_hit={int(tiered['ratio'] / infinite >= 0.95)}")
+          f"goal_l3_hit={int(tiered['ratio'] / infinite >= 0.95)} {policy_keys}")
 
 
 # ================================================================ --engine vllm

@@ -11,28 +11,37 @@ The free queue is ordered ``[plain free ...][cached free, least recently freed f
 appends a request's blocks deepest-first, so a shared short prefix is evicted after the longer tails
 that hang off it. Cached capacity therefore grows and shrinks with load.
 
-**Fair sharing, on by default.** An owner's *usage* is the blocks it holds or keeps cached. Each owner
-with usage (and the one allocating) is *protected* up to ``num_blocks * weight // total_weight`` of the
-pool (equal shares unless ``set_weight``). When ``allocate`` must evict, it takes the least recently
-freed block among owners **over** their protected share; only when none is over does it evict the
-allocating owner's own blocks. Only when neither exists (the allocating owner holds its share and more
-in running requests) does it fall back to the least recently freed block of any owner
+**Which cached block goes: the eviction policy** (``policy``, an
+:class:`~cachecore.eviction.base.EvictionPolicy`; by name from :mod:`cachecore.eviction.registry`,
+``fair_lru`` by default). The pool keeps ref counts, the index, the free queue, per-owner usage,
+weights and caps; it tells the policy which cached blocks become evictable (``free``), are taken
+again (``touch``/``hit``) or leave (evicted, capped, flushed), and asks it for an allocation's victims
+(given usage, weights and the pool size) and for a capped owner's order.
+
+**Fair sharing, on by default** (every policy keeps it; ``fair_lru`` in
+:mod:`cachecore.eviction.fair_lru`). An owner's *usage* is the blocks it holds or keeps cached. Each
+owner with usage (and the one allocating) is *protected* up to ``num_blocks * weight // total_weight``
+of the pool (equal shares unless ``set_weight``). When ``allocate`` must evict, it takes a cached block
+among owners **over** their protected share (``fair_lru``: the least recently freed); only when none is
+over does it evict the allocating owner's own blocks. Only when neither exists (the allocating owner
+holds its share and more in running requests) does it fall back to any owner's block
 (``stats.protected_evictions``): a running request is never refused for the sake of idle cache. The
 engine's per-tenant in-flight limit keeps that fallback out of an attacker's reach. So a tenant that
 floods evicts its own blocks or the unprotected surplus of others, never another tenant's protected
-prefixes. Deepest-first order holds inside an owner.
+prefixes. With ``fair_lru``, deepest-first order holds inside an owner.
 
 Per-owner caps (``set_cap``) are hard limits on top: an owner over its cap evicts its own least
-recently freed blocks.
+recently freed blocks (the policy's order).
 
 **Soft pins** (``pin``/``unpin``, named caches). A pin is kept by hash (``hash -> until``, unix time
 of ``clock``), so a block registered later under a pinned hash (re-stored, promoted) is pinned too,
-and it lapses by itself once ``until`` passes (the block is then an ordinary LRU block again). A pin
-only reorders an owner's own evictions: its unpinned cached-free blocks go first (least recently
-freed first), then its pinned ones. Which owner gives up a block is decided exactly as without pins,
-so a pin never protects an owner over its share from another owner's allocation once it has no
-unpinned blocks left, and pins never take another owner below its share. With no pins the eviction
-paths are the plain ones; with pins an eviction also skips past the owner's pinned blocks.
+and it lapses by itself once ``until`` passes (the block is then an ordinary block again). The pins
+live in the policy (``policy.pins``). A pin only reorders an owner's own evictions: its unpinned
+cached-free blocks go first (in the policy's order), then its pinned ones. Which owner gives up a
+block is decided exactly as without pins, so a pin never protects an owner over its share from
+another owner's allocation once it has no unpinned blocks left, and pins never take another owner
+below its share. With no pins the eviction paths are the plain ones; with pins an eviction also skips
+past the owner's pinned blocks.
 
 **Listeners.** Every hash the pool drops is announced first to each callable in ``listeners`` as
 ``listener(block, reason)`` with ``reason`` one of ``"evicted"`` (reused by ``allocate``), ``"capped"``
@@ -42,20 +51,22 @@ back into the pool. After each operation that announced drops (an allocation's e
 owner's cap trim), each callable in ``batch_listeners`` is called once with no arguments, so a listener
 can batch per operation; inside a ``with pool.batch():`` block they are called once, at its end.
 
-All methods are O(1) per block touched except ``allocate``'s eviction, O(owners) per evicted block
-(``drop_where`` and ``check_integrity`` are O(index)/O(pool)). Not thread-safe: the caller holds its
-lock around every call.
+All methods are O(1) per block touched (``value_aware``: O(log n)) except ``allocate``'s eviction,
+O(owners) per evicted block (``drop_where`` and ``check_integrity`` are O(index)/O(pool)). Not
+thread-safe: the caller holds its lock around every call.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from cachecore.errors import OutOfBlocks
+from cachecore.eviction.base import EvictionPolicy, share, total_weight
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, make_policy
 from cachecore.free_queue import Block, FreeBlockQueue
 
 __all__ = ["Block", "BlockPool", "FreeBlockQueue", "PoolStats"]
@@ -77,9 +88,11 @@ class PoolStats:
 
 
 class BlockPool:
-    """All ``num_blocks`` blocks are created up front; ``blocks[i].block_id == i``."""
+    """All ``num_blocks`` blocks are created up front; ``blocks[i].block_id == i``. ``policy``: the
+    eviction policy (a registered name or an instance of its own; ``fair_lru`` by default)."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int,
+                 policy: EvictionPolicy | str = DEFAULT_EVICTION_POLICY) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -88,9 +101,9 @@ class BlockPool:
         self.stats = PoolStats()
         self._free = FreeBlockQueue(self.blocks)
         self._index: dict[bytes, Block] = {}
-        # Per owner: cached blocks (held or free), and the evictable ones in least-recently-freed order.
+        # Per owner: cached blocks (held or free); the evictable ones are the policy's.
         self._owner_cached: Counter[str | None] = Counter()
-        self._owner_lru: dict[str | None, OrderedDict[int, Block]] = {}
+        self.policy: EvictionPolicy = make_policy(policy) if isinstance(policy, str) else policy
         self._caps: dict[str, int] = {}
         self._num_cached_free = 0
         # Per owner: blocks it holds or keeps cached (what fair sharing protects), and its weight.
@@ -101,10 +114,7 @@ class BlockPool:
         self.batch_listeners: list[Callable[[], None]] = []
         self._batch_depth = 0
         self._batch = _Batch(self)
-        # Soft pins: block hash -> until (``clock`` time); the earliest until is when to purge next.
-        self._pins: dict[bytes, float] = {}
-        self._pins_expire_at = float("inf")
-        self.clock: Callable[[], float] = time.time
+        self.clock: Callable[[], float] = time.time  # the time of soft pins (``policy.pins``)
 
     # ------------------------------------------------------------------ accounting (read-only)
     @property
@@ -141,7 +151,7 @@ class BlockPool:
     def protected(self, owner: str) -> int:
         """Blocks of ``owner`` that another owner's allocation may not evict now: its share of the pool
         among the owners with usage (``owner`` counted even when it has none yet)."""
-        return self._protected(owner, self._usage, extra=owner)
+        return share(self.num_blocks, owner, self._weights, total_weight(self._usage, self._weights, owner))
 
     def owners(self) -> list[str]:
         """Owners that hold or keep cached at least one block."""
@@ -157,60 +167,38 @@ class BlockPool:
             self._weights[owner] = weight
 
     def iter_free(self) -> Iterator[Block]:
-        """Free blocks in reuse order, next to be reused first (plain ones, then cached LRU first).
-        O(num_free); for tests and debugging. Do not mutate the pool while iterating."""
+        """Free blocks in queue order: plain ones (reused first), then cached ones least recently freed
+        first (with ``fair_lru``, an owner's eviction order). O(num_free); for tests and debugging. Do
+        not mutate the pool while iterating."""
         return iter(self._free)
 
     # ------------------------------------------------------------------ soft pins
     def pin(self, hashes: Iterable[bytes], until: float) -> None:
         """Pin ``hashes`` until ``until`` (``clock`` time; replaces an earlier pin's until). Blocks
         indexed under them now or later are evicted after their owner's unpinned ones (module doc)."""
-        until = float(until)
-        self._expire_pins(self.clock())
-        for h in hashes:
-            self._pins[h] = until
-        if until < self._pins_expire_at:
-            self._pins_expire_at = until
+        self.policy.pins.pin(hashes, until, self.clock())
 
     def unpin(self, hashes: Iterable[bytes]) -> int:
         """Remove the pins of ``hashes``; returns how many were pinned."""
-        n = 0
-        for h in hashes:
-            n += self._pins.pop(h, None) is not None
-        if not self._pins:
-            self._pins_expire_at = float("inf")
-        return n
+        return self.policy.pins.unpin(hashes)
 
     def is_pinned(self, block_hash: bytes) -> bool:
-        until = self._pins.get(block_hash)
-        return until is not None and until > self.clock()
+        return self.policy.pins.is_pinned(block_hash, self.clock())
+
+    @property
+    def _pins(self) -> dict[bytes, float]:
+        """The pins (hash -> until), lapsed ones included until purged: ``policy.pins.until``."""
+        return self.policy.pins.until
 
     def pinned_tokens(self, owner: str | None) -> int:
         """Tokens of ``owner``'s indexed blocks (held or free) whose pin has not lapsed. O(pins)."""
-        now, index = self.clock(), self._index
-        self._expire_pins(now)
+        pins, index = self.policy.pins, self._index
+        pins.expire(self.clock())
         n = 0
-        for h in self._pins:
+        for h in pins.until:
             block = index.get(h)
             n += block is not None and block.owner == owner
         return n * self.block_size
-
-    def _expire_pins(self, now: float) -> None:
-        """Forget the pins that lapsed (O(pins), only once the earliest until has passed)."""
-        if now < self._pins_expire_at:
-            return
-        self._pins = {h: u for h, u in self._pins.items() if u > now}
-        self._pins_expire_at = min(self._pins.values(), default=float("inf"))
-
-    def _evict_order(self, owner: str | None) -> Iterator[Block]:
-        """``owner``'s cached free blocks in the order they are evicted: least recently freed first,
-        the pinned ones after all others (lazily; nothing may mutate the pool while it is iterated)."""
-        blocks = self._owner_lru[owner].values()
-        if not self._pins:
-            return iter(blocks)
-        now = self.clock()
-        self._expire_pins(now)
-        return _unpinned_first(blocks, self._pins, now) if self._pins else iter(blocks)
 
     # ------------------------------------------------------------------ lookup
     def get_cached(self, block_hash: bytes, token_ids: Sequence[int]) -> Block | None:
@@ -244,8 +232,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0 and block.block_hash is None:
                 raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
-        owner_lru, queue = self._owner_lru, self._free
-        taken = 0
+        taken = []
         for block in blocks:
             if block.ref_cnt == 0:
                 # FreeBlockQueue.remove, inlined (the hot path of every hit)
@@ -253,19 +240,17 @@ class BlockPool:
                 prev.next_free = nxt
                 nxt.prev_free = prev
                 block.prev_free = block.next_free = None
-                taken += 1
-                lru = owner_lru[block.owner]
-                del lru[block.block_id]
-                if not lru:
-                    del owner_lru[block.owner]
+                taken.append(block)
             block.ref_cnt += 1
             block.hits += hits
-        queue.num_free -= taken
-        self._num_cached_free -= taken
+        if taken:
+            self.policy.take(taken)
+            self._free.num_free -= len(taken)
+            self._num_cached_free -= len(taken)
 
     def allocate(self, n: int, owner: str) -> list[Block]:
         """Take ``n`` blocks, each with ``ref_cnt == 1`` and ``owner``: plain free blocks first, then
-        cached ones chosen by the fair-share policy (module docstring), each evicted (its hash leaves
+        cached ones chosen by the eviction policy (module docstring), each evicted (its hash leaves
         the index) as it is taken. Raises ``OutOfBlocks`` without side effects when fewer than ``n``
         blocks are free (every other block is held by a running request). The message names no
         pool-wide figure (a tenant learns nothing about other tenants' use)."""
@@ -283,7 +268,7 @@ class BlockPool:
             self._free.remove(block)
             self._count_eviction(block)
             self._notify(block, "evicted")
-            self._unindex(block, was_free=True)
+            self._unindex(block, was_free=True, evicted=True)
             out.append(block)
         if victims:
             self._batch_done()
@@ -293,7 +278,8 @@ class BlockPool:
         return out
 
     def _plan_evictions(self, n: int, owner: str) -> list[Block] | None:
-        """The cached free blocks ``allocate(n, owner)`` would evict, in order, or None if it cannot."""
+        """The cached free blocks ``allocate(n, owner)`` would evict, in order (the policy's answer),
+        or None if it cannot."""
         plain = self._free.num_free - self._num_cached_free
         need = n - min(n, plain)
         if need == 0:
@@ -302,43 +288,9 @@ class BlockPool:
             return None
         usage = Counter(self._usage)
         usage[owner] += n - need
-        cursors = {o: self._evict_order(o) for o in self._owner_lru}
-        heads: dict[str | None, Block] = {o: next(it) for o, it in cursors.items()}
-        victims: list[Block] = []
-        while len(victims) < need:
-            total = self._total_weight(usage, owner)
-            best = None
-            for o, block in heads.items():
-                if o == owner or o is None:
-                    continue
-                if usage[o] > self.num_blocks * self._weights.get(o, 1) // total and (
-                    best is None or block.freed_at < best.freed_at
-                ):
-                    best = block
-            if best is None:
-                best = heads.get(owner)
-            if best is None:  # last resort: the least recently freed block of anyone
-                best = min(heads.values(), key=lambda b: b.freed_at)
-                self.stats.protected_evictions += 1
-            victims.append(best)
-            victim_owner = best.owner
-            usage[victim_owner] -= 1
-            usage[owner] += 1
-            following = next(cursors[victim_owner], None)
-            if following is None:
-                del heads[victim_owner]
-            else:
-                heads[victim_owner] = following
+        victims, protected = self.policy.victims(need, owner, usage, self._weights, self.num_blocks, self.clock)
+        self.stats.protected_evictions += protected
         return victims
-
-    def _total_weight(self, usage: Counter[str], extra: str) -> int:
-        """Sum of the weights of the owners with usage, plus ``extra`` (the allocating owner)."""
-        active = {o for o, u in usage.items() if u > 0}
-        active.add(extra)
-        return sum(self._weights.get(o, 1) for o in active)
-
-    def _protected(self, owner: str, usage: Counter[str], *, extra: str) -> int:
-        return self.num_blocks * self._weights.get(owner, 1) // self._total_weight(usage, extra)
 
     def free(self, blocks: Sequence[Block]) -> None:
         """Drop one reference per entry. ``blocks`` is a block table, prefix first: blocks reaching 0
@@ -359,7 +311,7 @@ class BlockPool:
         over_cap: set[str] = set()
         queue, caps, clock = self._free, self._caps, self._clock  # hot path: bound once
         tail = queue._tail
-        lru, lru_owner = None, object()
+        freed: list[Block] = []
         for block in reversed(blocks):
             block.ref_cnt -= 1
             if block.ref_cnt:
@@ -376,14 +328,13 @@ class BlockPool:
             last.next_free = block
             tail.prev_free = block
             queue.num_free += 1
-            if block.owner is not lru_owner:
-                lru_owner = block.owner
-                lru = self._lru(lru_owner)
-            lru[block.block_id] = block
-            self._num_cached_free += 1
+            freed.append(block)
             if caps and block.owner in caps:
                 over_cap.add(block.owner)
         self._clock = clock
+        if freed:
+            self._num_cached_free += len(freed)
+            self.policy.add(freed)
         for owner in over_cap:
             self._trim(owner, self._caps[owner])
 
@@ -423,7 +374,7 @@ class BlockPool:
             return block
         cap = self._caps.get(owner)
         if cap is not None and (self._owner_cached[owner] + 1) * self.block_size > cap:
-            held = self._owner_cached[owner] - len(self._owner_lru.get(owner, ()))
+            held = self._owner_cached[owner] - self.policy.evictable(owner)
             if (held + 1) * self.block_size > cap:
                 self.stats.cap_rejections += 1
                 return block
@@ -511,13 +462,7 @@ class BlockPool:
             self._usage[owner] += 1
         block.owner = owner
 
-    def _lru(self, owner: str | None) -> OrderedDict[int, Block]:
-        lru = self._owner_lru.get(owner)
-        if lru is None:
-            lru = self._owner_lru[owner] = OrderedDict()
-        return lru
-
-    def _unindex(self, block: Block, *, was_free: bool) -> None:
+    def _unindex(self, block: Block, *, was_free: bool, evicted: bool = False) -> None:
         assert block.block_hash is not None
         del self._index[block.block_hash]
         owner = block.owner
@@ -525,35 +470,29 @@ class BlockPool:
         if not self._owner_cached[owner]:
             del self._owner_cached[owner]
         if was_free:
-            self._lru_remove(block)
+            self.policy.remove(block, evicted=evicted)
+            self._num_cached_free -= 1
         block.block_hash = None
         block.token_ids = None
         block.tag = None
-
-    def _lru_remove(self, block: Block) -> None:
-        lru = self._owner_lru[block.owner]
-        del lru[block.block_id]
-        if not lru:
-            del self._owner_lru[block.owner]
-        self._num_cached_free -= 1
 
     def _count_eviction(self, block: Block) -> None:
         self.stats.evictions += 1
         self.stats.evictions_by_owner[block.owner] += 1
 
     def _trim(self, owner: str, max_tokens: int) -> None:
-        """Evict ``owner``'s free blocks (``_evict_order``: least recently freed first, pinned last)
-        until it fits ``max_tokens`` or has none free."""
-        if owner not in self._owner_lru:
+        """Evict ``owner``'s free blocks (the policy's order: ``fair_lru``, least recently freed first;
+        pinned last) until it fits ``max_tokens`` or has none free."""
+        if not self.policy.evictable(owner):
             return
         excess = self._owner_cached[owner] - max_tokens // self.block_size
         if excess <= 0:
             return
-        for block in list(itertools.islice(self._evict_order(owner), excess)):
+        for block in list(itertools.islice(self.policy.order(owner, self.clock), excess)):
             self._count_eviction(block)
             self.stats.cap_evictions += 1
             self._notify(block, "capped")
-            self._unindex(block, was_free=True)
+            self._unindex(block, was_free=True, evicted=True)
             self._set_owner(block, None)
             self._free.remove(block)
             self._free.appendleft(block)
@@ -604,7 +543,8 @@ class BlockPool:
             recount[block.owner] += 1
         assert recount == self._owner_cached, f"per-owner cached counts {dict(self._owner_cached)} != {dict(recount)}"
 
-        # Queue shape: plain free blocks first, then cached ones; per-owner LRU order = queue order.
+        # Queue shape: plain free blocks first, then cached ones; the policy's evictable blocks = these
+        # (fair_lru: per owner, in queue order).
         cached_walk = [b for b in walked if b.block_hash is not None]
         first_cached = next((i for i, b in enumerate(walked) if b.block_hash is not None), len(walked))
         assert all(b.block_hash is not None for b in walked[first_cached:]), "plain free block behind a cached one"
@@ -612,8 +552,11 @@ class BlockPool:
         per_owner: dict[str | None, list[int]] = {}
         for block in cached_walk:
             per_owner.setdefault(block.owner, []).append(block.block_id)
-        lru_view = {o: list(lru) for o, lru in self._owner_lru.items()}
-        assert per_owner == lru_view, f"per-owner evictable order {lru_view} != free queue order {per_owner}"
+        for owner in set(per_owner) | set(self.policy.owners()):
+            n = len(per_owner.get(owner, ()))
+            assert self.policy.evictable(owner) == n, f"policy counts {self.policy.evictable(owner)} evictable " \
+                f"blocks of {owner!r}, the free queue {n}"
+        self.policy.check({o: [self.blocks[i] for i in ids] for o, ids in per_owner.items()})
 
         usage: Counter[str] = Counter(
             b.owner for b in self.blocks if b.owner is not None and (b.ref_cnt > 0 or b.block_hash is not None)
@@ -625,19 +568,7 @@ class BlockPool:
 
         for owner, cap in self._caps.items():
             assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"
-        assert all(type(h) is bytes and type(u) is float for h, u in self._pins.items()), "malformed pin"
-        assert self._pins_expire_at <= min(self._pins.values(), default=float("inf")), "pin expiry horizon too late"
-
-
-def _unpinned_first(blocks: Iterable[Block], pins: dict[bytes, float], now: float) -> Iterator[Block]:
-    held_back = []
-    for block in blocks:
-        until = pins.get(block.block_hash)
-        if until is not None and until > now:
-            held_back.append(block)
-        else:
-            yield block
-    yield from held_back
+        self.policy.pins.check(bytes)
 
 
 class _Batch:

@@ -70,7 +70,8 @@ __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
 
 class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
     """Orchestrator over L1 (``num_blocks`` device pages, allocated once) and, when
-    ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's."""
+    ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's. Every tier, the L3
+    store given included, evicts by ``config.eviction_policy`` (:mod:`cachecore.eviction`)."""
 
     name = "engine"
 
@@ -90,9 +91,12 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
         self.layout = layout
         self.block_size = layout.block_size
         self._lock = threading.RLock()
-        self.l1 = DeviceStore(layout, num_blocks, device, self._lock)
-        self.l2 = HostStore(layout, self.config.l2_blocks, pin_memory=self.config.pin_memory) \
-            if self.config.l2_blocks else None
+        policy = self.config.eviction_policy  # every tier evicts by it (each with its own instance)
+        self.l1 = DeviceStore(layout, num_blocks, device, self._lock, eviction_policy=policy)
+        self.l2 = HostStore(layout, self.config.l2_blocks, pin_memory=self.config.pin_memory,
+                            eviction_policy=policy) if self.config.l2_blocks else None
+        if l3 is not None and l3.eviction_policy.name != policy:
+            l3.use_eviction_policy(policy)
         self.pool = self.l1.pool
         self.pages = self.l1.pages
         self.metrics = metrics or CacheMetrics()
@@ -383,12 +387,14 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
             self.pool.set_cap(owner, max_tokens)
 
     def set_weight(self, owner: str, weight: int | None) -> None:
-        """Weight of ``owner``'s fair share of L1 and L2 (``None``: 1, an equal share). ``ValueError``
-        unless an int >= 1."""
+        """Weight of ``owner``'s fair share of L1, L2 and L3 (``None``: 1, an equal share).
+        ``ValueError`` unless an int >= 1."""
         with self._lock:
             for pool in (self.pool, getattr(self.l2, "pool", None)):
                 if pool is not None:
                     pool.set_weight(owner, 1 if weight is None else weight)
+            if self.l3 is not None:
+                self.l3.set_weight(owner, weight)
 
     def set_inflight_limit(self, owner: str, max_tokens: int | None) -> None:
         """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool;

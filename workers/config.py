@@ -4,6 +4,8 @@
 worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
 ``selective``), ``STRATA_SELECTIVE_MIN_HITS`` (default 2), ``STRATA_LOAD_POLICY`` (``cost`` |
 ``always_load`` | ``always_recompute``), ``STRATA_LOAD_DEADLINE_MS`` (default 500),
+``STRATA_EVICTION_POLICY`` (which cached KV every tier gives up first: ``fair_lru``, the default, or
+another name of ``cachecore.eviction.registry.EVICTION_POLICIES`` such as ``value_aware``),
 ``STRATA_L3_URL`` (the encrypted remote tier: ``file:///path``, default ``$STRATA_HOME/l3``;
 ``redis://host:port/db``; ``none``), ``STRATA_L3_MB`` (its capacity, default 4096),
 ``STRATA_L3_SWEEP_SECONDS`` (retention sweep period, default 300), the master key
@@ -61,6 +63,7 @@ class WorkerConfig:
     selective_min_hits: int = 2
     load_policy: str = "cost"
     load_deadline_ms: int = 500
+    eviction_policy: str = "fair_lru"
     torch_threads: int = 0  # 0: every core
     prefill_chunk: int = 256
     token_budget: int = 512
@@ -84,6 +87,7 @@ class WorkerConfig:
             selective_min_hits=_int("STRATA_SELECTIVE_MIN_HITS", 2, minimum=1),
             load_policy=os.environ.get("STRATA_LOAD_POLICY", "cost").strip() or "cost",
             load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
+            eviction_policy=os.environ.get("STRATA_EVICTION_POLICY", "fair_lru").strip() or "fair_lru",
             torch_threads=_int("STRATA_TORCH_THREADS", 0),
             prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
             token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
@@ -117,7 +121,7 @@ class WorkerConfig:
             return EngineConfig(
                 l2_blocks=self.blocks(self.l2_mb, bytes_per_block), write_policy=self.write_policy,
                 selective_min_hits=self.selective_min_hits, load_policy=self.load_policy,
-                load_deadline_s=self.load_deadline_ms / 1000,
+                load_deadline_s=self.load_deadline_ms / 1000, eviction_policy=self.eviction_policy,
             )
         except ValueError as exc:
             raise WorkerConfigError(str(exc)) from None

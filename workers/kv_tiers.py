@@ -70,7 +70,7 @@ class TierService:
         self.revision = revision
         self.block_size = layout.block_size
         l2_blocks = cfg.blocks(cfg.l2_mb, layout.bytes_per_block)
-        self.l2 = HostStore(layout, l2_blocks) if l2_blocks > 0 else None
+        self.l2 = HostStore(layout, l2_blocks, eviction_policy=cfg.eviction_policy) if l2_blocks > 0 else None
         self.l3 = RemoteTier.build(cfg, layout, chunk_blocks=max(1, CHUNK_TOKENS // layout.block_size))
         self.metrics = CacheMetrics()
         self.cost = LoadCost(cfg.load_policy)
@@ -108,6 +108,7 @@ class TierService:
             retention = p.tenant_retention_seconds
             self.l3.learn(p.tenant, p.data_key, p.retention_seconds if retention is None else retention)
             self.l3.store.set_tenant_limit(p.tenant, p.max_l3_bytes)
+            self.l3.store.set_weight(p.tenant, p.share_weight)  # its share of L3 too, as of L2
 
     def _retention(self, p: TransferParams) -> float | None:
         if self.l3 is None:

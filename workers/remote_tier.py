@@ -58,7 +58,8 @@ class RemoteTier:
         if backend is None:
             return None
         keyring = crypto.Keyring()
-        store = RemoteStore(backend, keyring, layout, chunk_blocks=chunk_blocks, capacity_bytes=cfg.l3_mb * 2**20)
+        store = RemoteStore(backend, keyring, layout, chunk_blocks=chunk_blocks, capacity_bytes=cfg.l3_mb * 2**20,
+                            eviction_policy=cfg.eviction_policy)
         return cls(store, keyring, master_key(cfg), cfg)
 
     # ------------------------------------------------------------------ keys

@@ -19,6 +19,8 @@ import torch
 
 from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
+from cachecore.eviction.base import EvictionPolicy
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
 from cachecore.layout import KVLayout
 from cachecore.pages import KVPages
 from cachecore.tiers.base import Fetched, Tag
@@ -29,9 +31,10 @@ class DeviceStore(PooledStore):
     name = "l1"
 
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str,
-                 lock: threading.RLock | None = None) -> None:
+                 lock: threading.RLock | None = None, *,
+                 eviction_policy: EvictionPolicy | str = DEFAULT_EVICTION_POLICY) -> None:
         self.layout = layout
-        self.pool = BlockPool(num_blocks, layout.block_size)
+        self.pool = BlockPool(num_blocks, layout.block_size, eviction_policy)
         self.pages = KVPages(layout, num_blocks, torch.device(device))
         self._lock = lock or threading.RLock()
 

@@ -24,6 +24,8 @@ import torch
 
 from cachecore.block_pool import Block, BlockPool
 from cachecore.errors import OutOfBlocks
+from cachecore.eviction.base import EvictionPolicy
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
 from cachecore.layout import KVLayout
 from cachecore.tiers.base import Fetched, Tag
 from cachecore.tiers.pooled import PooledStore
@@ -32,11 +34,12 @@ from cachecore.tiers.pooled import PooledStore
 class HostStore(PooledStore):
     name = "l2"
 
-    def __init__(self, layout: KVLayout, num_blocks: int, *, pin_memory: bool | None = None) -> None:
+    def __init__(self, layout: KVLayout, num_blocks: int, *, pin_memory: bool | None = None,
+                 eviction_policy: EvictionPolicy | str = DEFAULT_EVICTION_POLICY) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.layout = layout
-        self.pool = BlockPool(num_blocks, layout.block_size)
+        self.pool = BlockPool(num_blocks, layout.block_size, eviction_policy)
         pin = torch.cuda.is_available() if pin_memory is None else pin_memory
         self.data = torch.empty((num_blocks, *layout.page_shape), dtype=layout.torch_dtype, pin_memory=pin)
         self.pinned = pin

@@ -1,8 +1,11 @@
-"""The L3 store's accounting, apart from its bytes: which objects each tenant holds (oldest first),
-bytes per tenant and in all, each tenant's byte limit (``max_l3_bytes``), and the fair choice of what
-to evict (:meth:`L3Index.victims`), and the soft pins of named caches (``pins``: hex chain hash of a
-chunk -> until): within one tenant, pinned objects are evicted after its unpinned ones; which tenant
-gives up an object is decided as without pins (a pin never protects a tenant over its share).
+"""The L3 store's accounting, apart from its bytes: which objects each tenant holds, bytes per tenant
+and in all, each tenant's byte limit (``max_l3_bytes``) and share weight (``share_weight``), and what
+to evict (:meth:`L3Index.victims`), asked of the same eviction policy type as L1 and L2 (``policy``, an
+:class:`~cachecore.eviction.base.EvictionPolicy`, ``fair_lru`` by default: a tenant over its weighted
+share gives up its least recently used object first), which also keeps the soft pins of named caches
+(``pins``: hex chain hash of a chunk -> until): within one tenant, pinned objects are evicted after its
+unpinned ones; which tenant gives up an object is decided as without pins (a pin never protects a
+tenant over its share).
 
 Tenants are keyed by their encoded name component (:func:`cachecore.tiers.l3_names.enc`). The index
 starts unloaded: until :meth:`L3Index.load` (a listing of the backend) every update is a no-op, so a
@@ -13,28 +16,61 @@ store that never needed the accounting never lists its backend. No I/O, no tenso
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
+from cachecore.eviction.base import EvictionPolicy, Pins
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, make_policy
 from cachecore.tiers.backends.base import ObjectInfo
 
 #: One eviction victim: (tenant key, object name, size in bytes).
 Victim = tuple[str, str, int]
 
 
-class _Entry(NamedTuple):
-    size: int
-    mtime: float
+class L3Object:
+    """One stored object as the eviction policy sees it (:class:`~cachecore.eviction.base.Evictable`):
+    ``owner`` its tenant key, ``freed_at`` its write time (``mtime``), ``hits`` the reads this process
+    delivered, ``block_hash`` its chunk key (hex chain hash of its last block: what pins name)."""
+
+    __slots__ = ("owner", "name", "size", "freed_at", "hits", "block_hash")
+
+    def __init__(self, owner: str, name: str, size: int, mtime: float) -> None:
+        self.owner = owner
+        self.name = name
+        self.size = size
+        self.freed_at = mtime
+        self.hits = 0
+        self.block_hash = name.rsplit("/", 1)[-1]
+
+    @property
+    def mtime(self) -> float:
+        return self.freed_at
+
+    def __repr__(self) -> str:
+        return f"L3Object({self.name!r}, {self.size})"
 
 
 class L3Index:
-    def __init__(self) -> None:
-        self._objects: dict[str, OrderedDict[str, _Entry]] | None = None
+    def __init__(self, policy: EvictionPolicy | str = DEFAULT_EVICTION_POLICY) -> None:
+        self._objects: dict[str, dict[str, L3Object]] | None = None
         self.usage: dict[str, int] = {}  # tenant key -> bytes (only tenants holding something)
         self.total = 0
         self.limits: dict[str, int] = {}  # tenant key -> max bytes
-        self.pins: dict[str, float] = {}  # hex chain hash (the name's last part) -> until (unix time)
+        self.weights: dict[str, int] = {}  # tenant key -> share weight (absent: 1)
+        self.policy: EvictionPolicy = make_policy(policy) if isinstance(policy, str) else policy
+
+    @property
+    def pins(self) -> Pins:
+        """Soft pins: hex chain hash (the name's last part) -> until (unix time); the policy's."""
+        return self.policy.pins
+
+    def use_policy(self, policy: EvictionPolicy | str) -> None:
+        """Replace the eviction policy (its pins carried over), telling it every known object."""
+        new = make_policy(policy) if isinstance(policy, str) else policy
+        new.pins = self.policy.pins
+        for names in (self._objects or {}).values():
+            for obj in names.values():  # one at a time: objects are not one chain
+                new.add((obj,))
+        self.policy = new
 
     @property
     def loaded(self) -> bool:
@@ -42,6 +78,9 @@ class L3Index:
 
     def load(self, listing: Iterable[tuple[str, ObjectInfo]]) -> None:
         """Replace the accounting by a listing of ``(tenant key, object)``; age order is write time."""
+        for names in (self._objects or {}).values():
+            for obj in names.values():
+                self.policy.remove(obj)
         self._objects, self.usage, self.total = {}, {}, 0
         for tenant, info in sorted(listing, key=lambda x: x[1].mtime):
             self.remember(tenant, info.name, info.size, info.mtime)
@@ -51,18 +90,21 @@ class L3Index:
         if self._objects is None:
             return
         self.forget(tenant, name)
-        self._objects.setdefault(tenant, OrderedDict())[name] = _Entry(size, mtime)
+        obj = self._objects.setdefault(tenant, {})[name] = L3Object(tenant, name, size, mtime)
+        self.policy.add((obj,))
         self.usage[tenant] = self.usage.get(tenant, 0) + size
         self.total += size
 
-    def forget(self, tenant: str, name: str) -> None:
-        """``name`` is gone (deleted, evicted, quarantined); nothing if it was not known."""
+    def forget(self, tenant: str, name: str, *, evicted: bool = False) -> None:
+        """``name`` is gone (deleted, quarantined; ``evicted``: chosen by ``victims``); nothing if it
+        was not known."""
         if self._objects is None:
             return
         names = self._objects.get(tenant)
         entry = names.pop(name, None) if names is not None else None
         if entry is None:
             return
+        self.policy.remove(entry, evicted=evicted)
         self.usage[tenant] -= entry.size
         self.total -= entry.size
         if not names:
@@ -75,8 +117,11 @@ class L3Index:
         if self._objects is None:
             return
         names = self._objects.get(tenant)
-        if names is not None and name in names:
-            names.move_to_end(name)
+        obj = names.get(name) if names is not None else None
+        if obj is not None:
+            names[name] = names.pop(name)  # most recently used last, as the policy is told
+            obj.hits += 1
+            self.policy.hit(obj)
         else:
             self.remember(tenant, name, size, created)
 
@@ -92,86 +137,51 @@ class L3Index:
             for n, e in names.items():
                 yield t, n, e.size
 
+    def set_weight(self, tenant: str, weight: int) -> None:
+        """Share weight of ``tenant`` (default 1) in the capacity's fair share. Kept whether the index is
+        loaded or not."""
+        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+            raise ValueError(f"weight must be an int >= 1, got {weight!r}")
+        if weight == 1:
+            self.weights.pop(tenant, None)
+        else:
+            self.weights[tenant] = weight
+
     def objects(self) -> int:
         return sum(len(v) for v in self._objects.values()) if self._objects is not None else 0
 
     def pin(self, keys: Iterable[str], until: float | None, now: float) -> None:
         """Pin the chunks named by hex chain hash ``keys`` until ``until`` (None: unpin); lapsed pins
         are forgotten. Kept whether the index is loaded or not."""
-        self.pins = {k: u for k, u in self.pins.items() if u > now}
-        for k in keys:
-            if until is None:
-                self.pins.pop(k, None)
-            else:
-                self.pins[k] = float(until)
-
-    def _evict_order(self, names: OrderedDict[str, _Entry], now: float):
-        """``names`` oldest first, the pinned ones after all others (lazily)."""
-        if not self.pins:
-            yield from names.items()
-            return
-        held_back = []
-        for item in names.items():
-            until = self.pins.get(item[0].rsplit("/", 1)[-1])
-            if until is not None and until > now:
-                held_back.append(item)
-            else:
-                yield item
-        yield from held_back
+        pins = self.policy.pins
+        pins.expire(now, force=True)
+        if until is None:
+            pins.unpin(keys)
+        else:
+            pins.pin(keys, until, now)
 
     def victims(self, writer: str | None, size: int, capacity: int | None, *, now: float | None = None
                 ) -> list[Victim] | None:
         """Objects to evict so that ``writer`` can add ``size`` bytes (``writer=None``: bring every
         tenant within its limit and the store within ``capacity``), or None if that cannot be done
-        without pushing another tenant below its fair share. Per-tenant limits first (a tenant over
-        its own evicts its own oldest), then capacity: the oldest object of a tenant over its equal
-        share goes first; within a tenant its unpinned objects go before its pinned ones (pins lapse at
-        ``now``). Mutates nothing. The index must be loaded."""
+        without pushing another tenant below its share. Per-tenant limits first (a tenant over its
+        own evicts its own, in the policy's order), then capacity: with ``fair_lru``, the oldest
+        object of a tenant over its weighted share ``capacity * weight / total weight`` goes first;
+        within a tenant its unpinned objects go before its pinned ones (pins lapse at ``now``).
+        Mutates nothing. The index must be loaded."""
         assert self._objects is not None
         now = time.time() if now is None else now
-        usage = dict(self.usage)
-        cursors = {t: self._evict_order(names, now) for t, names in self._objects.items()}
-        heads: dict[str, tuple[str, _Entry] | None] = {}
-        victims: list[Victim] = []
-
-        def head(t: str) -> tuple[str, _Entry] | None:
-            if t not in heads:
-                heads[t] = next(cursors[t], None) if t in cursors else None
-            return heads[t]
-
-        def take(t: str) -> None:
-            n, e = heads.pop(t)  # type: ignore[misc]
-            victims.append((t, n, e.size))
-            usage[t] -= e.size
-
-        for t, limit in self.limits.items():
-            extra = size if t == writer else 0
-            if extra > limit:
-                return None
-            while usage.get(t, 0) + extra > limit:
-                if head(t) is None:
-                    return None
-                take(t)
-        if capacity is None:
-            return victims
-        if size > capacity:
-            return None
-        if writer is not None:
-            usage[writer] = usage.get(writer, 0) + size
-        while sum(usage.values()) > capacity:
-            holders = [t for t, b in usage.items() if b > 0]
-            share = capacity / max(len(holders), 1)
-            over = [t for t in holders if usage[t] > share and head(t) is not None]
-            if not over:
-                return None
-            t = min(over, key=lambda t: head(t)[1].mtime)  # type: ignore[index]
-            take(t)
-        return victims
+        chosen = self.policy.victims_bytes(writer, size, capacity, self.usage, self.weights, self.limits,
+                                           lambda: now)
+        return None if chosen is None else [(o.owner, o.name, o.size) for o in chosen]
 
     def check(self) -> None:
-        """Assert that usage per tenant and in all add up (``AssertionError`` naming the first off)."""
+        """Assert that usage per tenant and in all add up and that the policy knows exactly the objects
+        known here (``AssertionError`` naming the first off)."""
         if self._objects is None:
             return
         for t, names in self._objects.items():
             assert self.usage.get(t, 0) == sum(e.size for e in names.values()), f"usage of {t} is off"
         assert self.total == sum(self.usage.values()), "total usage is off"
+        self.policy.check({t: list(names.values()) for t, names in self._objects.items()})
+        self.policy.pins.check(str)

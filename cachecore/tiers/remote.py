@@ -43,11 +43,14 @@ fails verification; that chunk and every one after it is a miss, never wrong byt
   every request a timeout, and used again after.
 
 Writes (:meth:`RemoteStore.put_chunk`) are meant to run off the request path (the engine's writer
-thread). Capacity (``capacity_bytes``) is shared fairly: when room is needed, the oldest object of
-a tenant over its equal share goes first (a tenant that floods L3 evicts its own objects), and a
-tenant's ``max_bytes`` (:meth:`set_tenant_limit`) evicts its own oldest objects. Age order is write
-time, refreshed by reads in this process. The accounting (:class:`~cachecore.tiers.l3_index.L3Index`,
-which also chooses the victims) is an in-memory index of the backend
+thread). Capacity (``capacity_bytes``) is shared fairly, by the same eviction policy type as L1 and
+L2 (``eviction_policy``, :mod:`cachecore.eviction`; ``fair_lru`` by default): when room is needed, an
+object of a tenant over its share goes first (a tenant that floods L3 evicts its own objects); shares
+are weighted by :meth:`set_weight` (the tenant's ``share_weight``, as in L1 and L2), and a tenant's
+``max_bytes`` (:meth:`set_tenant_limit`) evicts its own objects. With ``fair_lru`` the oldest object
+goes first; age order is write time, refreshed by reads in this process. The accounting
+(:class:`~cachecore.tiers.l3_index.L3Index`, which asks the policy for the victims) is an in-memory
+index of the backend
 listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
 written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
 
@@ -80,6 +83,8 @@ import torch
 
 from cachecore import crypto
 from cachecore.errors import BackendUnavailable, DecryptError, InvalidKV, KeyUnavailable
+from cachecore.eviction.base import EvictionPolicy
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
 from cachecore.hashing import token_buffer
 from cachecore.layout import KVLayout
 from cachecore.tiers.backends.base import Backend, ObjectInfo
@@ -112,6 +117,7 @@ class RemoteStore:
         retry_after_seconds: float = 1.0,
         temp_grace_seconds: float = 300.0,
         refresh_seconds: float = 30.0,
+        eviction_policy: EvictionPolicy | str = DEFAULT_EVICTION_POLICY,
     ) -> None:
         if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks <= 0:
             raise ValueError(f"chunk_blocks must be a positive int, got {chunk_blocks!r}")
@@ -138,7 +144,7 @@ class RemoteStore:
         self._lock = threading.RLock()
         self._local = threading.local()
         self._down_until = 0.0  # time.monotonic() before which the backend is not tried
-        self._index = L3Index()  # what each tenant holds, by encoded tenant; loaded lazily
+        self._index = L3Index(eviction_policy)  # what each tenant holds, by encoded tenant; loaded lazily
         self._names: dict[str, str] = {}  # encoded tenant -> tenant id (for over-long ones)
         self.put_listeners: list[Callable[[Sequence[bytes]], None]] = []
         self.drop_listeners: list[Callable[[list[bytes], str], None]] = []
@@ -364,7 +370,7 @@ class RemoteStore:
                     self.stats["rejected"] += 1
                     return False
                 for t, n, _ in victims:
-                    self._index.forget(t, n)
+                    self._index.forget(t, n, evicted=True)
                 self._index.remember(tenant, name, len(frame), stamp)
             try:
                 self._evict(victims)
@@ -393,6 +399,22 @@ class RemoteStore:
                 if max_bytes < 0:
                     raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
                 self._index.limits[t] = int(max_bytes)
+
+    def set_weight(self, tenant: str, weight: int | None) -> None:
+        """Weight of ``tenant``'s fair share of the capacity (its ``share_weight``; None: 1, an equal
+        share); ``ValueError`` unless an int >= 1. Takes effect at the next eviction."""
+        t = self._tenant_key(tenant)
+        with self._lock:
+            self._index.set_weight(t, 1 if weight is None else weight)
+
+    @property
+    def eviction_policy(self) -> EvictionPolicy:
+        return self._index.policy
+
+    def use_eviction_policy(self, policy: EvictionPolicy | str) -> None:
+        """Evict by ``policy`` (a registered name or an instance) from now on; pins and objects kept."""
+        with self._lock:
+            self._index.use_policy(policy)
 
     # ------------------------------------------------------------------ named caches (soft pins)
     def chunk_keys(self, hashes: Sequence[bytes]) -> list[bytes]:
@@ -538,7 +560,7 @@ class RemoteStore:
             self._index.load(kept)
             victims = self._index.victims(None, 0, self.capacity_bytes, now=now) or []
             for t, n, _ in victims:
-                self._index.forget(t, n)
+                self._index.forget(t, n, evicted=True)
         self._announce_drop(expired, "expired")
         evicted = self._evict(victims)
         removed = self.backend.sweep_temp(self.temp_grace_seconds, now=now)
