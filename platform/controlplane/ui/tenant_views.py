@@ -51,7 +51,7 @@ from controlplane.tenants.selectors import (
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
 from controlplane.ui.chart_views import chartset, tenant_chartset
-from controlplane.ui.forms import form_error_text
+from controlplane.ui.forms import TenantStatusForm, form_error_text
 from controlplane.ui.ledger_charts import cache_usage
 from controlplane.ui.tenant_forms import (
     GrantForm,
@@ -196,6 +196,21 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         events=[present.audit_event(e) for e in audit_list(tenant=tenant.slug, limit=AUDIT_SHOWN)],
         **forms,
     )
+
+
+@operator_view
+@require_POST
+def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
+    """Suspend or reactivate (from the tenant's page or the list); a refusal re-renders the list."""
+    tenant = tenant_get(slug=slug)
+    form = TenantStatusForm(request.POST)
+    updated, status = _submit(form, lambda d: services.tenant_update(
+        actor=_actor(request), tenant=tenant, status=d["status"], reason=d["reason"]))
+    if updated is None:
+        messages.error(request, form_error_text(form))
+        return _list_page(request, status)
+    messages.success(request, f"Tenant {updated.slug} is now {updated.status}.")
+    return redirect("ui:tenants")
 
 
 @operator_view

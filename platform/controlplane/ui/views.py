@@ -15,9 +15,9 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.forms import Form
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET
 
 from controlplane.audit.selectors import audit_list, audit_verify
 from controlplane.common.errors import ApplicationError
@@ -26,12 +26,10 @@ from controlplane.operators.forms import OperatorLoginForm
 from controlplane.operators.selectors import login_lockouts_recent
 from controlplane.operators.views import lockout_response
 from controlplane.runtime.stats import cluster_stats
-from controlplane.tenants.selectors import tenant_get, tenant_list
-from controlplane.tenants.services import tenant_update
 from controlplane.ui import live_figures, present
 from controlplane.ui.access import operator_view
 from controlplane.ui.chart_views import dashboard_chartset
-from controlplane.ui.forms import TenantStatusForm, form_error_text
+from controlplane.ui.forms import form_error_text
 
 POLL_STOP_HEADER = "X-Strata-Poll"
 AUDIT_SHOWN = 100
@@ -111,32 +109,8 @@ def dashboard_live(request: HttpRequest) -> HttpResponse:
     return _partial(request, "ui/_dashboard_stats.html", _dashboard())
 
 
-# ---------------------------------------------------------------------- tenants
-def _tenants_page(request: HttpRequest, status: int = 200) -> HttpResponse:
-    rows = [present.tenant_row(t) for t in tenant_list()]
-    return _page(request, "ui/tenants.html", "tenants", status, tenants=rows)
-
-
-@operator_view
-@require_GET
-def tenants(request: HttpRequest) -> HttpResponse:
-    return _tenants_page(request)
-
-
-@operator_view
-@require_POST
-def tenant_status(request: HttpRequest, slug: str) -> HttpResponse:
-    tenant = tenant_get(slug=slug)
-    form = TenantStatusForm(request.POST)
-    updated, status = _submit(request, form, lambda d: tenant_update(
-        actor=_actor(request), tenant=tenant, status=d["status"], reason=d["reason"]))
-    if updated is None:
-        return _tenants_page(request, status)
-    messages.success(request, f"Tenant {updated.slug} is now {updated.status}.")
-    return redirect("ui:tenants")
-
-
-# models and jobs: ``model_views``; operator tokens: ``token_views``.
+# tenants (the list, a tenant's page and its status): ``tenant_views``; models and jobs: ``model_views``;
+# operator tokens: ``token_views``.
 
 
 # ---------------------------------------------------------------------- audit
