@@ -18,11 +18,11 @@ NO_DATABASE_NEEDED = {"migrate", "makemigrations", "help", "version", "check", "
 
 
 def _home() -> Path:
-    """The state folder the settings will use (``controlplane.env``: ``STRATA_HOME``, else ``.strata``
-    beside this file), the same rule as ``make run``'s launcher."""
-    raw = os.environ.get("STRATA_HOME")
-    home = Path(raw).expanduser() if raw else Path(__file__).resolve().parent / ".strata"
-    return home if home.is_absolute() else Path(__file__).resolve().parent / home
+    """The state folder the settings will use (``strata_env.home``: ``STRATA_HOME``, else ``.strata``
+    beside this file), the same rule as ``make run``'s launcher and the workers."""
+    from strata_env import home  # this file's folder is on sys.path: the repository root
+
+    return home()
 
 
 def _database_missing(home: Path, home_existed: bool) -> str | None:

@@ -1,15 +1,13 @@
-"""Run-time device choice. The only place that reads ``STRATA_DEVICE``.
+"""Run-time device choice: ``STRATA_DEVICE`` (read by ``strata_env.device``) or the caller's preference.
 
 Code never hard-wires a device: it asks :func:`pick_device` and passes the answer along.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-ENV_VAR = "STRATA_DEVICE"
+import strata_env
 
 
 def pick_device(preferred: str | None = None) -> torch.device:
@@ -21,7 +19,7 @@ def pick_device(preferred: str | None = None) -> torch.device:
     silently falling back (the operator asked for something this machine cannot do);
     an unparsable device string also raises ``ValueError``.
     """
-    choice = os.environ.get(ENV_VAR, "").strip() or preferred
+    choice = strata_env.device() or preferred
     if choice and choice.lower() != "auto":
         try:
             device = torch.device(choice)

@@ -1,7 +1,7 @@
 """``docs/architecture.md`` is a true map (issue 22, "A true map").
 
-The convention, stated at the top of the map: every Python module under ``cachecore/``, ``workers/``
-and ``platform/controlplane/`` has exactly one entry, a Markdown list item that starts with the
+The convention, stated at the top of the map: every Python module under ``cachecore/``, ``workers/``,
+``strata_env/`` and ``platform/controlplane/`` has exactly one entry, a Markdown list item that starts with the
 module's path in backticks, spelled from its source root (its import path with ``/`` and ``.py``):
 
     - `cachecore/tiers/host.py`: ...
@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MAP = REPO / "docs" / "architecture.md"
 # top package -> the source root that holds it
-ROOTS = {"cachecore": REPO, "workers": REPO, "controlplane": REPO / "platform"}
+ROOTS = {"cachecore": REPO, "workers": REPO, "strata_env": REPO, "controlplane": REPO / "platform"}
 SKIPPED_DIRS = {"migrations", "tests", "__pycache__"}
 
 _TOP = "|".join(ROOTS)

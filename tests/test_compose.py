@@ -1,11 +1,11 @@
 """docker-compose.yml and the Dockerfile agree with the code (no Docker engine needed: the files are
 parsed). Pins: the six services plus the one-shot migrate job; one image for every app service; the
-environment names are exactly those ``controlplane.env`` reads, with one value each across services;
-the Ray head is not on Redis's port 6379; the GPU worker reserves NVIDIA GPUs; migrations run as the
-schema-owning role before web and Celery start, and those connect as a role with row access only
-(docker/postgres-init.sql; checked against a real PostgreSQL when ``DATABASE_URL`` names one); web is
-published on 127.0.0.1 only; and the web environment passes ``manage.py check --deploy`` under the
-production settings."""
+environment names are exactly those the control plane's view (``strata_env.load``) reads, with one
+value each across services; the Ray head is not on Redis's port 6379; the GPU worker reserves NVIDIA
+GPUs; migrations run as the schema-owning role before web and Celery start, and those connect as a
+role with row access only (docker/postgres-init.sql; checked against a real PostgreSQL when
+``DATABASE_URL`` names one); web is published on 127.0.0.1 only; and the web environment passes
+``manage.py check --deploy`` under the production settings."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import secrets
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,7 +29,7 @@ SERVICES = COMPOSE["services"]
 APP_SERVICES = ("web", "celery", "ray-head", "ray-cpu-worker", "ray-gpu-worker")
 INIT_SQL = ROOT / "docker" / "postgres-init.sql"
 CONNECTIONS = ("DATABASE_URL", "CELERY_BROKER_URL", "REDIS_URL", "RAY_ADDRESS")
-# Read by something other than controlplane.env: Django itself and Ray's token authentication.
+# Read by something other than strata_env: Django itself and Ray's token authentication.
 OTHER_READERS = {"DJANGO_SETTINGS_MODULE", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_worker_niceness"}  # not Strata's
 
 
@@ -53,12 +52,10 @@ class _RecordingEnviron(dict):
 
 
 def names_env_reads(monkeypatch) -> set[str]:
-    """Every variable ``controlplane.env.load()`` looks at (recorded, not parsed from source)."""
+    """Every variable the control plane's view (``strata_env.load``, re-exported by ``controlplane.env``)
+    looks at (recorded, not parsed from source)."""
     recorder = _RecordingEnviron()
-    fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if not k.startswith("__")})
-    fake_os.environ = recorder
-    monkeypatch.setattr(envmod, "os", fake_os)
-    envmod.load()
+    envmod.load(recorder)
     return recorder.read
 
 

@@ -18,9 +18,9 @@ gave it (``CUDA_VISIBLE_DEVICES``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
+import strata_env
 from workers.admission import MAX_CONCURRENCY
 from workers.engine_contract import ServingEngine
 
@@ -100,7 +100,7 @@ def launch(deployment: str, preset: str, revision: dict, *, replica: int = 0, en
     worker_kwargs.update(engine=engine, tensor_parallel_size=tensor_parallel_size)  # build_worker's choice
 
     # Test hooks (poisoning free pages) exist only where the test suite asks for them.
-    worker_kwargs.setdefault("test_hooks", os.environ.get("STRATA_TEST_HOOKS") == "1")
+    worker_kwargs.setdefault("test_hooks", strata_env.enabled_test_hooks())
     remote_cls = ray.remote(CacheWorkerActor)
     return remote_cls.options(
         name=actor_name(deployment, replica),

@@ -1,4 +1,5 @@
-"""The cache worker's configuration: the one place that reads its environment variables.
+"""The cache worker's configuration, built from its view of the environment (``strata_env.load_worker``:
+every variable below is read and typed there; the checks across variables are here).
 
 ``STRATA_L1_MB`` (device pages per worker, default 256), ``STRATA_L2_MB`` (host-memory pool per
 worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
@@ -24,83 +25,77 @@ a tenant below its share that just finished one, default 40; 0 = never, at most 
 (default: every core), ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
 resolve inside it, symlinks followed), ``STRATA_VLLM_CONNECTOR`` (default 1; 0: a vLLM deployment keeps its
 prefixes in vLLM's device cache only, without Strata's L2 and L3). Read in the worker's process (the Ray actor inherits
-the environment of the process that started Ray).
+the environment of the process that started Ray). A malformed value raises ``strata_env.EnvError``
+(``WorkerConfigError`` is the same class) naming the variable.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import strata_env
 from cachecore.config import EngineConfig
+from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
+from strata_env import WorkerEnv
+from strata_env import masterkey as keyreader
 
-
-class WorkerConfigError(ValueError):
-    """A worker environment variable holds a value that cannot be used."""
-
-
-def _int(name: str, default: int, *, minimum: int = 0) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise WorkerConfigError(f"{name} must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise WorkerConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
+# A worker environment variable holds a value that cannot be used (the one error of strata_env; the
+# checks across variables below raise it too).
+WorkerConfigError = strata_env.EnvError
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    l1_mb: int = 256
-    l2_mb: int = 1024
-    write_policy: str = "write_back"
-    selective_min_hits: int = 2
-    load_policy: str = "cost"
-    load_deadline_ms: int = 500
-    eviction_policy: str = "fair_lru"
-    torch_threads: int = 0  # 0: every core
-    prefill_chunk: int = 256
-    token_budget: int = 512
-    max_batch: int = 32
-    lean_budget: int = 8
-    contended_budget: int = 64
-    anticipate_ms: int = 40
+    # Defaults: strata_env.WorkerEnv's (one definition); l3_url, master_key_file and weights_root
+    # default to "none" here (a config built in code), to $STRATA_HOME's from the environment.
+    l1_mb: int = WorkerEnv.l1_mb
+    l2_mb: int = WorkerEnv.l2_mb
+    write_policy: str = WorkerEnv.write_policy
+    selective_min_hits: int = WorkerEnv.selective_min_hits
+    load_policy: str = WorkerEnv.load_policy
+    load_deadline_ms: int = WorkerEnv.load_deadline_ms
+    eviction_policy: str = DEFAULT_EVICTION_POLICY  # STRATA_EVICTION_POLICY: cachecore.eviction.registry's names
+    torch_threads: int = WorkerEnv.torch_threads  # 0: every core
+    prefill_chunk: int = WorkerEnv.prefill_chunk
+    token_budget: int = WorkerEnv.token_budget
+    max_batch: int = WorkerEnv.max_batch
+    lean_budget: int = WorkerEnv.lean_budget
+    contended_budget: int = WorkerEnv.contended_budget
+    anticipate_ms: int = WorkerEnv.anticipate_ms
     l3_url: str = "none"
-    l3_mb: int = 4096
-    l3_sweep_seconds: int = 300
+    l3_mb: int = WorkerEnv.l3_mb
+    l3_sweep_seconds: int = WorkerEnv.l3_sweep_seconds
     master_key_file: str = ""
     weights_root: str | None = None  # STRATA_WEIGHTS_ROOT: checkpoints (and their files) must resolve inside it
-    vllm_connector: bool = True  # STRATA_VLLM_CONNECTOR=0: vLLM deployments keep vLLM's device cache only
+    vllm_connector: bool = WorkerEnv.vllm_connector  # STRATA_VLLM_CONNECTOR=0: vLLM keeps vLLM's device cache only
 
     @classmethod
-    def from_env(cls) -> WorkerConfig:
+    def from_env(cls, environ=None) -> WorkerConfig:
+        """From ``strata_env.load_worker(environ)`` (default: this process's environment), checked."""
+        env = strata_env.load_worker(environ)
         cfg = cls(
-            l1_mb=_int("STRATA_L1_MB", 256, minimum=1),
-            l2_mb=_int("STRATA_L2_MB", 1024),
-            write_policy=os.environ.get("STRATA_WRITE_POLICY", "write_back").strip() or "write_back",
-            selective_min_hits=_int("STRATA_SELECTIVE_MIN_HITS", 2, minimum=1),
-            load_policy=os.environ.get("STRATA_LOAD_POLICY", "cost").strip() or "cost",
-            load_deadline_ms=_int("STRATA_LOAD_DEADLINE_MS", 500, minimum=1),
-            eviction_policy=os.environ.get("STRATA_EVICTION_POLICY", "fair_lru").strip() or "fair_lru",
-            torch_threads=_int("STRATA_TORCH_THREADS", 0),
-            prefill_chunk=_int("STRATA_PREFILL_CHUNK", 256, minimum=1),
-            token_budget=_int("STRATA_TOKEN_BUDGET", 512, minimum=2),
-            max_batch=_int("STRATA_MAX_BATCH", 32, minimum=1),
-            lean_budget=_int("STRATA_LEAN_BUDGET", 8, minimum=0),
-            contended_budget=_int("STRATA_CONTENDED_BUDGET", 64),
-            anticipate_ms=_int("STRATA_ANTICIPATE_MS", 40),
-            l3_url=_l3_url(),
-            l3_mb=_int("STRATA_L3_MB", 4096),
-            l3_sweep_seconds=_int("STRATA_L3_SWEEP_SECONDS", 300, minimum=1),
-            master_key_file=os.environ.get("STRATA_MASTER_KEY_FILE", "").strip() or str(_home() / "master.key"),
-            weights_root=os.environ.get("STRATA_WEIGHTS_ROOT", "").strip() or None,
-            vllm_connector=_int("STRATA_VLLM_CONNECTOR", 1) != 0,
+            l1_mb=env.l1_mb,
+            l2_mb=env.l2_mb,
+            write_policy=env.write_policy,
+            selective_min_hits=env.selective_min_hits,
+            load_policy=env.load_policy,
+            load_deadline_ms=env.load_deadline_ms,
+            eviction_policy=env.eviction_policy or DEFAULT_EVICTION_POLICY,
+            torch_threads=env.torch_threads,
+            prefill_chunk=env.prefill_chunk,
+            token_budget=env.token_budget,
+            max_batch=env.max_batch,
+            lean_budget=env.lean_budget,
+            contended_budget=env.contended_budget,
+            anticipate_ms=env.anticipate_ms,
+            l3_url=env.l3_url,
+            l3_mb=env.l3_mb,
+            l3_sweep_seconds=env.l3_sweep_seconds,
+            master_key_file=str(env.master_key_file),
+            weights_root=str(env.weights_root) if env.weights_root else None,
+            vllm_connector=env.vllm_connector,
         )
         cfg.engine(bytes_per_block=1)  # validate the policies now, not at the first request
         if cfg.token_budget <= cfg.max_batch:
@@ -109,8 +104,6 @@ class WorkerConfig:
         if cfg.contended_budget and cfg.contended_budget <= cfg.max_batch:
             raise WorkerConfigError(f"STRATA_CONTENDED_BUDGET ({cfg.contended_budget}) must be 0 (no bound) or "
                                     f"exceed STRATA_MAX_BATCH ({cfg.max_batch})")
-        if cfg.anticipate_ms > 1000:
-            raise WorkerConfigError(f"STRATA_ANTICIPATE_MS must be at most 1000, got {cfg.anticipate_ms}")
         return cfg
 
     def blocks(self, mb: int, bytes_per_block: int) -> int:
@@ -127,8 +120,6 @@ class WorkerConfig:
             raise WorkerConfigError(str(exc)) from None
 
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
 # Ray starts every worker process at niceness 15 unless told otherwise (its raylet's
 # ``worker_niceness``): the replicas (and the vLLM engine core they spawn) would then yield the CPU to
 # the web process, Celery and anything else on the machine, so that a flood of requests handled in
@@ -144,41 +135,16 @@ def apply_ray_env(environ: dict | None = None) -> None:
         target.setdefault(key, value)
 
 
-def _home() -> Path:
-    """``STRATA_HOME`` as the control plane reads it: a relative path is relative to the repository
-    (a Ray actor's working directory is Ray's, not ours)."""
-    home = Path(os.environ.get("STRATA_HOME", "").strip() or ".strata").expanduser()
-    return home if home.is_absolute() else REPO_ROOT / home
-
-
-def _l3_url() -> str:
-    raw = os.environ.get("STRATA_L3_URL", "").strip()
-    if raw:
-        return raw
-    return (_home() / "l3").as_uri()
-
-
 def master_key(cfg: WorkerConfig) -> bytes | None:
-    """The key-encryption key, or None when none is configured yet (L3 then stores nothing: without
-    data keys nothing can be sealed). Never logged."""
-    raw = os.environ.get("STRATA_MASTER_KEY", "").strip()
-    if raw:
-        try:
-            key = base64.b64decode(raw, validate=True)
-        except (binascii.Error, ValueError):
-            raise WorkerConfigError("STRATA_MASTER_KEY must be base64 of 32 bytes") from None
-    else:
-        path = Path(cfg.master_key_file)
-        if not path.is_file():
-            return None
-        if path.stat().st_mode & 0o077:
-            raise WorkerConfigError(f"master key file {path} may be read by group/others; chmod 600 it")
-        key = path.read_bytes()
-        if len(key) != 32:  # the file may hold base64 text of the key
-            try:
-                key = base64.b64decode(key.strip(), validate=True)
-            except (binascii.Error, ValueError):
-                raise WorkerConfigError(f"master key file {path} holds neither 32 bytes nor base64 of them") from None
-    if len(key) != 32:
-        raise WorkerConfigError("the master key must be 32 bytes")
-    return key
+    """The key-encryption key, or None when none is there yet (L3 then stores nothing: without data
+    keys nothing can be sealed; the control plane creates the file, and the worker asks again).
+    ``STRATA_MASTER_KEY`` from this process's environment, else the file ``cfg.master_key_file``;
+    read by ``strata_env.masterkey`` (the control plane's reader: both variables set, a malformed
+    key, a file others may read or that is not a regular file are each a ``MasterKeyError``, an
+    ``EnvError``). Never logged."""
+    keys = strata_env.master_key_env()
+    if keyreader.resolve(keys)[0] == "env":
+        return keyreader.read(keys)
+    if not cfg.master_key_file:
+        return None
+    return keyreader.read_key_file(Path(cfg.master_key_file), missing_ok=True)

@@ -40,6 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+import strata_env
 from cachecore.engine_pins import lower_drop, lower_pin, lower_resident
 from cachecore.event_recorders import L3Recorder, PoolRecorder
 from cachecore.events import EventLog
@@ -369,17 +370,13 @@ class TierService:
 
     def slow_loads(self, seconds: float) -> None:
         """Test hook (``STRATA_TEST_HOOKS``): every fetch takes ``seconds`` longer (a slow tier)."""
-        import os
-
-        if os.environ.get("STRATA_TEST_HOOKS") != "1":
+        if not strata_env.enabled_test_hooks():
             raise PermissionError("test hooks are disabled")
         self._load_delay_s = float(seconds)
 
     def corrupt_l2(self, hashes: list[bytes]) -> int:
         """Test hook (``STRATA_TEST_HOOKS``): flip bytes of these L2 blocks (their CRC then fails)."""
-        import os
-
-        if os.environ.get("STRATA_TEST_HOOKS") != "1" or self.l2 is None:
+        if not strata_env.enabled_test_hooks() or self.l2 is None:
             raise PermissionError("test hooks are disabled")
         return sum(self.l2.corrupt(h) for h in hashes)
 

@@ -1,6 +1,7 @@
 """``make run``: the whole platform in the foreground on one machine (``python -m workers.launcher``).
 
-Steps: create ``$STRATA_HOME`` (default ``.strata``); make sure the L3 master key exists
+Steps: create ``$STRATA_HOME`` (default ``.strata`` in the repository; the launcher's view of the
+environment is ``strata_env.load_launcher``, its children's their own); make sure the L3 master key exists
 (``$STRATA_HOME/master.key``, 32 random bytes, mode 0600, created on first run, unless
 ``STRATA_MASTER_KEY``/``STRATA_MASTER_KEY_FILE`` name one) and point every child at it; ``manage.py
 migrate``; with ``STRATA_DEMO=1`` or ``--demo`` run ``manage.py strata_demo``; start a local Ray
@@ -50,13 +51,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import strata_env
 from workers.actor import WORKER_RESOURCE  # the custom resource worker nodes advertise
 from workers.config import apply_ray_env
 from workers.supervisor import Supervisor, private_dir, private_files, say
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
-DEFAULT_RAY_PORT = 6380  # not 6379: that is Redis's port
+DEFAULT_RAY_PORT = strata_env.DEFAULT_RAY_PORT  # STRATA_RAY_PORT's default (not 6379: Redis's port)
 HOST = "127.0.0.1"
 PRIVATE_UMASK = 0o077  # files the launcher and its children create: owner only
 
@@ -89,7 +91,7 @@ def ray_temp_dir() -> str:
 def ray_bind() -> str:
     """The address the local Ray head binds to: ``STRATA_RAY_BIND`` (for a multi-node cluster: this
     node's address that the other nodes reach), default 127.0.0.1 (this machine only)."""
-    return (os.environ.get("STRATA_RAY_BIND") or "").strip() or HOST
+    return strata_env.load_launcher().ray_bind
 
 
 def ray_bind_env(bind: str) -> dict[str, str]:
@@ -132,11 +134,9 @@ def web_argv(python: str, port: int, environ: dict[str, str]) -> list[str]:
     """The web server's command line (``workers.webserver``: uvicorn with no proxy-header handling, a
     connection cap, keep-alive, header and body timeouts; values from ``STRATA_WEB_*`` in
     ``environ``, spelled out so ``ps`` and the log show what the server runs with)."""
-    from controlplane import env as envmod  # light: no Django
-
     try:
-        web = envmod.load(environ)
-    except envmod.EnvError as exc:
+        web = strata_env.load(environ)  # the control plane's view: the web process reads the same
+    except strata_env.EnvError as exc:
         raise LaunchError(str(exc)) from None
     return [python, "-m", "workers.webserver", "--host", HOST, "--port", str(port), "--lifespan", "off",
             "--timeout-graceful-shutdown", "5", "--limit-concurrency", str(web.web_max_connections),
@@ -162,16 +162,12 @@ class Config:
         parser.add_argument("--verbose", action="store_true",
                             help="children log to this console, not to files")
         args = parser.parse_args(argv)
-        home = Path(os.environ.get("STRATA_HOME") or ".strata").expanduser()
-        if not home.is_absolute():
-            home = (REPO_ROOT / home).resolve()
         try:
-            port = args.port or int(os.environ.get("PORT") or 8000)
-        except ValueError:
-            parser.error(f"PORT must be an integer, got {os.environ.get('PORT')!r}")
-        demo = args.demo or (os.environ.get("STRATA_DEMO", "").strip().lower() in {"1", "true", "yes", "on"})
-        return cls(home=home, port=port, demo=demo, verbose=args.verbose,
-                   ray_address=os.environ.get("RAY_ADDRESS") or None)
+            env = strata_env.load_launcher()
+        except strata_env.EnvError as exc:
+            parser.error(str(exc))
+        return cls(home=env.home, port=args.port or env.port, demo=args.demo or env.demo, verbose=args.verbose,
+                   ray_address=env.ray_address)
 
 
 class Launcher:
@@ -243,12 +239,11 @@ class Launcher:
         ``STRATA_MASTER_KEY_FILE`` is set, checked now (a malformed key or a file others may read
         stops the launch with the reason), and ``STRATA_MASTER_KEY_FILE`` passed to every child
         (web, Celery, the Ray head and so the cache workers), so all of them use the same key."""
-        from controlplane import env as envmod
-        from controlplane.common.masterkey import MasterKeyError, ensure_master_key
+        from controlplane.common.masterkey import ensure_master_key
 
         try:
-            self.env.update(ensure_master_key(envmod.load(self.env)))
-        except (MasterKeyError, envmod.EnvError) as exc:
+            self.env.update(ensure_master_key(strata_env.load(self.env)))
+        except strata_env.EnvError as exc:  # a MasterKeyError too
             raise LaunchError(str(exc)) from None
         where = self.env.get("STRATA_MASTER_KEY_FILE") or "STRATA_MASTER_KEY"
         say(f"L3 master key: {where}")
@@ -280,9 +275,13 @@ class Launcher:
         if self.cfg.ray_address:
             say(f"joining the Ray cluster at {self.cfg.ray_address} (RAY_ADDRESS)")
             return
-        port = free_port(int(os.environ.get("STRATA_RAY_PORT") or DEFAULT_RAY_PORT))
-        if port != DEFAULT_RAY_PORT:
-            say(f"port {DEFAULT_RAY_PORT} is busy; the Ray head uses {port}")
+        try:
+            preferred = strata_env.load_launcher().ray_port
+        except strata_env.EnvError as exc:
+            raise LaunchError(str(exc)) from None
+        port = free_port(preferred)
+        if port != preferred:
+            say(f"port {preferred} is busy; the Ray head uses {port}")
         argv = self.ray_head_argv(port)
         self._ray_auth()
         host = ray_bind()
@@ -331,7 +330,7 @@ class Launcher:
         argv = web_argv(self.cfg.python, self.cfg.port, self.env)
         # The web process also runs the stats sampler (controlplane.timeseries; STRATA_SAMPLER=0 turns it off).
         # ... and starts a deployment's replicas when it is created or granted (controlplane.runtime.warm).
-        env = {"STRATA_SAMPLER": "1", "STRATA_WARM_REPLICAS": "1", **self.env}
+        env = {strata_env.SAMPLER: "1", strata_env.WARM_REPLICAS: "1", **self.env}
         child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"))
         url = f"http://{HOST}:{self.cfg.port}/healthz"
         deadline = time.monotonic() + 120
@@ -353,9 +352,9 @@ class Launcher:
     def _manage_env(self) -> str:
         """What ``manage.py`` needs in front of it to use this platform's state (nothing by default)."""
         parts = []
-        if self.cfg.home.resolve() != (REPO_ROOT / ".strata").resolve():
+        if self.cfg.home.resolve() != strata_env.home({}).resolve():
             parts.append(f"STRATA_HOME={shlex.quote(str(self.cfg.home))}")
-        if os.environ.get("DATABASE_URL"):
+        if strata_env.load_launcher().database_url:
             parts.append('DATABASE_URL="$DATABASE_URL"')
         return " ".join(parts) + " " if parts else ""
 

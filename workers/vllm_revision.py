@@ -26,6 +26,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import strata_env
 from cachecore.layout import KVLayout
 from cachecore.model.checkpoint import inspect_checkpoint
 from cachecore.model.hf_config import CheckpointError, weights_root
@@ -147,7 +148,7 @@ class VllmRevision:
             # the actor holds the node's GPUs (Ray set CUDA_VISIBLE_DEVICES to them): vLLM's own worker
             # processes use them; its Ray backend would ask the cluster for GPUs this actor already holds
             distributed_executor_backend="mp" if self.tensor_parallel_size > 1 else None,
-            enforce_eager=device == "cpu" or os.environ.get("STRATA_VLLM_EAGER") == "1",
+            enforce_eager=device == "cpu" or strata_env.vllm_eager(),
             disable_log_stats=True,
         )
 

@@ -51,6 +51,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+import strata_env
 from cachecore.errors import BackendUnavailable, CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
 from cachecore.events import AllCleared, BlockStored, EventBatch, EventLog
 from cachecore.hashing import chain_hashes
@@ -101,8 +102,8 @@ class _Running:
 
 
 def _device() -> str:
-    forced = os.environ.get("STRATA_DEVICE")
-    if forced:
+    forced = strata_env.device()
+    if forced and forced.lower() != "auto":  # "auto": as cachecore.device reads it (was: CPU here)
         return "cuda" if forced.startswith("cuda") else "cpu"
     try:
         import torch

@@ -19,7 +19,7 @@ in the JSON error shape),
 ``--timeout-keep-alive`` and no proxy-header handling: uvicorn would otherwise rewrite the client
 address from ``X-Forwarded-For`` of any peer in ``FORWARDED_ALLOW_IPS`` (127.0.0.1 by default), so a
 local client could choose its source. ``controlplane.common.sources`` believes the header only from
-``STRATA_TRUSTED_PROXIES``. Defaults come from ``controlplane.env`` (``STRATA_WEB_*``); flags override.
+``STRATA_TRUSTED_PROXIES``. Defaults come from ``strata_env.load`` (``STRATA_WEB_*``); flags override.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from controlplane import env as envmod
+import strata_env
 
 APP = "controlplane.asgi:application"
 
@@ -140,7 +140,7 @@ def guarded_protocol(*, header_timeout: float, body_timeout: float) -> type[Guar
 
 
 def parse_args(argv: Sequence[str] | None = None, environ=None) -> argparse.Namespace:
-    defaults = envmod.load(environ)
+    defaults = strata_env.load(environ)
     parser = argparse.ArgumentParser(prog="python -m workers.webserver", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -1,6 +1,6 @@
 """The master key (key-encryption key) that wraps every tenant's L3 data keys (docs/design.md section 2).
 
-Where it comes from, in this order (``controlplane.env`` reads the variables):
+Where it comes from, in this order (``strata_env.masterkey`` reads it, for the workers too):
 
 - ``STRATA_MASTER_KEY``: base64 of exactly 32 bytes (e.g. injected by a secret manager);
 - ``STRATA_MASTER_KEY_FILE``: a file holding the 32 bytes, raw or base64 text. It must exist (a
@@ -14,62 +14,37 @@ Setting both variables is an error (which one is meant?). A key file that group 
 or write is refused with a clear error: fix it with ``chmod 600``. The key is never logged, never
 in the repository and never in the database.
 
-Pure Python (no Django): the cache workers import it to unwrap data keys themselves.
+This module adds what only the control plane does: creating the default file, keeping the key in
+memory per source, and the fingerprint. Pure Python (no Django).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import hashlib
 import os
 import secrets
-import stat
 import threading
 from pathlib import Path
 
+import strata_env
 from controlplane import env as envmod
+from strata_env import masterkey as reader
+from strata_env.masterkey import KEY_BYTES, KeyVariables, MasterKeyError, decode_key, resolve
 
-KEY_BYTES = 32
+__all__ = ["KEY_BYTES", "MasterKeyError", "create_key_file", "decode_key", "ensure_master_key", "fingerprint",
+           "forget", "load_master_key", "master_key", "read_key_file", "resolve"]
+
 FINGERPRINT_DOMAIN = b"strata/master-key-fingerprint/v1\x00"
 _lock = threading.Lock()
 _cache: dict[tuple, bytes] = {}
 
 
-class MasterKeyError(RuntimeError):
-    """The master key is missing, malformed or not private enough; the message says how to fix it."""
-
-
-def decode_key(text: str | bytes, what: str) -> bytes:
-    """Strict base64 of exactly 32 bytes -> the key."""
-    try:
-        key = base64.b64decode(text.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise MasterKeyError(f"{what} is not valid base64 (expected base64 of {KEY_BYTES} bytes)") from None
-    if len(key) != KEY_BYTES:
-        raise MasterKeyError(f"{what} decodes to {len(key)} bytes; it must be exactly {KEY_BYTES}")
-    return key
-
-
 def read_key_file(path: Path) -> bytes:
-    """The key stored at ``path`` (32 raw bytes, or base64 text of them). Refuses a file that group
-    or others may access and anything that is not a regular file."""
-    try:
-        info = path.stat()  # follows symlinks: secret-store mounts link to the real file
-    except FileNotFoundError:
-        raise MasterKeyError(f"master key file {path} does not exist (STRATA_MASTER_KEY_FILE)") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise MasterKeyError(f"master key file {path} is not a regular file")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        raise MasterKeyError(
-            f"master key file {path} has mode {mode:04o}: group/others may access it; "
-            f"run 'chmod 600 {path}' (owner only) and start again")
-    data = path.read_bytes()
-    if len(data) == KEY_BYTES:
-        return data
-    return decode_key(data, f"master key file {path}")
+    """The key stored at ``path`` (``strata_env.masterkey.read_key_file``; a missing file is an error)."""
+    key = reader.read_key_file(path)
+    assert key is not None
+    return key
 
 
 def create_key_file(path: Path) -> Path:
@@ -92,29 +67,17 @@ def create_key_file(path: Path) -> Path:
     return path
 
 
-def resolve(env: envmod.StrataEnv) -> tuple[str, Path | None]:
-    """``("env", None)`` for ``STRATA_MASTER_KEY``, ``("file", path)`` for an explicit file, or
-    ``("default", $STRATA_HOME/master.key)``."""
-    if env.master_key and env.master_key_path:
-        raise MasterKeyError("set only one of STRATA_MASTER_KEY and STRATA_MASTER_KEY_FILE")
-    if env.master_key:
-        return "env", None
-    if env.master_key_path:
-        return "file", env.master_key_path
-    return "default", env.master_key_file
-
-
-def load_master_key(env: envmod.StrataEnv) -> bytes:
+def load_master_key(env: KeyVariables) -> bytes:
     """Read (and for the default file, create on first use) the master key that ``env`` names."""
     source, path = resolve(env)
-    if source == "env":
-        return decode_key(env.master_key or "", "STRATA_MASTER_KEY")
     if source == "default":
         create_key_file(path)
-    return read_key_file(path)
+    key = reader.read(env)
+    assert key is not None
+    return key
 
 
-def ensure_master_key(env: envmod.StrataEnv | None = None) -> dict[str, str]:
+def ensure_master_key(env: KeyVariables | None = None) -> dict[str, str]:
     """For launchers: make sure the key exists and is usable now (creating the default file), and
     return the variables that point every child process at the same key (``STRATA_MASTER_KEY_FILE``
     for a file; nothing when the key comes from ``STRATA_MASTER_KEY``, which children inherit)."""
@@ -126,7 +89,7 @@ def ensure_master_key(env: envmod.StrataEnv | None = None) -> dict[str, str]:
 
 def master_key() -> bytes:
     """This process's master key (32 bytes), read once per source and then kept in memory."""
-    env = envmod.load()
+    env = strata_env.master_key_env()
     source = (env.master_key, env.master_key_path, env.home)
     with _lock:
         key = _cache.get(source)

@@ -28,10 +28,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
 import threading
 import time
 
+import strata_env
 from cachecore import events
 from cachecore.routing import cost, hashes, policies
 from cachecore.routing import index as prefix_index
@@ -76,7 +76,7 @@ class Router:
         self.replicas = replicas
         self._rr = itertools.count()
         self._join = join
-        self._mods = {} if os.environ.get("STRATA_ROUTING") == "round_robin" else dict(_MODULES)
+        self._mods = {} if strata_env.routing() == "round_robin" else dict(_MODULES)
         self._views: dict[int, _ReplicaView] = {}
         self.index = None
         self.policy = None

@@ -9,18 +9,19 @@ the first request then starts the replicas as before."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from django.db import transaction
 
+import strata_env
+
 logger = logging.getLogger("controlplane.runtime")
 
-FLAG = "STRATA_WARM_REPLICAS"
+FLAG = strata_env.WARM_REPLICAS
 
 
 def enabled() -> bool:
-    return os.environ.get(FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+    return strata_env.warm_replicas()
 
 
 def warm_after_commit(deployment) -> None:

@@ -1,17 +1,14 @@
-import os
-
 from django.apps import AppConfig
 
-from controlplane import env as envmod
+import strata_env
 
-SAMPLER_FLAG = "STRATA_SAMPLER"  # set to 1 by the launcher for its uvicorn process only
+SAMPLER_FLAG = strata_env.SAMPLER  # set to 1 by the launcher for its uvicorn process only
 
 
 def sampler_enabled(environ=None) -> bool:
     """Whether this process runs the sampler thread (``STRATA_SAMPLER=1``). ``make run`` sets it for
     the web process and no other, so management commands, Celery and tests never sample."""
-    src = os.environ if environ is None else environ
-    return src.get(SAMPLER_FLAG, "").strip().lower() in envmod.TRUE
+    return strata_env.sampler(environ)
 
 
 class TimeseriesConfig(AppConfig):

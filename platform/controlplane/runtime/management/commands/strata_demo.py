@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import secrets
 import shlex
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 
+import strata_env
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import ApplicationError
@@ -77,7 +77,7 @@ class Command(BaseCommand):
                             help="where the platform is served (for the printed examples)")
         parser.add_argument("--rotate", action="store_true",
                             help="replace the demo key of each tenant, the demo token and the admin password")
-        parser.add_argument("--model-path", default=os.environ.get("STRATA_DEMO_MODEL") or None,
+        parser.add_argument("--model-path", default=strata_env.load().demo_model,
                             help="serve this Hugging Face checkpoint directory as model demo-hf "
                                  "(default $STRATA_DEMO_MODEL) instead of the seeded demo-small")
 
