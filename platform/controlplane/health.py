@@ -24,7 +24,6 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
 from controlplane.common.errors import error_body
-from controlplane.common.hooks import optional_attr
 
 logger = logging.getLogger("controlplane.health")
 BROKER_TIMEOUT_S = 2.0
@@ -47,10 +46,9 @@ def _broker() -> dict[str, Any]:
 
 
 def _workers() -> dict[str, Any]:
-    workers_ready = optional_attr("controlplane.runtime", "workers_ready")
-    if workers_ready is None:
-        return {"ok": None, "detail": "not configured"}
-    answer = workers_ready()
+    from controlplane import runtime
+
+    answer = runtime.workers_ready()
     if isinstance(answer, dict):
         return {"ok": bool(answer.get("ok")), **{k: v for k, v in answer.items() if k != "ok"}}
     return {"ok": bool(answer)}

@@ -9,7 +9,6 @@ from django.urls import include, path, re_path
 
 from controlplane import health
 from controlplane.adminapi.api import api as admin_api
-from controlplane.common.hooks import module_exists
 from controlplane.operators.views import admin_login
 
 # The Django admin is Strata's records view (read-only models; changes go through the console, which
@@ -29,12 +28,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
 ]
 
-if module_exists("controlplane.serving.urls"):
-    urlpatterns.append(path("v1/", include("controlplane.serving.urls")))
-
-for _module in ("controlplane.jobs.urls", "controlplane.runtime.urls", "controlplane.ui.urls"):
-    if module_exists(_module):
-        urlpatterns.append(path("", include(_module)))
+urlpatterns += [
+    path("v1/", include("controlplane.serving.urls")),
+    path("", include("controlplane.runtime.urls")),
+    path("", include("controlplane.ui.urls")),
+]
 
 if settings.STRATA_SERVE_STATIC:
     # Single-process local runs have no web server in front; serve /static/ from the finders.

@@ -96,9 +96,9 @@ def test_openapi_document_is_valid_json_listing_every_admin_path(admin_client):
 
 
 def test_healthz_is_up_and_readyz_checks_database_and_broker(client, admin_client, monkeypatch):
-    from controlplane import health
+    from controlplane import runtime
 
-    monkeypatch.setattr(health, "optional_attr", lambda module, attr: lambda: True)  # workers: up
+    monkeypatch.setattr(runtime, "workers_ready", lambda: True)  # workers: up
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = admin_client.get("/readyz")  # the per-check detail is for operators (test_exposure.py)
     body = ready.json()
@@ -116,12 +116,12 @@ def test_readyz_is_503_with_retry_after_when_broker_is_down(admin_client, settin
     assert body["error"]["code"] == "not_ready" and "broker" in body["error"]["message"]
 
 
-def test_readyz_reports_workers_from_the_runtime_hook(admin_client, monkeypatch):
-    from controlplane import health
+def test_readyz_reports_workers_from_the_runtime(admin_client, monkeypatch):
+    from controlplane import runtime
 
-    monkeypatch.setattr(health, "optional_attr", lambda module, attr: lambda: False)
+    monkeypatch.setattr(runtime, "workers_ready", lambda: False)
     response = admin_client.get("/readyz")
     assert response.status_code == 503 and response.json()["checks"]["workers"]["ok"] is False
-    monkeypatch.setattr(health, "optional_attr", lambda module, attr: None)
+    monkeypatch.setattr(runtime, "workers_ready", lambda: {"ok": True, "workers": 2})
     response = admin_client.get("/readyz")
-    assert response.status_code == 200 and response.json()["checks"]["workers"]["detail"] == "not configured"
+    assert response.status_code == 200 and response.json()["checks"]["workers"] == {"ok": True, "workers": 2}

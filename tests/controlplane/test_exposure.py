@@ -14,9 +14,9 @@ PASSWORD = "correct horse battery staple"
 
 @pytest.fixture
 def workers_up(monkeypatch):
-    from controlplane import health
+    from controlplane import runtime
 
-    monkeypatch.setattr(health, "optional_attr", lambda module, attr: lambda: {"ok": True, "workers": 3})
+    monkeypatch.setattr(runtime, "workers_ready", lambda: {"ok": True, "workers": 3})
 
 
 @pytest.fixture

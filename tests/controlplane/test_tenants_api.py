@@ -105,7 +105,8 @@ def test_offboarded_tenant_cannot_be_changed_or_given_keys(admin_client, tenant)
     assert_error(post(admin_client, f"{URL}/acme/keys", {}), 409, "tenant_offboarded")
 
 
-def test_offboard_calls_the_flush_hook_when_the_jobs_app_provides_one(tenant, actor, monkeypatch):
+def test_offboard_requests_one_offboard_job(tenant, actor, monkeypatch):
+    from controlplane.jobs import services as jobs
     from controlplane.tenants import services
 
     calls = []
@@ -117,19 +118,10 @@ def test_offboard_calls_the_flush_hook_when_the_jobs_app_provides_one(tenant, ac
         calls.append(kwargs)
         return Job()
 
-    monkeypatch.setattr(services, "optional_attr",
-                        lambda module, attr: flush_job_request if attr == "flush_job_request" else None)
+    monkeypatch.setattr(jobs, "flush_job_request", flush_job_request)
     result = services.tenant_offboard(actor=actor, tenant=tenant, reason="bye")
-    assert result.flush_job.pk == 41
+    assert result.flush_job.pk == 41 and result.tenant.status == "offboarded"
     assert calls == [{"actor": actor, "scope": "tenant", "tenant": result.tenant, "reason": "bye", "kind": "offboard"}]
-
-
-def test_offboard_without_jobs_app_still_offboards(tenant, actor, monkeypatch):
-    from controlplane.tenants import services
-
-    monkeypatch.setattr(services, "optional_attr", lambda module, attr: None)
-    result = services.tenant_offboard(actor=actor, tenant=tenant)
-    assert result.flush_job is None and result.tenant.status == "offboarded"
 
 
 def test_unknown_tenant_is_404_for_every_verb(admin_client):

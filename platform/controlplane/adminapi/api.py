@@ -1,9 +1,8 @@
 """The admin NinjaAPI (mounted at /api/admin/, OpenAPI document at /api/admin/openapi.json).
 
-Routers are thin: parse, call one service/selector, shape output. Other parts of the platform add
-theirs without editing this file: a module listed in :data:`OPTIONAL_ROUTERS` that exists must
-expose ``router`` (a ``ninja.Router`` with full relative paths such as ``"flush-jobs"``,
-``"models/{name}/rollout"``, ``"stats"``); it is mounted at the API root and inherits operator auth
+Routers are thin: parse, call one service/selector, shape output. Each app's ``router`` (a
+``ninja.Router`` with full relative paths such as ``"flush-jobs"``, ``"models/{name}/rollout"``,
+``"stats"``) is listed in :func:`build_api`, mounted at the API root, and inherits operator auth
 (admin for writes, viewer for reads) and the JSON error shape.
 
 The OpenAPI document (``/api/admin/openapi.json``) and its docs page (``/api/admin/docs``, Swagger UI
@@ -14,7 +13,6 @@ docs page without credentials is sent to the operator UI's login page.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 from django.contrib.auth.views import redirect_to_login
@@ -25,10 +23,7 @@ from ninja import NinjaAPI
 from controlplane.adminapi import audit, datakeys, grants, keys, models, sharegroups, tenants
 from controlplane.adminapi.auth import OperatorAuth
 from controlplane.common.errors import ApplicationError, error_response, install_ninja_handlers
-from controlplane.common.hooks import module_exists
 
-OPTIONAL_ROUTERS = ["controlplane.jobs.api", "controlplane.runtime.api", "controlplane.ledger.api",
-                   "controlplane.caches.admin_api"]
 OPENAPI_URL = "/openapi.json"
 DOCS_URL = "/docs"
 
@@ -71,11 +66,14 @@ def build_api() -> NinjaAPI:
         auth=OperatorAuth(),
     )
     install_ninja_handlers(api)
-    for module in (tenants, datakeys, keys, grants, models, sharegroups, audit):
+    from controlplane.caches import admin_api as caches_api
+    from controlplane.jobs import api as jobs_api
+    from controlplane.ledger import api as ledger_api
+    from controlplane.runtime import api as runtime_api
+
+    for module in (tenants, datakeys, keys, grants, models, sharegroups, audit, jobs_api, runtime_api, ledger_api,
+                   caches_api):
         api.add_router("", module.router)
-    for name in OPTIONAL_ROUTERS:
-        if module_exists(name):
-            api.add_router("", importlib.import_module(name).router)
     return api
 
 

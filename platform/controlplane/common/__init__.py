@@ -1,1 +1,1 @@
-"""Shared helpers: JSON error shape, the acting principal, optional-module hooks, middleware."""
+"""Shared helpers: JSON error shape, the acting principal, middleware."""

@@ -24,7 +24,6 @@ from django.utils import timezone
 
 from controlplane.caches.models import NamedCache
 from controlplane.common.errors import InvalidInput
-from controlplane.common.hooks import optional_attr
 from controlplane.ledger.models import (
     MISS_FIELDS,
     MISS_REASONS,
@@ -128,9 +127,9 @@ def pinned_token_microseconds(*, start: datetime, end: datetime, now: datetime |
 def _caught_up() -> None:
     """Wait for this process's accountant (``serving.accountant``, which books finished requests off
     their response path) to book what it was given so far."""
-    drain = optional_attr("controlplane.serving.accountant", "drain")
-    if drain is not None:
-        drain()
+    from controlplane.serving.accountant import drain
+
+    drain()
 
 
 def ledger_rows(*, tenant: Tenant | None = None, model: str | None = None, since: datetime | None = None,

@@ -29,7 +29,6 @@ from cachecore.model.digests import checkpoint_digest, seeded_digest, sha256_fil
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
-from controlplane.common.hooks import optional_attr
 from controlplane.registry import engines
 from controlplane.registry.models import ModelDeployment, ModelRevision, label_validator, name_validator
 
@@ -206,9 +205,9 @@ def model_create(
             new={"name": name, "preset": preset, "architecture": architecture, "tokenizer": tokenizer,
                  "engine": engine, "tensor_parallel_size": tensor_parallel_size, "revision": _revision_view(first)},
         )
-        warm = optional_attr("controlplane.runtime.warm", "warm_after_commit")
-        if warm is not None:  # its replicas start now (where enabled), not at its first request
-            warm(deployment)
+        from controlplane.runtime.warm import warm_after_commit
+
+        warm_after_commit(deployment)  # its replicas start now (where enabled), not at its first request
     return deployment
 
 

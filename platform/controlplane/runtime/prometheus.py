@@ -32,7 +32,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from controlplane.adminapi.auth import OperatorAuth
 from controlplane.audit.selectors import audit_head_status
 from controlplane.common.errors import ApplicationError, error_response
-from controlplane.common.hooks import optional_attr
 from controlplane.jobs.models import FlushJob
 from controlplane.runtime import stats
 
@@ -167,9 +166,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     jobs = {s: FlushJob.objects.filter(status=s).count() for s in FlushJob.Status.values}
     registry = CollectorRegistry()
     registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status())))
-    ledger_counters = optional_attr("controlplane.ledger.selectors", "ledger_counters")
-    if ledger_counters is not None:
-        registry.register(_LedgerCollector(ledger_counters()))
+    from controlplane.ledger.selectors import ledger_counters
+
+    registry.register(_LedgerCollector(ledger_counters()))
     from controlplane.serving.health import REGISTRY as SERVING  # this web process's serving counters
 
     body = generate_latest(registry) + generate_latest(SERVING)

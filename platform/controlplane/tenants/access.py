@@ -13,7 +13,6 @@ from django.db import transaction
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput, NotFound
-from controlplane.common.hooks import optional_attr
 from controlplane.registry.models import ModelDeployment
 from controlplane.tenants.models import Grant, ShareGroup, Tenant
 from controlplane.tenants.services import validate_slug
@@ -37,9 +36,9 @@ def grant_create(*, actor: Actor, tenant: Tenant, deployment: ModelDeployment) -
             actor=actor, action="grant.create", target=f"{locked.slug}:{deployment.name}", tenant=locked.slug,
             new={"model": deployment.name},
         )
-        warm = optional_attr("controlplane.runtime.warm", "warm_after_commit")
-        if warm is not None:  # granted: its replicas start now (where enabled), if they were not running
-            warm(deployment)
+        from controlplane.runtime.warm import warm_after_commit
+
+        warm_after_commit(deployment)  # granted: its replicas start now (where enabled), if not running
     return grant
 
 
@@ -96,9 +95,9 @@ def share_group_remove(*, actor: Actor, group: ShareGroup, tenant: Tenant, reaso
             raise NotFound(f"tenant {locked.slug!r} is not in share group {group.slug!r}")
         locked.share_group = None
         locked.save(update_fields=["share_group", "updated"])
-        flush = optional_attr("controlplane.jobs.services", "flush_job_request")
-        job = (flush(actor=actor, scope="tenant", tenant=locked, reason=f"left share group {group.slug}")
-               if flush else None)
+        from controlplane.jobs.services import flush_job_request
+
+        job = flush_job_request(actor=actor, scope="tenant", tenant=locked, reason=f"left share group {group.slug}")
         audit_record(
             actor=actor, action="share_group.remove", target=group.slug, tenant=locked.slug, reason=reason,
             old={"share_group": group.slug}, new={"share_group": None, "flush_job": getattr(job, "pk", None)},

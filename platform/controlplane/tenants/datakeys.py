@@ -16,7 +16,6 @@ from __future__ import annotations
 from django.db import transaction
 
 from controlplane.common.actor import Actor
-from controlplane.common.hooks import optional_attr
 from controlplane.jobs.services import shred_job_request
 from controlplane.tenants.keystore import (  # noqa: F401  (re-exported: the data-key API)
     DATA_KEY_BYTES,
@@ -52,7 +51,7 @@ def data_key_shred(*, actor: Actor, tenant: Tenant, version: int, reason: str = 
         locked = data_key_shred_prepare(actor=actor, tenant=tenant, version=version, reason=reason)
         # Named caches persisted under that key lose their L3 copy: they end with it (their L1/L2
         # blocks decay as ordinary cache).
-        forget = optional_attr("controlplane.caches.services", "caches_forget_tenant")
-        if forget is not None:
-            forget(locked)
+        from controlplane.caches.services import caches_forget_tenant
+
+        caches_forget_tenant(locked)
         return shred_job_request(actor=actor, tenant=locked, version=version, reason=reason)

@@ -20,7 +20,6 @@ from django.utils import timezone
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput, Unavailable
-from controlplane.common.hooks import optional_attr
 from controlplane.common.tokens import new_secret
 from controlplane.tenants.models import (
     RETENTION_MAX_SECONDS,
@@ -162,10 +161,9 @@ def _stop_running_requests(*, actor: Actor, tenant: Tenant, reason: str, strict:
     done. Audited as ``tenant.requests_stopped`` when any was stopped or a replica failed.
     ``Unavailable`` (503) when a replica could not be reached and ``strict``: the status change
     stands, and repeating it retries the stop (not ``strict``: a job retries it)."""
-    cancel = optional_attr("controlplane.runtime.gateway", "cancel_tenant")
-    if cancel is None:
-        return
-    result = cancel(tenant.pk, reason=reason)
+    from controlplane.runtime.gateway import cancel_tenant
+
+    result = cancel_tenant(tenant.pk, reason=reason)
     stopped = sum(int(r.get("cancelled", 0)) for r in result["replicas"].values())
     if stopped or result["failed"]:  # nothing was running anywhere: the status event says it all
         audit_record(actor=actor, action="tenant.requests_stopped", target=tenant.slug, tenant=tenant.slug,
@@ -184,25 +182,23 @@ def _queue_l3_policy_job(*, actor: Actor, tenant: Tenant, old: Mapping[str, Any]
     without waiting for the job: a request of a tenant that may not persist never reads L3, and a
     read never serves an object older than the requester's current retention. Inside the caller's
     transaction (the job is enqueued on commit)."""
-    request = optional_attr("controlplane.jobs.services", "flush_job_request")
-    if request is None:
-        return None
+    from controlplane.jobs.services import flush_job_request
+
     if old["persist"] and not tenant.persist_kv:
         kind, why = "l3_delete", "cache policy: persistence turned off"
     elif tenant.persist_kv and tenant.retention_seconds < old["retention_seconds"]:
         kind, why = "l3_expire", f"cache policy: retention lowered to {tenant.retention_seconds} s"
     else:
         return None
-    return request(actor=actor, scope="tenant", tenant=tenant, reason=reason or why, kind=kind)
+    return flush_job_request(actor=actor, scope="tenant", tenant=tenant, reason=reason or why, kind=kind)
 
 
 def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> OffboardResult:
-    """Offboard: revoke every key at once, mark the tenant offboarded and request one ``offboard`` job
-    from the jobs app when it is installed. That one job crypto-shreds every version of the tenant's
-    data key and flushes its caches everywhere, as steps: the wrapped keys are deleted first, then
-    the flush, then every worker drops the keys and their L3 objects, verified per version. An
-    offboarded tenant never gets a data key again. Safe to repeat: a repeat revokes nothing new and
-    requests the job again."""
+    """Offboard: revoke every key at once, mark the tenant offboarded and request one ``offboard`` job.
+    That one job crypto-shreds every version of the tenant's data key and flushes its caches
+    everywhere, as steps: the wrapped keys are deleted first, then the flush, then every worker drops
+    the keys and their L3 objects, verified per version. An offboarded tenant never gets a data key
+    again. Safe to repeat: a repeat revokes nothing new and requests the job again."""
     with transaction.atomic():
         locked = _locked(tenant)
         old_status = locked.status
@@ -211,12 +207,12 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
         )
         locked.status = Tenant.Status.OFFBOARDED
         locked.save(update_fields=["status", "updated"])
-        flush = optional_attr("controlplane.jobs.services", "flush_job_request")
-        job = (flush(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded", kind="offboard")
-               if flush else None)
-        forget = optional_attr("controlplane.caches.services", "caches_forget_tenant")
-        if forget is not None:  # the offboard job deletes their bytes with the tenant's cache
-            forget(locked)
+        from controlplane.caches.services import caches_forget_tenant
+        from controlplane.jobs.services import flush_job_request
+
+        job = flush_job_request(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded",
+                                kind="offboard")
+        caches_forget_tenant(locked)  # the offboard job deletes their bytes with the tenant's cache
         audit_record(
             actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
             old={"status": old_status},

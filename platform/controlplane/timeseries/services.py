@@ -18,7 +18,6 @@ from typing import Any, NamedTuple
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.common.hooks import optional_attr
 from controlplane.runtime.stats import TIER_OPTIONAL_SUMS, TIER_SUMS, USAGE_FLOAT_SUMS, USAGE_SUMS, cluster_stats
 from controlplane.timeseries.config import sampler_config
 from controlplane.timeseries.models import RESIDENT_PREFIX, StatSample
@@ -89,10 +88,10 @@ def sample_take(*, now: datetime | None = None) -> SampleResult:
     with transaction.atomic():
         StatSample.objects.bulk_create(rows, ignore_conflicts=True)
         pruned, _ = StatSample.objects.filter(at__lt=now - timedelta(seconds=cfg.retention_seconds)).delete()
-        accrue = optional_attr("controlplane.ledger.services", "ledger_accrue_sample")
-        if accrue is not None:
-            accrue(at=at, interval_seconds=cfg.interval_seconds, workers=stats["workers"])
-    repin = optional_attr("controlplane.caches.repin", "repin_restarted")
-    if repin is not None:  # a replica that started anew gets its named caches' pins back
-        repin(stats["workers"])
+        from controlplane.ledger.services import ledger_accrue_sample
+
+        ledger_accrue_sample(at=at, interval_seconds=cfg.interval_seconds, workers=stats["workers"])
+    from controlplane.caches.repin import repin_restarted
+
+    repin_restarted(stats["workers"])  # a replica that started anew gets its named caches' pins back
     return SampleResult(at=at, written=len(rows), pruned=pruned)
