@@ -42,7 +42,6 @@ logger = logging.getLogger("controlplane.runtime")
 POLL_INTERVAL_S = 0.2
 POLL_TIMEOUT_S = 2.0
 SESSION_PREFIX_TOKENS = 64  # the prompt's first tokens that name a session without a ``user``
-_MODULES = {"cost": cost, "policies": policies, "events": events, "hashes": hashes, "index": prefix_index}
 
 
 def session_key(req: dict) -> str:
@@ -76,15 +75,14 @@ class Router:
         self.replicas = replicas
         self._rr = itertools.count()
         self._join = join
-        self._mods = {} if strata_env.routing() == "round_robin" else dict(_MODULES)
+        routed = strata_env.routing() != "round_robin"
         self._views: dict[int, _ReplicaView] = {}
         self.index = None
         self.policy = None
         self.decisions = {"single": 0, "round_robin": 0, "policy": 0, "fallback": 0}
-        if "policies" in self._mods:
-            self.policy = self._mods["policies"].ExpectedTTFT(self._mods["cost"].CostModel())
-        if "index" in self._mods:
-            self.index = self._mods["index"].PrefixIndex()
+        if routed:
+            self.policy = policies.ExpectedTTFT(cost.CostModel())
+            self.index = prefix_index.PrefixIndex()
 
     @property
     def mode(self) -> str:
@@ -94,11 +92,10 @@ class Router:
         """Route with ``cachecore.routing.policies.ROUTING_POLICIES[name](**params)`` from now on (the
         benchmark compares policies on one deployment). Raises KeyError for an unknown name and
         RuntimeError when routing is switched off (``STRATA_ROUTING=round_robin``)."""
-        if "policies" not in self._mods:
+        if self.index is None:
             raise RuntimeError("routing policies are switched off (STRATA_ROUTING=round_robin)")
-        policies = self._mods["policies"]
         if name == policies.ExpectedTTFT.name:
-            params.setdefault("cost", self._mods["cost"].CostModel())
+            params.setdefault("cost", cost.CostModel())
         self.policy = policies.ROUTING_POLICIES[name](**params)
 
     # ------------------------------------------------------------------ choosing
@@ -123,14 +120,12 @@ class Router:
             return candidates[next(self._rr) % len(candidates)]
 
     def _hashes(self, req: dict, view: _ReplicaView) -> list[bytes]:
-        hashes = self._mods["hashes"]
         return hashes.request_hashes(view.namespace_fields, bytes(req["scope_salt"]), list(req["prompt"]),
                                      hashes.request_salt(req.get("cache_salt")))
 
     def _state(self, rep: Replica, view: _ReplicaView | None):
         """The policy's view of ``rep``: its measured rates and queue (polled), the queue and running
         count raised to this process's own dispatches not yet seen by a poll."""
-        cost = self._mods["cost"]
         router = (view.router if view is not None else None) or {}
         rates = router.get("rates") or {}
         known = {k: rates[k] for k in ("prefill_tokens_per_s", "load_tokens_per_s", "decode_step_s") if rates.get(k)}
@@ -156,7 +151,7 @@ class Router:
             hits = self.index.match(hashes, int(first.namespace_fields.get("block_size") or 16))
         states = [self._state(r, views[r.index]) for r in candidates]
         by_id = {s.replica_id: r for s, r in zip(states, candidates, strict=True)}
-        request = self._mods["policies"].RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req))
+        request = policies.RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req))
         replica_id = self.policy.choose(request, states, hits)
         self.policy.observe(request, replica_id)
         return by_id[replica_id]
@@ -188,7 +183,6 @@ class Router:
             ray = self._join()
         except Exception:  # Ray is not reachable (shut down, not configured): nothing to poll
             return
-        events = self._mods.get("events")
         routable = self.replicas.routable()
         for index in set(self._views) - {r.index for r in routable}:  # scaled away or dead: forget it
             self.dropped(self.replicas.replica(index))
