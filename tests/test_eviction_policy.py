@@ -23,8 +23,8 @@ from cachecore.layout import KVLayout
 from cachecore.tiers.backends import open_backend
 from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
-from cachecore.tiers.l3_index import L3Index
 from cachecore.tiers.remote import RemoteStore
+from cachecore.tiers.remote.capacity import L3Index
 
 BS = 4
 POLICIES = sorted(EVICTION_POLICIES)

@@ -51,7 +51,7 @@ Clock = Callable[[], float]
 
 class Evictable(Protocol):
     """What a policy reads from an entry: :class:`~cachecore.free_queue.Block` in a pool,
-    :class:`~cachecore.tiers.l3_index.L3Object` in L3 (which also has ``size``, in bytes)."""
+    :class:`~cachecore.tiers.remote.capacity.L3Object` in L3 (which also has ``size``, in bytes)."""
 
     owner: str | None
     block_hash: Hashable  # the pin key: a block's chain hash, an L3 object's chunk key (hex)

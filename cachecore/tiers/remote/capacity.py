@@ -1,16 +1,17 @@
-"""The L3 store's accounting, apart from its bytes: which objects each tenant holds, bytes per tenant
-and in all, each tenant's byte limit (``max_l3_bytes``) and share weight (``share_weight``), and what
-to evict (:meth:`L3Index.victims`), asked of the same eviction policy type as L1 and L2 (``policy``, an
-:class:`~cachecore.eviction.base.EvictionPolicy`, ``fair_lru`` by default: a tenant over its weighted
-share gives up its least recently used object first), which also keeps the soft pins of named caches
-(``pins``: hex chain hash of a chunk -> until): within one tenant, pinned objects are evicted after its
-unpinned ones; which tenant gives up an object is decided as without pins (a pin never protects a
-tenant over its share).
+"""L3 capacity and per-tenant byte accounting, apart from the bytes: which objects each tenant holds,
+bytes per tenant and in all, each tenant's byte limit (``max_l3_bytes``) and share weight
+(``share_weight``), and what to evict (:meth:`L3Index.victims`), asked of the same eviction policy type
+as L1 and L2 (``policy``, an :class:`~cachecore.eviction.base.EvictionPolicy`, ``fair_lru`` by default:
+a tenant over its weighted share gives up its least recently used object first), which also keeps the
+soft pins of named caches (``pins``: hex chain hash of a chunk -> until): within one tenant, pinned
+objects are evicted after its unpinned ones; which tenant gives up an object is decided as without
+pins (a pin never protects a tenant over its share). :func:`l3_figures`: the L3 tier row of the
+stats, from :meth:`~cachecore.tiers.remote.store.RemoteStore.gauges`.
 
-Tenants are keyed by their encoded name component (:func:`cachecore.tiers.l3_names.enc`). The index
+Tenants are keyed by their encoded name component (:func:`cachecore.tiers.remote.names.enc`). The index
 starts unloaded: until :meth:`L3Index.load` (a listing of the backend) every update is a no-op, so a
 store that never needed the accounting never lists its backend. No I/O, no tensors, not thread-safe:
-:class:`~cachecore.tiers.remote.RemoteStore` calls it under its lock.
+:class:`~cachecore.tiers.remote.store.RemoteStore` calls it under its lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from collections.abc import Callable, Iterable
 from cachecore.eviction.base import EvictionPolicy, Pins
 from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, make_policy
 from cachecore.tiers.backends.base import ObjectInfo
+from cachecore.tiers.remote.names import chunk_hex
+
+__all__ = ["L3Index", "L3Object", "Victim", "l3_figures"]
 
 #: One eviction victim: (tenant key, object name, size in bytes).
 Victim = tuple[str, str, int]
@@ -39,7 +43,7 @@ class L3Object:
         self.size = size
         self.freed_at = mtime
         self.hits = 0
-        self.block_hash = name.rsplit("/", 1)[-1]
+        self.block_hash = chunk_hex(name)
 
     @property
     def mtime(self) -> float:
@@ -137,6 +141,29 @@ class L3Index:
             for n, e in names.items():
                 yield t, n, e.size
 
+    def set_limit(self, tenant: str, max_bytes: int | None) -> None:
+        """Byte limit of ``tenant`` (None: none); ``ValueError`` if negative. Kept whether the index is
+        loaded or not."""
+        if max_bytes is None:
+            self.limits.pop(tenant, None)
+        else:
+            if max_bytes < 0:
+                raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
+            self.limits[tenant] = int(max_bytes)
+
+    def usage_matching(self, match: Callable[[str], bool]) -> dict[str, int]:
+        """Bytes per tenant key of the known objects whose name matches (tenants with none left out)."""
+        out: dict[str, int] = {}
+        for t, name, size in self.entries():
+            if match(name):
+                out[t] = out.get(t, 0) + size
+        return out
+
+    def count_matching(self, match: Callable[[str], bool]) -> tuple[int, int]:
+        """``(objects, bytes)`` of the known objects whose name matches."""
+        sizes = [size for _, name, size in self.entries() if match(name)]
+        return len(sizes), sum(sizes)
+
     def set_weight(self, tenant: str, weight: int) -> None:
         """Share weight of ``tenant`` (default 1) in the capacity's fair share. Kept whether the index is
         loaded or not."""
@@ -185,3 +212,15 @@ class L3Index:
         assert self.total == sum(self.usage.values()), "total usage is off"
         self.policy.check({t: list(names.values()) for t, names in self._objects.items()})
         self.policy.pins.check(str)
+
+
+def l3_figures(g: dict, chunk_blocks: int, bytes_per_block: int) -> dict:
+    """The L3 tier row from ``RemoteStore.gauges``: this scope's objects and bytes on the store
+    (``used_bytes`` / ``stored_bytes``: the objects' real size, frames included), the store's own
+    capacity (shared by every deployment on it) and totals."""
+    chunk_bytes = chunk_blocks * bytes_per_block
+    return {"capacity_blocks": (g["capacity_bytes"] // max(1, chunk_bytes)) * chunk_blocks,
+            "capacity_bytes": g["capacity_bytes"], "used_blocks": g["objects"] * chunk_blocks,
+            "used_bytes": g["used_bytes"], "objects": g["objects"], "stored_bytes": g["used_bytes"],
+            "store_objects": g["store_objects"], "store_used_bytes": g["store_used_bytes"],
+            "corrupt_objects": g["corrupt"], "quarantined": g["quarantined"], "unavailable": g["unavailable"]}

@@ -1,84 +1,17 @@
-"""L3: the encrypted remote store (filesystem directory or Redis), shared by workers and restarts.
-
-An L3 object is a **chunk** of ``chunk_blocks`` consecutive blocks (default 16 = 256 tokens at
-block size 16) stored under the chain hash of its LAST block, which binds the whole prefix before
-it. Its name::
-
-    <tenant>/<model>/<revision>/v<key version>/<hex chain hash of the chunk's last block>
-
-(each of tenant, model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX``; :mod:`cachecore.tiers.l3_names`),
-so deletes by tenant, model, revision or key version are prefix operations on the backend.
-
-The bytes are a frame of :mod:`cachecore.crypto` (AES-256-GCM under the tenant's active data-key
-version). The associated data is computed by the READER from its own request: object key (= the
-object's name), ``tag.ns_digest``, the KV layout, ``tag.owner`` as tenant id, and the frame's key
-version, format version and expiry; so an object moved to another name, tenant, model or revision,
-or whose expiry was edited, fails to decrypt.
-
-**Expiry.** Each object carries its own expiry in the frame header (``put_chunk``'s
-``retention_seconds``: the writer's retention, the minimum of the request's and the tenant's, from
-the write time; 0 = none), authenticated with it. A read serves nothing at or past it (and deletes
-the object: nobody may read it again), nor anything older than the reading request's own retention
-(the tenant's current one, so a lowered retention applies at once). ``sweep`` reads each object's
-clear header (``Backend.head``, no decryption) and deletes what is past its own expiry or older than
-its tenant's retention. Objects of frame format 1 (written before expiries existed) are treated as
-expired: never served, deleted by the next read or sweep.
-
-The plaintext (KV first, so that a read decrypts it straight into the output tensor)::
-
-    KV bytes ([chunk_blocks, *page_shape], C order) | token ids (n_tokens x u32 LE) | ndim (u8)
-    | shape (ndim x u32) | len(dtype) (u8) | dtype (ascii) | created (f64, epoch s) | n_tokens (u32)
-
-Reads (:meth:`RemoteStore.get`) stop at the first chunk that is missing, expired, unreadable or
-fails verification; that chunk and every one after it is a miss, never wrong bytes:
-
-- missing, past its own expiry, older than the request's retention, of frame format 1, or sealed
-  under a key version this worker does not hold (shredded): a miss (``misses``; ``expired``,
-  ``shredded``); an object past its own expiry or of format 1 is deleted;
-- torn, truncated, bit-flipped, another format version, moved (associated data differs), wrong
-  shape/dtype or other token ids: ``corrupt``, and the object is quarantined (deleted, so it is not
-  retried forever and a later write can replace it);
-- the backend down, unreachable or slow (``BackendUnavailable``): a miss counted in ``failures``;
-  then L3 is skipped (``unavailable``) for ``retry_after_seconds`` so a dead backend does not cost
-  every request a timeout, and used again after.
-
-Writes (:meth:`RemoteStore.put_chunk`) are meant to run off the request path (the engine's writer
-thread). Capacity (``capacity_bytes``) is shared fairly, by the same eviction policy type as L1 and
-L2 (``eviction_policy``, :mod:`cachecore.eviction`; ``fair_lru`` by default): when room is needed, an
-object of a tenant over its share goes first (a tenant that floods L3 evicts its own objects); shares
-are weighted by :meth:`set_weight` (the tenant's ``share_weight``, as in L1 and L2), and a tenant's
-``max_bytes`` (:meth:`set_tenant_limit`) evicts its own objects. With ``fair_lru`` the oldest object
-goes first; age order is write time, refreshed by reads in this process. The accounting
-(:class:`~cachecore.tiers.l3_index.L3Index`, which asks the policy for the victims) is an in-memory
-index of the backend
-listed once (lazily) and kept up to date by this store's own writes, deletes and reads; objects
-written by other processes enter it when read, and :meth:`refresh` / :meth:`sweep` re-list.
-
-**Soft pins** (named caches): :meth:`RemoteStore.pin` pins chunks by chain hash until a time (this
-process's view: another process sharing the backend does not see them); when room is needed, a
-tenant's pinned objects go after its unpinned ones, and which tenant gives up an object is decided
-as without pins. A pin never outlives an object's own expiry or its tenant's retention.
-:meth:`RemoteStore.delete_keys` deletes the chunks covering a prefix (under every key version).
-
-What it writes and deletes is announced (for KV events): ``put_listeners`` get the chain hashes of
-every chunk written (``listener(hashes)``), ``drop_listeners`` the chunk keys (last-block hashes) of
-objects it deleted or forgot, with a reason (``listener(keys, reason)``: ``"evicted"``, ``"flushed"``,
-``"corrupt"``, ``"expired"``), outside the store's lock. A listener must not call back into the store.
-
-Thread-safe. ``probe``, ``get`` and ``put_chunk`` never raise for the state of the backend;
-``delete_scope``, ``count_scope``, ``sweep`` and ``refresh`` raise ``BackendUnavailable`` (a flush job
-must know that it did not happen).
+"""L3's store: :class:`RemoteStore`, encrypted chunks on one backend (filesystem directory or Redis),
+shared by workers and restarts. The contract (chunks, names, expiry, what a read and a write do,
+capacity, pins, listeners) is the package's: :mod:`cachecore.tiers.remote`. Composes the names
+(:mod:`~cachecore.tiers.remote.names`), the frame (:mod:`~cachecore.tiers.remote.frame`), the
+accounting (:mod:`~cachecore.tiers.remote.capacity`) and a circuit breaker in front of the backend
+(:mod:`~cachecore.tiers.remote.breaker`).
 """
 
 from __future__ import annotations
 
-import math
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import torch
 
 from cachecore import crypto
@@ -89,19 +22,30 @@ from cachecore.hashing import token_buffer
 from cachecore.layout import KVLayout
 from cachecore.tiers.backends.base import Backend, ObjectInfo
 from cachecore.tiers.base import Fetched, Tag
-from cachecore.tiers.l3_index import L3Index, Victim
-from cachecore.tiers.l3_names import ObjectName, dec, enc, object_name, parse_name, scope_matcher, scope_prefix
+from cachecore.tiers.remote.breaker import CircuitBreaker
+from cachecore.tiers.remote.capacity import L3Index, Victim
+from cachecore.tiers.remote.frame import ChunkFrame, expiry, head_expired, legacy
+from cachecore.tiers.remote.names import (
+    TenantKeys,
+    chunk_hex,
+    chunk_key,
+    chunk_name,
+    in_scope,
+    parse_name,
+    scope_matcher,
+    scope_prefix,
+    tenant_component,
+)
 
-__all__ = ["DEFAULT_CHUNK_BLOCKS", "ObjectName", "RemoteStore", "l3_figures", "object_name", "parse_name"]
+__all__ = ["DEFAULT_CHUNK_BLOCKS", "RemoteStore"]
 
 DEFAULT_CHUNK_BLOCKS = 16
-
-_PT_END = struct.Struct("<dI")  # created, n_tokens
 
 
 # ---------------------------------------------------------------------- the store
 class RemoteStore:
-    """The L3 store over one :class:`~cachecore.tiers.backends.base.Backend` (see the module doc)."""
+    """The L3 store over one :class:`~cachecore.tiers.backends.base.Backend` (see
+    :mod:`cachecore.tiers.remote`)."""
 
     name = "l3"
 
@@ -130,22 +74,16 @@ class RemoteStore:
         self.chunk_tokens = chunk_blocks * layout.block_size
         self.capacity_bytes = capacity_bytes
         self.clock = clock
-        self.retry_after_seconds = retry_after_seconds
+        # A backend failure skips the backend for retry_after_seconds (then it is tried again).
+        self._breaker = CircuitBreaker(failure_threshold=1, cooldown_seconds=retry_after_seconds)
         self.temp_grace_seconds = temp_grace_seconds
         self.refresh_seconds = refresh_seconds  # the figures re-list the backend when older (other writers)
         self._listed_at = 0.0  # time.monotonic() of the index's last listing
-        self._layout_canonical = layout.canonical()
-        self._chunk_shape = (chunk_blocks, *layout.page_shape)
-        self._chunk_numel = math.prod(self._chunk_shape)
-        self._chunk_kv_bytes = self._chunk_numel * layout.element_size
-        self._trailer = self._trailer_bytes(np.zeros(self.chunk_tokens, dtype="<u4"), 0.0)
-        self._frame_bytes = crypto.FRAME_OVERHEAD + self._chunk_kv_bytes + len(self._trailer)
-        self._head_bytes = crypto.HEADER_BYTES
+        self._frame = ChunkFrame(layout, chunk_blocks)
+        self._frame_bytes = self._frame.frame_bytes
         self._lock = threading.RLock()
-        self._local = threading.local()
-        self._down_until = 0.0  # time.monotonic() before which the backend is not tried
         self._index = L3Index(eviction_policy)  # what each tenant holds, by encoded tenant; loaded lazily
-        self._names: dict[str, str] = {}  # encoded tenant -> tenant id (for over-long ones)
+        self._tenants = TenantKeys()  # encoded tenant <-> tenant id
         self.put_listeners: list[Callable[[Sequence[bytes]], None]] = []
         self.drop_listeners: list[Callable[[list[bytes], str], None]] = []
         self.stats: dict[str, int] = dict.fromkeys(
@@ -156,6 +94,15 @@ class RemoteStore:
             ),
             0,
         )  # fmt: skip
+
+    @property
+    def retry_after_seconds(self) -> float:
+        """How long the backend is skipped after a failure (the breaker's cooldown)."""
+        return self._breaker.cooldown_seconds
+
+    @retry_after_seconds.setter
+    def retry_after_seconds(self, seconds: float) -> None:
+        self._breaker.cooldown_seconds = seconds
 
     # ------------------------------------------------------------------ reads
     def probe(self, hashes: Sequence[bytes], tag: Tag) -> int:
@@ -179,6 +126,7 @@ class RemoteStore:
         except BackendUnavailable:
             self._trip()
             return 0
+        self._breaker.record_success()
         return found
 
     def get(
@@ -194,7 +142,7 @@ class RemoteStore:
         """Fetch, decrypt and verify blocks ``first_block .. n_blocks-1`` of the request
         (``hashes``: its chain, ``tokens``: its token ids, at least ``n_blocks`` blocks of each),
         reading the chunks that cover them in order and stopping at the first that fails (see the
-        module doc). ``kv`` row 0 is block ``first_block``; ``stopped`` is None, ``"miss"`` or
+        package doc). ``kv`` row 0 is block ``first_block``; ``stopped`` is None, ``"miss"`` or
         ``"corrupt"``. An object older than ``retention_seconds`` is not served."""
         cb, bs = self.chunk_blocks, self.layout.block_size
         n_blocks = min(n_blocks, len(hashes), len(tokens) // bs)
@@ -213,12 +161,12 @@ class RemoteStore:
             return Fetched(empty, "miss")
         # One buffer for every chunk's plaintext, decrypted in place: chunk i's KV lands in its rows and
         # its trailer (token ids, shape, ...) just after them, where chunk i+1's KV then overwrites it.
-        kvb = self._chunk_kv_bytes
-        buf = torch.empty((end_chunk - first_chunk) * kvb + len(self._trailer), dtype=torch.uint8)
+        kvb = self._frame.kv_bytes
+        buf = torch.empty((end_chunk - first_chunk) * kvb + self._frame.trailer_bytes, dtype=torch.uint8)
         view = memoryview(buf.numpy())
         got, stopped = 0, None
         for i, c in enumerate(range(first_chunk, end_chunk)):
-            dest = view[i * kvb : i * kvb + self._pt_len]
+            dest = view[i * kvb : i * kvb + self._frame.plaintext_bytes]
             why = self._fetch_chunk(hashes, tokens, tag, c, versions, retention_seconds, dest)
             if why is not None:
                 stopped = why
@@ -256,31 +204,20 @@ class RemoteStore:
         except BackendUnavailable:
             self._trip()
             return "miss"
+        self._breaker.record_success()
         if frame is None or name is None:
             self._count("misses")
             return "miss"
         self._count("bytes_out", len(frame))
         try:
-            fmt, key_version, expires = crypto.frame_header(frame)
-            if 0 < fmt < crypto.FORMAT_VERSION:  # written before objects carried their expiry
+            header = crypto.frame_header(frame)
+            if legacy(header.format_version):  # written before objects carried their expiry
                 self._expire(tag, name)
                 return "miss"
-            if len(frame) != self._frame_bytes:
-                raise DecryptError("object has the wrong length for this layout")
-            if name != self._name(tag, key_version, key):
+            if name != self._name(tag, header.key_version, key):
                 raise DecryptError("frame key version differs from the object's name")
-            aad = crypto.associated_data(
-                object_key=name.encode("utf-8"),
-                ns_digest=tag.ns_digest,
-                layout=self._layout_canonical,
-                tenant=tag.owner,
-                key_version=key_version,
-                format_version=fmt,
-                expires=expires,
-            )
-            crypto.open_frame(self.keyring, frame, aad, tenant=tag.owner, out=dest)
             want = token_buffer(tokens[c * self.chunk_tokens : (c + 1) * self.chunk_tokens])
-            created = self._check_trailer(dest, want)
+            created = self._frame.open(self.keyring, frame, header, name=name, tag=tag, tokens=want, out=dest)
         except KeyUnavailable:
             self._count("shredded")
             self._count("misses")
@@ -288,7 +225,7 @@ class RemoteStore:
         except DecryptError:
             self._quarantine(tag, name)
             return "corrupt"
-        if expires and self.clock() >= expires:  # authenticated above: the writer's own expiry
+        if header.expires and self.clock() >= header.expires:  # authenticated above: the writer's own expiry
             self._expire(tag, name)
             return "miss"
         if retention_seconds is not None and self.clock() - created > retention_seconds:
@@ -325,9 +262,9 @@ class RemoteStore:
             raise ValueError(f"put_chunk needs {cb} hashes, got {len(hashes)}")
         if len(tokens) != self.chunk_tokens:
             raise ValueError(f"put_chunk needs {self.chunk_tokens} tokens, got {len(tokens)}")
-        if tuple(kv.shape) != self._chunk_shape or kv.dtype != self.layout.torch_dtype:
+        if tuple(kv.shape) != self._frame.shape or kv.dtype != self.layout.torch_dtype:
             raise InvalidKV(
-                f"chunk KV must be {self._chunk_shape} {self.layout.dtype}, got {tuple(kv.shape)} {kv.dtype}"
+                f"chunk KV must be {self._frame.shape} {self.layout.dtype}, got {tuple(kv.shape)} {kv.dtype}"
             )
         tok = token_buffer(tokens)
         if not tag.persist:
@@ -348,20 +285,8 @@ class RemoteStore:
                     return False
             name = self._name(tag, version, key)
             stamp = self.clock() if created is None else float(created)
-            expires = 0 if retention_seconds is None else max(1, math.ceil(stamp + float(retention_seconds)))
-            scratch = self._scratch_buffers()
-            plaintext = self._plaintext(tok, stamp, kv, scratch[0])
-            aad = crypto.associated_data(
-                object_key=name.encode("utf-8"),
-                ns_digest=tag.ns_digest,
-                layout=self._layout_canonical,
-                tenant=tag.owner,
-                key_version=version,
-                format_version=crypto.FORMAT_VERSION,
-                expires=expires,
-            )
-            frame = crypto.seal(data_key, version=version, aad=aad, plaintext=plaintext, out=scratch[1],
-                                expires=expires)
+            frame = self._frame.seal(data_key, version=version, name=name, tag=tag, tokens=tok, created=stamp, kv=kv,
+                                     expires=expiry(stamp, retention_seconds))
             tenant = self._tenant_key(tag.owner)
             self._ensure_index()
             with self._lock:
@@ -382,6 +307,7 @@ class RemoteStore:
         except BackendUnavailable:
             self._trip()
             return False
+        self._breaker.record_success()
         self._count("objects_written")
         self._count("bytes_in", len(frame))
         for listener in self.put_listeners:
@@ -393,12 +319,7 @@ class RemoteStore:
         ``put_chunk`` of the tenant (evicting its own oldest objects) and by ``sweep``."""
         t = self._tenant_key(tenant)
         with self._lock:
-            if max_bytes is None:
-                self._index.limits.pop(t, None)
-            else:
-                if max_bytes < 0:
-                    raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
-                self._index.limits[t] = int(max_bytes)
+            self._index.set_limit(t, max_bytes)
 
     def set_weight(self, tenant: str, weight: int | None) -> None:
         """Weight of ``tenant``'s fair share of the capacity (its ``share_weight``; None: 1, an equal
@@ -424,7 +345,7 @@ class RemoteStore:
 
     def pin(self, keys: Sequence[bytes], until: float | None) -> None:
         """Soft-pin the chunks stored under ``keys`` (``chunk_keys``) until ``until`` (``clock``
-        time; None: unpin): evicted after their tenant's unpinned objects (module doc)."""
+        time; None: unpin): evicted after their tenant's unpinned objects (package doc)."""
         with self._lock:
             self._index.pin([k.hex() for k in keys], until, self.clock())
 
@@ -444,7 +365,7 @@ class RemoteStore:
         objects = n_bytes = 0
         gone: list[str] = []
         for info in list(self.backend.list(scope_prefix(tag.owner, tag.model, tag.revision, None))):
-            if info.name.rsplit("/", 1)[-1] in wanted and parse_name(info.name) is not None \
+            if chunk_hex(info.name) in wanted and parse_name(info.name) is not None \
                     and self.backend.delete(info.name):
                 objects += 1
                 n_bytes += info.size
@@ -534,7 +455,7 @@ class RemoteStore:
     def sweep(
         self, retention_seconds_by_tenant: dict[str, float | None], default_seconds: float | None
     ) -> tuple[int, int]:
-        """Delete every object past its own expiry (read from its clear header, see the module doc),
+        """Delete every object past its own expiry (read from its clear header, see the package doc),
         of frame format 1, or older (by the backend's write time) than its tenant's retention
         (``default_seconds`` for tenants not in the dict; None = no tenant limit), trim tenants over
         their limit and the store over its capacity, remove interrupted writes' leftovers, and
@@ -548,7 +469,7 @@ class RemoteStore:
         for info in list(self.backend.list("")):
             if parse_name(info.name) is None:
                 continue
-            tenant = info.name.split("/", 1)[0]
+            tenant = tenant_component(info.name)
             if self._expired(info, now, retention.get(tenant, default_seconds)):
                 if self.backend.delete(info.name):
                     objects += 1
@@ -607,19 +528,12 @@ class RemoteStore:
         to quarantine. Raises ``BackendUnavailable``."""
         if retention_seconds is not None and now - info.mtime > retention_seconds:
             return True
-        head = self.backend.head(info.name, self._head_bytes)
-        if head is None:
-            return False
-        try:
-            fmt, _, expires = crypto.frame_header(head)
-        except DecryptError:
-            return False
-        return 0 < fmt < crypto.FORMAT_VERSION or (expires != 0 and now >= expires)
+        return head_expired(self.backend.head(info.name, self._frame.head_bytes), now)
 
     def refresh(self) -> None:
         """Rebuild the index from a listing of the backend (picks up other processes' writes and
         deletes). Raises ``BackendUnavailable``."""
-        listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        listing = [(tenant_component(i.name), i) for i in self.backend.list("") if parse_name(i.name) is not None]
         with self._lock:
             self._index.load(listing)
             self._listed_at = time.monotonic()
@@ -631,13 +545,6 @@ class RemoteStore:
             self.refresh()
         else:
             self._ensure_index()
-
-    @staticmethod
-    def _in_scope(name: str, scope: tuple[str, str] | None) -> bool:
-        if scope is None:
-            return True
-        parts = name.split("/", 3)
-        return len(parts) > 2 and parts[1] == enc(scope[0]) and parts[2] == enc(scope[1])
 
     # ------------------------------------------------------------------ accounting
     def usage_by_tenant(self, *, refresh: bool = False, scope: tuple[str, str] | None = None) -> dict[str, int]:
@@ -653,13 +560,10 @@ class RemoteStore:
             return {}
         with self._lock:
             if scope is None:
-                return {self._names.get(t, dec(t)): b for t, b in self._index.usage.items() if b > 0}
-            out: dict[str, int] = {}
-            for t, name, size in self._index.entries():
-                if self._in_scope(name, scope):
-                    tenant = self._names.get(t, dec(t))
-                    out[tenant] = out.get(tenant, 0) + size
-            return out
+                usage = self._index.usage
+            else:
+                usage = self._index.usage_matching(lambda name: in_scope(name, scope))
+            return {self._tenants.tenant(t): b for t, b in usage.items() if b > 0}
 
     def gauges(self, scope: tuple[str, str] | None = None) -> dict[str, int]:
         """``objects``, ``used_bytes``, ``capacity_bytes`` (0: unbounded; the whole store's, shared by
@@ -674,8 +578,7 @@ class RemoteStore:
         with self._lock:
             objects, used = self._index.objects(), self._index.total
             if scope is not None:
-                mine = [size for _, name, size in self._index.entries() if self._in_scope(name, scope)]
-                objects, used = len(mine), sum(mine)
+                objects, used = self._index.count_matching(lambda name: in_scope(name, scope))
             return {"objects": objects, "used_bytes": used, "store_objects": self._index.objects(),
                     "store_used_bytes": self._index.total, "capacity_bytes": self.capacity_bytes or 0,
                     "chunk_blocks": self.chunk_blocks, **self.stats}
@@ -686,59 +589,10 @@ class RemoteStore:
 
     # ------------------------------------------------------------------ internals
     def _name(self, tag: Tag, version: int, key: bytes) -> str:
-        return object_name(tag.owner, tag.model, tag.revision, version, key)
+        return chunk_name(tag, version, key)
 
     def _tenant_key(self, tenant: str) -> str:
-        key = enc(tenant)
-        if key.startswith("%%"):
-            self._names[key] = tenant
-        return key
-
-    @property
-    def _pt_len(self) -> int:
-        return self._chunk_kv_bytes + len(self._trailer)
-
-    def _trailer_bytes(self, tok: np.ndarray, created: float) -> bytes:
-        dtype = self.layout.dtype.encode("ascii")
-        shape = self._chunk_shape
-        return b"".join((
-            tok.tobytes(), struct.pack(f"<B{len(shape)}I", len(shape), *shape), struct.pack("<B", len(dtype)), dtype,
-            _PT_END.pack(created, len(tok)),
-        ))  # fmt: skip
-
-    def _plaintext(self, tok: np.ndarray, created: float, kv: torch.Tensor, out: memoryview) -> memoryview:
-        """The chunk's plaintext, written into ``out`` (``_pt_len`` bytes)."""
-        flat = kv.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
-        kvb = self._chunk_kv_bytes
-        out[:kvb] = memoryview(flat)
-        out[kvb:] = self._trailer_bytes(tok, created)
-        return out
-
-    def _scratch_buffers(self) -> tuple[memoryview, memoryview]:
-        """This thread's reusable (plaintext, frame) buffers for ``put_chunk``: fresh multi-MB buffers
-        per write cost more in page faults than the encryption itself. A backend's ``put`` does not
-        keep ``data`` after it returns (the Backend contract), so the frame buffer can be reused."""
-        local = self._local
-        if getattr(local, "buffers", None) is None:
-            local.buffers = (memoryview(bytearray(self._pt_len)), memoryview(bytearray(self._frame_bytes)))
-        return local.buffers
-
-    def _check_trailer(self, pt: memoryview, want_tokens: np.ndarray) -> float:
-        """Verify the trailer of a decrypted chunk (right after its KV bytes) against this layout and
-        the request's token ids; returns the chunk's creation time. ``DecryptError`` if it is not one
-        of this layout's chunks (authentic but malformed, of another shape/dtype) or holds other
-        token ids."""
-        off = self._chunk_kv_bytes
-        n = self.chunk_tokens
-        stored = np.frombuffer(pt, dtype="<u4", count=n, offset=off)
-        if not np.array_equal(stored, want_tokens):
-            raise DecryptError("chunk holds other token ids than the request")
-        created, n_tok = _PT_END.unpack_from(pt, len(pt) - _PT_END.size)
-        # Everything between the token ids and the end is fixed by the layout.
-        fixed = self._trailer[4 * n : -_PT_END.size]
-        if n_tok != n or bytes(pt[off + 4 * n : len(pt) - _PT_END.size]) != fixed:
-            raise DecryptError("chunk of another layout")
-        return created
+        return self._tenants.key(tenant)
 
     def _expire(self, tag: Tag, name: str) -> None:
         """A read found ``name`` past its own expiry (or of frame format 1): a miss, and deleted."""
@@ -767,15 +621,16 @@ class RemoteStore:
         self._announce_drop([name], "corrupt")
 
     def _available(self) -> bool:
-        if time.monotonic() < self._down_until:
-            self._count("unavailable")
-            return False
-        return True
+        """Whether the backend may be tried now (the breaker is not open); counted when not."""
+        if self._breaker.allow():
+            return True
+        self._count("unavailable")
+        return False
 
     def _trip(self) -> None:
-        with self._lock:
-            self.stats["failures"] += 1
-            self._down_until = time.monotonic() + self.retry_after_seconds
+        """The backend failed: counted, and skipped for ``retry_after_seconds``."""
+        self._breaker.record_failure()
+        self._count("failures")
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -785,7 +640,7 @@ class RemoteStore:
         """List the backend once (outside the lock: it is I/O) to build the index."""
         if self._index.loaded:
             return
-        listing = [(i.name.split("/", 1)[0], i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        listing = [(tenant_component(i.name), i) for i in self.backend.list("") if parse_name(i.name) is not None]
         with self._lock:
             if not self._index.loaded:
                 self._index.load(listing)
@@ -812,18 +667,7 @@ class RemoteStore:
         """Tell ``drop_listeners`` the chunk keys of ``names`` (objects gone from this store's view)."""
         if not names or not self.drop_listeners:
             return
-        keys = [bytes.fromhex(n.rsplit("/", 1)[1]) for n in names]
+        keys = [chunk_key(n) for n in names]
         for listener in self.drop_listeners:
             listener(keys, reason)
 
-
-def l3_figures(g: dict, chunk_blocks: int, bytes_per_block: int) -> dict:
-    """The L3 tier row from ``RemoteStore.gauges``: this scope's objects and bytes on the store
-    (``used_bytes`` / ``stored_bytes``: the objects' real size, frames included), the store's own
-    capacity (shared by every deployment on it) and totals."""
-    chunk_bytes = chunk_blocks * bytes_per_block
-    return {"capacity_blocks": (g["capacity_bytes"] // max(1, chunk_bytes)) * chunk_blocks,
-            "capacity_bytes": g["capacity_bytes"], "used_blocks": g["objects"] * chunk_blocks,
-            "used_bytes": g["used_bytes"], "objects": g["objects"], "stored_bytes": g["used_bytes"],
-            "store_objects": g["store_objects"], "store_used_bytes": g["store_used_bytes"],
-            "corrupt_objects": g["corrupt"], "quarantined": g["quarantined"], "unavailable": g["unavailable"]}

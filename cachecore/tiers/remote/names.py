@@ -1,16 +1,26 @@
 """Names of L3 objects: ``<tenant>/<model>/<revision>/v<key version>/<hex chain hash>``, each of tenant,
-model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX`` (see :mod:`cachecore.tiers.remote`), and the
-prefixes and matchers that select a scope (tenant, model, revision, key version) by name.
+model and revision escaped to ``[A-Za-z0-9_-]`` and ``%XX`` (so that deletes by tenant, model, revision or
+key version are prefix operations on the backend), parsed back (:func:`parse_name`), the prefixes and
+matchers that select a scope (tenant, model, revision, key version) by name, and the parts of a name
+the store reads (tenant component, chunk key, deployment revision). :class:`TenantKeys` maps encoded
+tenant components back to tenant ids (an over-long id is encoded as a digest, not reversible).
+Plain Python: no I/O, no tensors.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote
 
-__all__ = ["ObjectName", "dec", "enc", "object_name", "parse_name", "scope_matcher", "scope_prefix"]
+if TYPE_CHECKING:
+    from cachecore.tiers.base import Tag
+
+__all__ = [
+    "ObjectName", "TenantKeys", "chunk_hex", "chunk_key", "chunk_name", "dec", "enc", "in_scope", "object_name",
+    "parse_name", "scope_matcher", "scope_prefix", "tenant_component",
+]
 
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 _MAX_COMPONENT = 150
@@ -47,6 +57,35 @@ class ObjectName(NamedTuple):
 
 def object_name(tenant: str, model: str, revision: str, key_version: int, key: bytes) -> str:
     return f"{enc(tenant)}/{enc(model)}/{enc(revision)}/v{key_version}/{key.hex()}"
+
+
+def chunk_name(tag: Tag, key_version: int, key: bytes) -> str:
+    """The name of the chunk stored under chain hash ``key`` for ``tag``'s tenant, model and revision,
+    sealed under ``key_version``."""
+    return object_name(tag.owner, tag.model, tag.revision, key_version, key)
+
+
+def tenant_component(name: str) -> str:
+    """The encoded tenant component of an object name (the index's tenant key)."""
+    return name.split("/", 1)[0]
+
+
+def chunk_hex(name: str) -> str:
+    """The last component of an object name: the hex chain hash of its chunk's last block."""
+    return name.rsplit("/", 1)[-1]
+
+
+def chunk_key(name: str) -> bytes:
+    """The chunk key (chain hash of the chunk's last block) of an object name."""
+    return bytes.fromhex(chunk_hex(name))
+
+
+def in_scope(name: str, scope: tuple[str, str] | None) -> bool:
+    """Whether an object name belongs to deployment revision ``scope`` ``(model, revision)`` (None: all)."""
+    if scope is None:
+        return True
+    parts = name.split("/", 3)
+    return len(parts) > 2 and parts[1] == enc(scope[0]) and parts[2] == enc(scope[1])
 
 
 def parse_name(name: str) -> ObjectName | None:
@@ -91,3 +130,21 @@ def scope_matcher(tenant: str | None, model: str | None, revision: str | None, k
         return len(parts) == 5 and all(w is None or w == p for w, p in zip(want, parts, strict=False))
 
     return match
+
+
+class TenantKeys:
+    """Tenant id <-> encoded tenant component (:func:`enc`), the key the store's accounting uses. An
+    over-long id is encoded as a digest (``%%...``), which :func:`dec` cannot reverse: the ids seen by
+    :meth:`key` are remembered so :meth:`tenant` can answer for them."""
+
+    def __init__(self) -> None:
+        self._long: dict[str, str] = {}  # encoded (digest) -> tenant id
+
+    def key(self, tenant: str) -> str:
+        key = enc(tenant)
+        if key.startswith("%%"):
+            self._long[key] = tenant
+        return key
+
+    def tenant(self, key: str) -> str:
+        return self._long.get(key, dec(key))
