@@ -960,3 +960,16 @@ def test_delete_chunk_removes_one_chunk_under_any_held_version(raw):
     assert store.probe(hashes, tag) == 0 and store.count_scope(tenant="t1")[0] == 1
     assert store.gauges()["objects"] == 1
     store.check_integrity()
+
+
+def test_delete_chunk_announces_the_chunk_key_to_drop_listeners(raw):
+    kr = _keyring("t1")
+    store = _store(raw, kr)
+    dropped: list[tuple[list[bytes], str]] = []
+    store.drop_listeners.append(lambda keys, reason: dropped.append((keys, reason)))
+    ns, tokens, hashes, kv = _request(22, CB)
+    tag = _tag(ns)
+    assert _put_all(store, hashes, tokens, tag, kv) == 1
+    assert store.delete_chunk(tag, hashes[CB - 1])
+    assert dropped == [([hashes[CB - 1]], "flushed")]
+    assert not store.delete_chunk(tag, hashes[CB - 1]) and len(dropped) == 1

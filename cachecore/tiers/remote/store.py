@@ -397,7 +397,7 @@ class RemoteStore:
         except BackendUnavailable:
             self._trip()
         if deleted:
-            self._announce_drop([key], "flushed")
+            self._announce_keys([key], "flushed")
         return deleted
 
     def delete_scope(
@@ -665,9 +665,11 @@ class RemoteStore:
 
     def _announce_drop(self, names: list[str], reason: str) -> None:
         """Tell ``drop_listeners`` the chunk keys of ``names`` (objects gone from this store's view)."""
-        if not names or not self.drop_listeners:
-            return
-        keys = [chunk_key(n) for n in names]
+        if names and self.drop_listeners:
+            self._announce_keys([chunk_key(n) for n in names], reason)
+
+    def _announce_keys(self, keys: list[bytes], reason: str) -> None:
+        """Tell ``drop_listeners`` these chunk keys are gone from this store's view."""
         for listener in self.drop_listeners:
             listener(keys, reason)
 
