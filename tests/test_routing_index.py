@@ -164,7 +164,7 @@ def test_request_hashes_equal_the_workers_own_and_differ_for_another_salt(worker
     fields = worker.info()["namespace_fields"]
     assert "scope_salt" not in fields and fields["block_size"] == BS
     prompt = _prompt(70, 1)
-    ns = worker._active.loaded.namespace(salt)
+    ns = worker.revisions.active.loaded.namespace(salt)
     from cachecore.hashing import chain_hashes
 
     assert request_hashes(fields, salt, prompt) == chain_hashes(ns, prompt, BS)
@@ -244,7 +244,7 @@ def test_router_stats_count_queued_prefill_tokens_and_running_requests():
     from workers.cache_worker import CacheWorker
 
     w = CacheWorker(deployment="queue-llama", preset="tiny", revision={"label": "r1", "seed": 23}, l1_mb=1, l2_mb=0)
-    ns = w._active.loaded.namespace(secrets.token_bytes(32))
+    ns = w.revisions.active.loaded.namespace(secrets.token_bytes(32))
     waiting = w.engine.admit(ns, _prompt(100, 1), owner="A", max_new_tokens=4)
     decoding = w.engine.admit(ns, _prompt(40, 2), owner="B", max_new_tokens=4)
     w.engine.mark_computed(decoding, 40)  # its prefill is done

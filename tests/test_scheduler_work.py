@@ -156,7 +156,7 @@ def test_an_upload_sent_during_a_forward_runs_after_it_and_reads_back_exactly(wo
     layout = worker.kv_layout()
     tokens = torch.randint(0, 256, (64,), generator=torch.Generator().manual_seed(9)).tolist()
     kv = torch.randn(4, *layout["page_shape"], generator=torch.Generator().manual_seed(9))
-    gen, engine = worker._active.generator, worker.engine
+    gen, engine = worker.revisions.active.runner, worker.engine
     real_forward, real_store = gen.forward_items, engine.store
     state = {"forwards": 0, "in_forward": 0, "stores": 0, "overlaps": 0}
     result: dict = {}

@@ -29,6 +29,7 @@ ENGINE_MODULES = (
     "cachecore.model.llama", "cachecore.model.loader", "cachecore.model.weights", "cachecore.model.hf_weights",
     "cachecore.tiers.device", "cachecore.tiers.host", "cachecore.tiers.remote",
     "workers.cache_worker", "workers.vllm_worker", "workers.kv_api", "workers.kv_wire", "workers.operations",
+    "workers.revisions",
 )
 # The only ``workers`` modules the web tier may import: the protocol and plain-Python helpers. A new
 # one must be torch-free (this test fails otherwise) and be added here on purpose.

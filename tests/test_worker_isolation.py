@@ -104,7 +104,7 @@ def test_kv_token_lists_are_bounded_by_context_length_and_vocabulary(worker):
 def test_inflight_limit_bounds_one_tenants_running_requests(worker):
     engine = worker.engine
     salt = secrets.token_bytes(32)
-    ns = worker._active.loaded.namespace(salt)
+    ns = worker.revisions.active.loaded.namespace(salt)
     limit = engine.inflight_limit("hog")
     assert limit == engine.pool.num_blocks // 2  # the default, with no operator setting
     seqs = [engine.admit(ns, _prompt(BS * 8, 10 + i), owner="hog") for i in range(limit // 8)]

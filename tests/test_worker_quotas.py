@@ -57,14 +57,14 @@ def test_an_open_stream_takes_the_tenants_only_slot_from_its_kv_calls(worker):
 def test_a_kv_call_in_flight_takes_the_slot_from_a_completion(worker, monkeypatch):
     salt = secrets.token_bytes(32)
     entered, release = threading.Event(), threading.Event()
-    real = worker._kv_tokens
+    real = worker.kv_api._tokens
 
     def blocking(req):  # the KV call is inside its work (its slot taken) until released
         entered.set()
         assert release.wait(30)
         return real(req)
 
-    monkeypatch.setattr(worker, "_kv_tokens", blocking)
+    monkeypatch.setattr(worker.kv_api, "_tokens", blocking)
     t = threading.Thread(target=worker.kv_lookup, args=(_kv("kv2", salt, _prompt(BS, 3), max_concurrent_requests=1),))
     t.start()
     try:
@@ -93,7 +93,7 @@ def test_a_zero_concurrency_quota_runs_nothing_and_null_is_the_default(worker):
 
 def test_a_zero_inflight_quota_admits_nothing_and_null_is_the_default(worker):
     engine = worker.engine
-    ns = worker._active.loaded.namespace(secrets.token_bytes(32))
+    ns = worker.revisions.active.loaded.namespace(secrets.token_bytes(32))
     engine.set_inflight_limit("nil", 0)
     assert engine.inflight_limit("nil") == 0
     with pytest.raises(InflightLimit):

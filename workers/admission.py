@@ -1,18 +1,22 @@
-"""Per-tenant admission and cancellation on a cache worker: the concurrent-request slots that a
-tenant's streams and KV API calls share, and stopping requests (one by id, or every request of a
-tenant that was suspended, offboarded or had its data key shredded).
+"""Per-tenant admission and cancellation on a replica (both engines): the concurrent-request slots
+that a tenant's streams and KV API calls share, and stopping requests (one by id, or every request of
+a tenant that was suspended, offboarded or had its data key shredded).
 
-A mixin of :class:`workers.cache_worker.CacheWorker` (it uses the worker's ``_lock``, ``engine``,
-``counters``, ``_per_tenant`` (slots taken per tenant), ``_running`` (request key -> tenant) and
-``_cancelled`` (request key -> why)). A stream polls ``key in _cancelled`` every scheduler step
-(``should_abort``), so a cancel stops it at its next step whether or not its client reads.
+:class:`RequestSlots` owns that state (slots taken per tenant, request key -> tenant, request key ->
+why it was cancelled) under its own lock; its collaborators are the replica's ``counters``
+(``tenant_busy`` counted here) and ``holding(tenant)``, the engine's count of the tenant's requests
+still holding blocks, which ``cancel_tenant`` waits on. A stream polls ``cancelled(key)`` every
+scheduler step (``should_abort``), so a cancel stops it at its next step whether or not its client
+reads. Plain Python (the web tier imports ``MAX_CONCURRENCY`` and the quota helpers from here).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from cachecore.errors import TenantBusy
@@ -32,9 +36,19 @@ def tenant_concurrency(limit) -> int:
     return DEFAULT_TENANT_CONCURRENCY if limit is None else int(limit)
 
 
-class AdmissionMixin:
-    def _admitted_stream(self, req: dict, serve) -> Iterator[dict]:
-        """The stream of one request on this worker, whichever engine serves it: ``req`` read back as
+class RequestSlots:
+    """The requests running on one replica, by tenant (module docstring). Thread-safe."""
+
+    def __init__(self, *, counters: Counter[str], holding: Callable[[str], int]) -> None:
+        self.counters = counters  # the replica's: ``tenant_busy`` is counted here
+        self._holding = holding  # requests of a tenant the engine still runs (admitted or waiting)
+        self._lock = threading.Lock()
+        self._per_tenant: Counter[str] = Counter()  # slots taken per tenant (streams and KV calls)
+        self._running: dict[str, str] = {}  # request key (request_id, or one of ours) -> tenant
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # request key -> why it was cancelled
+
+    def admitted_stream(self, req: dict, serve) -> Iterator[dict]:
+        """The stream of one request on this replica, whichever engine serves it: ``req`` read back as
         a ``WorkerRequest`` (a bad one is an ``invalid_request`` error event), one of its tenant's
         slots taken for it (``tenant_busy`` otherwise) and released at the end, and ``stop`` applied
         (``workers.stops``) to the events of ``serve(request, key)``, which returns them with the
@@ -46,17 +60,17 @@ class AdmissionMixin:
             return
         key = wr.request_id or f"anon-{uuid.uuid4().hex}"
         try:
-            self._acquire(wr.tenant, key, wr.max_concurrent_requests)
+            self.acquire(wr.tenant, key, wr.max_concurrent_requests)
         except TenantBusy as exc:
-            yield self._error(exc)
+            yield error_event(exc.code, str(exc), retryable=True)  # retryable on every engine
             return
         try:
             events, tokenizer = serve(wr, key)
             yield from apply_stops(events, tokenizer, wr.stop)
         finally:
-            self._release(wr.tenant, key)
+            self.release(wr.tenant, key)
 
-    def _acquire(self, tenant: str, key: str, limit) -> None:
+    def acquire(self, tenant: str, key: str, limit) -> None:
         """Take one of ``tenant``'s concurrent-request slots for the request ``key``, or raise
         ``TenantBusy`` (counted). ``limit``: the tenant's quota (``tenant_concurrency``)."""
         bound = tenant_concurrency(limit)
@@ -71,7 +85,7 @@ class AdmissionMixin:
                 raise TenantBusy("this tenant's max_concurrent_requests quota is 0: it may run no requests")
             raise TenantBusy("this tenant already runs its limit of concurrent requests; retry shortly")
 
-    def _release(self, tenant: str, key: str) -> None:
+    def release(self, tenant: str, key: str) -> None:
         with self._lock:
             self._per_tenant[tenant] -= 1
             if not self._per_tenant[tenant]:
@@ -80,15 +94,19 @@ class AdmissionMixin:
             self._running.pop(key, None)
 
     @contextmanager
-    def _tenant_slot(self, req: dict) -> Iterator[None]:
+    def slot(self, req: dict) -> Iterator[None]:
         """A KV API call holds one of its tenant's concurrent-request slots while it runs (raises
         ``TenantBusy`` when they are all taken), like a completion does."""
         tenant, key = str(req["tenant"]), f"{_KV_KEY}{uuid.uuid4().hex}"
-        self._acquire(tenant, key, req.get("max_concurrent_requests"))
+        self.acquire(tenant, key, req.get("max_concurrent_requests"))
         try:
             yield
         finally:
-            self._release(tenant, key)
+            self.release(tenant, key)
+
+    def cancelled(self, key: str) -> str | None:
+        """Why the request ``key`` was cancelled, or None while it may run (polled every step)."""
+        return self._cancelled.get(key)
 
     def cancel(self, request_id: str) -> bool:
         """Stop the request ``request_id`` at its next chunk or token (its client went away); its
@@ -104,7 +122,7 @@ class AdmissionMixin:
             self._cancelled.popitem(last=False)
 
     def cancel_tenant(self, tenant: str, *, reason: str = "", wait_seconds: float = CANCEL_TENANT_WAIT_S) -> dict:
-        """Stop every running or waiting request of ``tenant`` on this worker (it was suspended,
+        """Stop every running or waiting request of ``tenant`` on this replica (it was suspended,
         offboarded, or its data key shredded): each stops at its next step, and its stream ends with a
         ``cancelled`` error and no more tokens. Returns once their blocks are released or after
         ``wait_seconds``: ``{"cancelled": requests marked, "remaining": requests still holding
@@ -121,7 +139,3 @@ class AdmissionMixin:
         while self._holding(tenant) and time.monotonic() < deadline:
             time.sleep(0.01)
         return {"cancelled": len(keys), "remaining": self._holding(tenant)}
-
-    def _holding(self, tenant: str) -> int:
-        """Requests of ``tenant`` the engine still runs (admitted ones hold blocks, waiting ones too)."""
-        return sum(1 for s in self.engine.running() if s.tag.owner == tenant)

@@ -12,40 +12,48 @@ slots; 0: none; over it: ``tenant_busy``, retryable), counting its streams and i
 so one tenant's queue cannot fill every slot. ``cancel_tenant`` stops every request of a tenant (it
 was suspended, offboarded or its data key shredded). A failing or cancelled request releases its
 blocks in ``finally`` and leaves the pool intact (``check_integrity`` holds after every call).
+
+The worker serves completions itself and hands every other job to one role object, built here with
+its collaborators: ``slots`` (``workers.admission.RequestSlots``: tenant slots, cancellation),
+``revisions`` (``workers.revisions.RevisionManager``: the active and staged revisions, rollout),
+``kv_api`` (``workers.kv_api.StrataKVApi``), ``ops`` (``workers.operations.Operations``: flush, probe,
+data-key shreds, integrity, drains, the poisoning hook) and ``named`` (``workers.named_caches.StrataNamedCaches``). Its
+public methods (``workers.engine_contract``, and what the actor delegates) are one-line delegations.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from cachecore.engine import CacheEngine, Tag
 from cachecore.errors import CacheError, Cancelled
 from cachecore.events import EventLog
-from cachecore.model.hf_config import weights_root
-from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
 from cachecore.routing.hashes import namespace_fields, request_salt
-from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import Finished, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 from workers.admission import (  # noqa: F401  (re-exported: callers import them from here too)
+    CANCEL_TENANT_WAIT_S,
     DEFAULT_TENANT_CONCURRENCY,
     MAX_CONCURRENCY,
-    AdmissionMixin,
+    RequestSlots,
     tenant_concurrency,
 )
 from workers.config import WorkerConfig
-from workers.kv_api import KVApiMixin
-from workers.named_caches import NamedCachesMixin
-from workers.operations import OperationsMixin
+from workers.kv_api import StrataKVApi
+from workers.kv_wire import from_wire, retrieved_wire
+from workers.named_caches import StrataNamedCaches
+from workers.operations import Operations
 from workers.protocol import (
+    KVRetrieved,
+    KVWire,
     WorkerRequest,
     error_event,
     finished_event,
@@ -53,6 +61,7 @@ from workers.protocol import (
     token_event,
 )
 from workers.remote_tier import RemoteTier
+from workers.revisions import Revision, RevisionManager, load_revision
 from workers.router_stats import DecodeClock, router_section
 
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
@@ -64,23 +73,15 @@ class RevisionChanged(CacheError):
     code = "revision_changed"
 
 
-@dataclass
-class _Active:
-    loaded: LoadedModel
-    generator: CompletionRunner
-
-
 def replica_id(deployment: str, replica: int) -> str:
     """``<deployment>:<replica index>:<boot id>``: the boot id is random per process start, so a
     restarted replica is a new id whose KV events start over (seq 1) from an empty cache."""
     return f"{deployment}:{int(replica)}:{secrets.token_hex(4)}"
 
 
-class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin):
+class CacheWorker:
     """One model deployment: the active revision, one L1 engine, and revisions being rolled out.
-    The KV API lives in ``workers/kv_api.py``, flush/probe/rollout in ``workers/operations.py``,
-    concurrency slots and cancellation in ``workers/admission.py``, named caches (prewarm, soft pins,
-    drop) in ``workers/named_caches.py``."""
+    Serves completions; every other job is a role object's (module docstring)."""
 
     def __init__(
         self,
@@ -113,9 +114,8 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
         self.block_size = block_size
         self.dtype = dtype  # None: the preset's (or the checkpoint's serving) dtype; staged revisions use it too
-        with weights_root(cfg.weights_root):  # a checkpoint's files may not lead outside the root
-            loaded = load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size,
-                                dtype=dtype)
+        loaded = load_revision(deployment, preset, revision, config=cfg, device=device, block_size=block_size,
+                               dtype=dtype)
         layout = loaded.layout
         num_blocks = max(64, cfg.blocks(cfg.l1_mb, layout.bytes_per_block))
         self.l3 = RemoteTier.build(cfg, layout)
@@ -126,26 +126,23 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
                                    lean_budget=cfg.lean_budget, contended_budget=cfg.contended_budget,
                                    anticipate_ms=cfg.anticipate_ms)
         self.test_hooks = test_hooks
-        self._active = self._bundle(loaded)
-        self._staged: dict[str, _Active] = {}
-        self._aborting: set[str] = set()  # revisions whose running requests must stop now
-        self._lock = threading.Lock()
-        self._per_tenant: Counter[str] = Counter()  # running requests (streams and KV calls) per tenant
-        self._cancelled: OrderedDict[str, str] = OrderedDict()  # request key -> why it was cancelled
-        self._running: dict[str, str] = {}  # request key (request_id, or one of ours) -> tenant
         self.counters: Counter[str] = Counter()  # cancelled, tenant_busy (reported by info/stats)
+        self.slots = RequestSlots(counters=self.counters, holding=self._holding)
+        self.revisions = RevisionManager(loaded, engine=self.engine, scheduler=self.scheduler, deployment=deployment,
+                                         preset=preset, config=cfg, block_size=block_size, dtype=dtype)
+        self.kv_api = StrataKVApi(self.engine, scheduler=self.scheduler, revisions=self.revisions, slots=self.slots,
+                                  deployment=deployment, block_size=block_size)
+        self.ops = Operations(self.engine, l3=self.l3, deployment=deployment, test_hooks=test_hooks)
+        self.named = StrataNamedCaches(self.engine, revisions=self.revisions, deployment=deployment,
+                                       learn=self._learn, collect=self.collect)
 
-    def _bundle(self, loaded: LoadedModel) -> _Active:
-        return _Active(loaded, self._generator(loaded))
-
-    def _generator(self, loaded: LoadedModel) -> CompletionRunner:
-        return CompletionRunner(loaded.model, self.engine, loaded.tokenizer, model_name=self.deployment,
-                         revision=loaded.revision.label, scheduler=self.scheduler,
-                         prefill_chunk=self.config.prefill_chunk)
+    def _holding(self, tenant: str) -> int:
+        """Requests of ``tenant`` the engine still runs (admitted ones hold blocks, waiting ones too)."""
+        return sum(1 for s in self.engine.running() if s.tag.owner == tenant)
 
     # ------------------------------------------------------------------ introspection
     def info(self) -> dict:
-        a = self._active.loaded
+        a = self.revisions.active.loaded
         return {
             "deployment": self.deployment,
             "preset": self.preset,
@@ -173,8 +170,9 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         return True
 
     def stats(self) -> dict:
-        snap = self.engine.snapshot(l3_scope=(self.deployment, self._active.loaded.revision.label))
-        snap["worker"] = {"deployment": self.deployment, "revision": self._active.loaded.revision.label,
+        revision = self.revisions.active.label
+        snap = self.engine.snapshot(l3_scope=(self.deployment, revision))
+        snap["worker"] = {"deployment": self.deployment, "revision": revision,
                           "boot_id": self.boot_id,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}
         snap["router"] = router_section(self.engine, self.decode)
@@ -195,14 +193,6 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         """Every tier's block hashes (hex) as of ``seq``: ``{"replica_id", "seq", "tiers"}``."""
         return self.events.snapshot()
 
-    def check_integrity(self) -> bool:
-        self.engine.check_integrity()
-        return True
-
-    def drain_writes(self) -> None:
-        """Wait until the tier writes queued so far have landed (tests, benchmarks)."""
-        self.engine.drain_writes()
-
     # ------------------------------------------------------------------ serving
     def stream(self, req: dict) -> Iterator[dict]:
         """Serve one request: a ``workers.protocol.WorkerRequest`` as a dict (its fields are documented
@@ -212,10 +202,10 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         Yields the protocol's events: ``prefilled``, ``token``..., then ``finished`` or ``error``."""
 
         def serve(wr: WorkerRequest, key: str):
-            active = self._active  # one revision's tokenizer decodes what its model generates
+            active = self.revisions.active  # one revision's tokenizer decodes what its model generates
             return self._stream(wr, key, active), active.loaded.tokenizer
 
-        yield from self._admitted_stream(req, serve)
+        yield from self.slots.admitted_stream(req, serve)
 
     def _set_weight(self, tenant: str, weight: int | None) -> None:
         """The tenant's fair-share weight (its quota; ``None`` = 1) in the cache pools and the scheduler."""
@@ -237,18 +227,11 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         value = req.retention_seconds
         return float(value) if value is not None else self.l3.retention(req.tenant)
 
-    def drop_data_key(self, req: dict) -> dict:
-        """Crypto-shred ``{"tenant", "version"}`` on this worker: the key leaves memory at once, then
-        that version's L3 objects are deleted. ``{"objects", "bytes"}``. Idempotent."""
-        if self.l3 is None:
-            return {"objects": 0, "bytes": 0}
-        return self.l3.drop(str(req["tenant"]), int(req["version"]))
-
     @staticmethod
     def _error(exc: CacheError) -> dict:
         return error_event(exc.code, str(exc), retryable=exc.code in RETRYABLE)
 
-    def _stream(self, req: WorkerRequest, key: str, active: _Active) -> Iterator[dict]:
+    def _stream(self, req: WorkerRequest, key: str, active: Revision) -> Iterator[dict]:
         revision = active.loaded.revision.label
         tenant = req.tenant
         try:
@@ -261,13 +244,13 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
             ns = active.loaded.namespace(req.scope_salt)
             params = SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, seed=req.seed,
                                     logprobs=req.logprobs)
-            events = active.generator.stream(
+            events = active.runner.stream(
                 ns, req.prompt, owner=tenant, params=params, request_salt=request_salt(req.cache_salt),
                 use_cache=req.use_cache, persist=req.persist,
                 # this request's own retention (the tenant's, narrowed by prompt_cache_retention): what
                 # L3 may serve it, and the expiry of every chunk it writes
                 retention_seconds=self._retention_of(req),
-                should_abort=lambda: revision in self._aborting or key in self._cancelled,
+                should_abort=lambda: self.revisions.aborting(revision) or self.slots.cancelled(key) is not None,
             )
             resumed = None  # when the consumer handed control back after the last token
             for ev in events:
@@ -281,7 +264,7 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
                     resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
-                        why = self._cancelled.get(key)
+                        why = self.slots.cancelled(key)
                         if why is not None:
                             self.counters["cancelled"] += 1
                             raise Cancelled(why)
@@ -298,6 +281,68 @@ class CacheWorker(AdmissionMixin, KVApiMixin, OperationsMixin, NamedCachesMixin)
         """All events of ``stream`` at once (one round trip for non-streaming API calls)."""
         return list(self.stream(req))
 
+    # ------------------------------------------------------------------ the roles' jobs (see the module docstring)
+    def cancel(self, request_id: str) -> bool:
+        return self.slots.cancel(request_id)
+
+    def cancel_tenant(self, tenant: str, *, reason: str = "", wait_seconds: float = CANCEL_TENANT_WAIT_S) -> dict:
+        return self.slots.cancel_tenant(tenant, reason=reason, wait_seconds=wait_seconds)
+
+    def stage_revision(self, revision: dict) -> dict:
+        return self.revisions.stage(revision)
+
+    def switch_revision(self, label: str, *, drain_seconds: float = 10.0) -> dict:
+        return self.revisions.switch(label, drain_seconds=drain_seconds)
+
+    def kv_layout(self) -> dict:
+        return self.kv_api.layout()
+
+    def kv_lookup(self, req: dict) -> dict:
+        return self.kv_api.lookup(req)
+
+    def kv_store(self, req: dict, kv) -> int:
+        return self.kv_api.store(req, kv)
+
+    def kv_retrieve(self, req: dict):
+        return self.kv_api.retrieve(req)
+
+    def kv_store_wire(self, req: dict, kv: KVWire) -> int:
+        """``kv_store`` of the blocks ``kv`` describes (the web tier's call: no tensor crosses to it)."""
+        return self.kv_api.store(req, from_wire(kv))
+
+    def kv_retrieve_wire(self, req: dict) -> KVRetrieved:
+        """``kv_retrieve`` as ``{"hit_tokens", "origin", "kv": KVWire}`` (the web tier's call)."""
+        return retrieved_wire(*self.kv_api.retrieve(req))
+
+    def flush(self, scope: dict) -> dict:
+        return self.ops.flush(scope)
+
+    def probe(self, scope: dict) -> dict:
+        return self.ops.probe(scope)
+
+    def drop_data_key(self, req: dict) -> dict:
+        return self.ops.drop_data_key(req)
+
+    def check_integrity(self) -> bool:
+        return self.ops.check_integrity()
+
+    def drain_writes(self) -> None:
+        self.ops.drain_writes()
+
+    def poison_free_blocks(self) -> int:
+        return self.ops.poison_free_blocks()
+
+    def prewarm(self, req: dict, pin_until: float | None = None) -> dict:
+        return self.named.prewarm(req, pin_until)
+
+    def cache_pin(self, req: dict, pin_until: float | None) -> dict:
+        return self.named.cache_pin(req, pin_until)
+
+    def cache_drop(self, req: dict) -> dict:
+        return self.named.cache_drop(req)
+
+    def cache_resident(self, req: dict) -> dict:
+        return self.named.cache_resident(req)
 
 
 __all__ = ["CacheWorker", "RevisionChanged", "Tag", "request_salt"]

@@ -25,7 +25,7 @@ ones, never at another tenant's fair share, and lapse by themselves at ``pin_unt
 this replica's memory: a replica that started anew has none until the control plane pins its caches again
 (``controlplane.caches.repin``, at the stats sampler's next poll after the restart).
 
-:class:`NamedCachesMixin` is the reference engine's (``CacheWorker``: L1, L2 and L3 of its
+:class:`StrataNamedCaches` is the reference engine's (``CacheWorker``: L1, L2 and L3 of its
 ``CacheEngine``); :class:`VllmNamedCaches` the vLLM replica's, whose device cache (L1) is vLLM's own
 and cannot be edited per block from outside: its ``l1`` is what the replica recorded vLLM computing
 (``workers.vllm_blocks``, an estimate), pins and deletes reach only Strata's L2 and L3 in the tier
@@ -35,8 +35,14 @@ evicts it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 from cachecore.routing.hashes import request_salt
 from workers.protocol import WorkerRequest
+
+if TYPE_CHECKING:  # the vLLM replica imports this module and loads no reference-engine model
+    from workers.revisions import RevisionManager
 
 
 def _outcome(events: list[dict]) -> tuple[dict | None, int, dict | None]:
@@ -53,13 +59,21 @@ def _outcome(events: list[dict]) -> tuple[dict | None, int, dict | None]:
     return None, cached, usage
 
 
-class NamedCachesMixin:
-    """For ``CacheWorker`` (uses its engine, active revision, ``_learn``, ``collect``, ``drain_writes``)."""
+class StrataNamedCaches:
+    """For one ``CacheWorker``. Collaborators: its ``CacheEngine`` (``pin``, ``commit_to_l2``, ``drop``,
+    ``resident``, ``drain_writes``), its ``RevisionManager`` (the active revision's namespace), the
+    deployment's name, ``learn`` (the worker's: a request's data keys and L3 limits into its L3) and
+    ``collect`` (the worker's: every event of one request served the normal way)."""
+
+    def __init__(self, engine, *, revisions: RevisionManager, deployment: str,
+                 learn: Callable[[WorkerRequest], None], collect: Callable[[dict], list[dict]]) -> None:
+        self.engine, self.revisions, self.deployment = engine, revisions, deployment
+        self._learn, self._collect = learn, collect
 
     def _named(self, req: dict) -> tuple[WorkerRequest, dict]:
         wr = WorkerRequest.from_dict(req)
         self._learn(wr)  # the tenant's data keys (L3 names and reads need them) and limits
-        a = self._active.loaded
+        a = self.revisions.active.loaded
         where = {"ns": a.namespace(wr.scope_salt), "tokens": list(wr.prompt),
                  "request_salt": request_salt(wr.cache_salt), "owner": wr.tenant, "model": self.deployment,
                  "revision": a.revision.label}
@@ -69,10 +83,10 @@ class NamedCachesMixin:
         """Serve ``req`` (max_tokens 1), let its tier writes land, pin its prompt's full blocks until
         ``pin_until`` (None: no pin): ``{"tokens", "cached_tokens", "tiers", "pinned"}`` or
         ``{"error": {"code", "message", "retryable"}}`` (``workers.named_caches``)."""
-        error, cached, usage = _outcome(self.collect(req))
+        error, cached, usage = _outcome(self._collect(req))
         if error is not None:
             return {"error": error}
-        self.drain_writes()
+        self.engine.drain_writes()
         wr, where = self._named(req)
         if pin_until is not None:
             tiers = self.engine.pin(until=float(pin_until), **where)

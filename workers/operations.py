@@ -1,44 +1,54 @@
-"""Operations on a cache worker: flush and probe (jobs), staging and switching revisions (rollout),
-and the test-only page poisoning hook.
+"""Operations on a ``CacheWorker``'s cache: flush and probe (jobs), a data key's crypto-shred, the
+integrity check, waiting for tier writes, and the test-only page poisoning hook.
 
-A mixin of :class:`workers.cache_worker.CacheWorker` (it uses the worker's engine, L3 tier, lock and
-revision state).
+:class:`Operations` has no state of its own. Its collaborators: the worker's ``CacheEngine`` (public
+methods: ``flush``, ``count_cached``, ``check_integrity``, ``drain_writes``, ``layout``), its L3
+(``workers.remote_tier.RemoteTier`` or None), the deployment's name (L3 scopes) and whether test hooks
+are on. The one reach into the engine's private state is ``_poison_unheld_pages`` (module end).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
-from cachecore.model.hf_config import weights_root
-from cachecore.model.loader import RevisionSpec, load_model
+from workers.remote_tier import RemoteTier
+
+_L3_ONLY = ("key_version", "tenant_l3")  # scopes whose flush deletes L3 objects only
 
 
-class OperationsMixin:
-    @staticmethod
-    def _matcher(scope: dict):
-        kind = scope.get("scope")
-        if kind == "tenant":
-            tenant = str(scope["tenant"])
-            return lambda t: t.owner == tenant
-        if kind == "revision":
-            return lambda t: t.revision == scope["revision"]
-        if kind in ("model", "all"):
-            return lambda t: True
-        raise ValueError(f"unknown flush scope {kind!r}")
+def _matcher(scope: dict) -> Callable:
+    """The blocks (by their ``Tag``) a flush of ``scope`` drops from L1 and L2."""
+    kind = scope.get("scope")
+    if kind == "tenant":
+        tenant = str(scope["tenant"])
+        return lambda t: t.owner == tenant
+    if kind == "revision":
+        return lambda t: t.revision == scope["revision"]
+    if kind in ("model", "all"):
+        return lambda t: True
+    raise ValueError(f"unknown flush scope {kind!r}")
 
-    def _l3_scope(self, scope: dict) -> dict:
-        kind = scope.get("scope")
-        if kind == "tenant":
-            return {"tenant": str(scope["tenant"])}
-        if kind == "key_version":
-            return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
-        if kind == "tenant_l3":
-            return {"tenant": str(scope["tenant"])}
-        if kind == "revision":
-            return {"model": self.deployment, "revision": scope["revision"]}
-        return {"model": self.deployment}
+
+def _l3_scope(scope: dict, deployment: str) -> dict:
+    """The L3 objects (``RemoteStore.delete_scope`` / ``count_scope`` filters) of ``scope``."""
+    kind = scope.get("scope")
+    if kind in ("tenant", "tenant_l3"):
+        return {"tenant": str(scope["tenant"])}
+    if kind == "key_version":
+        return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
+    if kind == "revision":
+        return {"model": deployment, "revision": scope["revision"]}
+    return {"model": deployment}
+
+
+class Operations:
+    """Flush, probe, shreds, integrity, drains and the poisoning hook of one ``CacheWorker`` (module docstring)."""
+
+    def __init__(self, engine, *, l3: RemoteTier | None, deployment: str, test_hooks: bool = False) -> None:
+        self.engine, self.l3, self.deployment, self.test_hooks = engine, l3, deployment, test_hooks
 
     def flush(self, scope: dict) -> dict:
         """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all)
@@ -48,18 +58,17 @@ class OperationsMixin:
         applies on this worker from now on, and what is now too old is deleted). Idempotent: a second
         call frees nothing more."""
         t0 = time.perf_counter()
-        if scope.get("scope") == "l3_expire":
+        kind = scope.get("scope")
+        if kind == "l3_expire" or kind in _L3_ONLY:
             result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
             if self.l3 is not None:
-                n, b = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
-                result["tiers"]["l3"], result["l3_bytes"] = n, b
-        elif scope.get("scope") in ("key_version", "tenant_l3"):  # only L3 objects of the scope
-            result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
-            if self.l3 is not None:
-                n, b = self.l3.store.delete_scope(**self._l3_scope(scope))
+                if kind == "l3_expire":
+                    n, b = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
+                else:  # only L3 objects of the scope
+                    n, b = self.l3.store.delete_scope(**_l3_scope(scope, self.deployment))
                 result["tiers"]["l3"], result["l3_bytes"] = n, b
         else:
-            result = self.engine.flush(self._matcher(scope), l3_scope=self._l3_scope(scope))
+            result = self.engine.flush(_matcher(scope), l3_scope=_l3_scope(scope, self.deployment))
         result["seconds"] = round(time.perf_counter() - t0, 6)
         result["bytes"] = (result["tiers"]["l1"] + result["tiers"]["l2"]) * self.engine.layout.bytes_per_block \
             + result.get("l3_bytes", 0)
@@ -68,66 +77,47 @@ class OperationsMixin:
     def probe(self, scope: dict) -> dict:
         """Verification after a flush or shred: cached blocks (L3: objects) left in ``scope`` in any
         tier (0 means it misses everywhere)."""
-        if scope.get("scope") == "l3_expire":
+        kind = scope.get("scope")
+        if kind == "l3_expire":
             remaining = (self.l3.store.count_expired(tenant=str(scope["tenant"]),
                                                      retention_seconds=int(scope["retention_seconds"]))
                          if self.l3 is not None else 0)
-        elif scope.get("scope") in ("key_version", "tenant_l3"):
-            remaining = self.l3.store.count_scope(**self._l3_scope(scope))[0] if self.l3 is not None else 0
+        elif kind in _L3_ONLY:
+            remaining = self.l3.store.count_scope(**_l3_scope(scope, self.deployment))[0] if self.l3 is not None else 0
         else:
-            remaining = self.engine.count_cached(self._matcher(scope), l3_scope=self._l3_scope(scope))
+            remaining = self.engine.count_cached(_matcher(scope), l3_scope=_l3_scope(scope, self.deployment))
         return {"remaining_blocks": remaining, "ok": remaining == 0}
 
-    def stage_revision(self, revision: dict) -> dict:
-        """Load a new revision's weights beside the active one (no effect on serving yet)."""
-        spec = RevisionSpec(**revision)
-        with weights_root(self.config.weights_root):
-            loaded = load_model(self.deployment, self.preset, spec, device=str(self.engine.pages.device),
-                                block_size=self.block_size, dtype=self.dtype)
-        with self._lock:
-            self._staged[spec.label] = self._bundle(loaded)
-        return {"revision": spec.label, "weight_digest": loaded.weight_digest}
+    def drop_data_key(self, req: dict) -> dict:
+        """Crypto-shred ``{"tenant", "version"}`` on this worker: the key leaves memory at once, then
+        that version's L3 objects are deleted. ``{"objects", "bytes"}``. Idempotent."""
+        if self.l3 is None:
+            return {"objects": 0, "bytes": 0}
+        return self.l3.drop(str(req["tenant"]), int(req["version"]))
 
-    def switch_revision(self, label: str, *, drain_seconds: float = 10.0) -> dict:
-        """Rollout: stop hits for the old revision, switch atomically, drain the old revision's running
-        requests until the deadline, abort the rest (retryable error), then free the old pages."""
-        with self._lock:
-            if self._active.loaded.revision.label == label:
-                return {"switched": False, "revision": label, "aborted": 0, "blocks_freed": 0}
-            new = self._staged.pop(label, None)
-            if new is None:
-                raise ValueError(f"revision {label!r} is not staged on this worker")
-            old = self._active.loaded.revision.label
-            retired = self.engine.retire(self.deployment, old)  # no more hits or stores for the old namespace
-            self.engine.unretire(self.deployment, label)  # a rollback to an earlier label caches again
-            self._active = new  # new requests now run on the new revision
-        deadline = time.monotonic() + drain_seconds
-        while time.monotonic() < deadline and self._running_of(old):
-            time.sleep(0.01)
-        aborted = len(self._running_of(old))
-        if aborted:
-            self._aborting.add(old)
-            while self._running_of(old):
-                time.sleep(0.01)
-            self._aborting.discard(old)
-        freed = self.engine.flush(lambda t: t.revision == old)  # anything registered while draining
+    def check_integrity(self) -> bool:
+        """Assert every tier's invariants (``AssertionError`` naming the first broken one); True."""
         self.engine.check_integrity()
-        tiers = {t: retired["tiers"][t] + freed["tiers"][t] for t in ("l1", "l2", "l3")}
-        l3_bytes = retired["l3_bytes"] + freed["l3_bytes"]
-        return {"switched": True, "from": old, "revision": label, "aborted": aborted,
-                "blocks_freed": retired["blocks_freed"] + freed["blocks_freed"], "tiers": tiers,
-                "l3_bytes": l3_bytes,
-                "bytes": (tiers["l1"] + tiers["l2"]) * self.engine.layout.bytes_per_block + l3_bytes}
+        return True
 
-    def _running_of(self, revision: str) -> list:
-        return [s for s in self.engine.running() if s.tag.revision == revision]
+    def drain_writes(self) -> None:
+        """Wait until the tier writes queued so far have landed (tests, benchmarks)."""
+        self.engine.drain_writes()
 
     def poison_free_blocks(self) -> int:
         """Test hook: fill every unheld block with NaN, so any read of a freed page shows in outputs.
         Refused unless the worker was built with ``test_hooks=True`` (never in production)."""
         if not self.test_hooks:
             raise PermissionError("test hooks are disabled on this worker")
-        with self.engine._lock:
-            ids = [b.block_id for b in self.engine.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
-            self.engine.pages.poison(torch.tensor(ids, dtype=torch.long))
-            return len(ids)
+        return _poison_unheld_pages(self.engine)
+
+
+def _poison_unheld_pages(engine) -> int:
+    """The one place in ``workers/`` that reaches into ``CacheEngine``'s private state (its ``_lock``,
+    its L1 ``pool`` and ``pages``): NaN into every L1 page no request holds and no hash names, under the
+    engine's lock so none is allocated meanwhile; how many. To become ``engine.poison_free_pages()``
+    once the engine offers it."""
+    with engine._lock:
+        ids = [b.block_id for b in engine.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
+        engine.pages.poison(torch.tensor(ids, dtype=torch.long))
+        return len(ids)

@@ -12,7 +12,7 @@
   for shape, dtype and finite values here, stored in L2 only (never L3), counted against the
   tenant's cap and fair share like any cached block.
 
-Every call holds one of the tenant's concurrent-request slots (``AdmissionMixin._tenant_slot``).
+Every call holds one of the tenant's concurrent-request slots (``RequestSlots.slot``).
 Tensors cross to the tier service as raw bytes.
 """
 
@@ -75,13 +75,13 @@ class VllmKVApi:
         return best
 
     def lookup(self, req: dict) -> dict:
-        with self.worker._tenant_slot(req):
+        with self.worker.slots.slot(req):
             rev = self._rev()
             n, origin, _ = self._lookup(rev, req, self._tokens(rev, req))
             return {"hit_tokens": n * rev.block_size, "origin": origin}
 
     def retrieve(self, req: dict) -> tuple[torch.Tensor, torch.Tensor, str | None]:
-        with self.worker._tenant_slot(req):
+        with self.worker.slots.slot(req):
             rev = self._rev()
             tokens = self._tokens(rev, req)
             lay = rev.kv_layout()
@@ -94,7 +94,7 @@ class VllmKVApi:
             return kv, mask, origin if kv.shape[0] else None
 
     def store(self, req: dict, kv: torch.Tensor) -> int:
-        with self.worker._tenant_slot(req):
+        with self.worker.slots.slot(req):
             rev = self._rev()
             tokens = self._tokens(rev, req)
             lay = rev.kv_layout()

@@ -58,7 +58,7 @@ from cachecore.hashing import chain_hashes
 from cachecore.loadcost import PRIORS
 from cachecore.metrics import CacheMetrics
 from cachecore.routing.hashes import request_salt
-from workers.admission import MAX_CONCURRENCY, AdmissionMixin
+from workers.admission import CANCEL_TENANT_WAIT_S, MAX_CONCURRENCY, RequestSlots
 from workers.async_loop import AsyncLoop
 from workers.config import WorkerConfig
 from workers.fair_gate import FairGate
@@ -113,7 +113,7 @@ def _device() -> str:
         return "cpu"
 
 
-class VllmWorker(AdmissionMixin):
+class VllmWorker:
     """One model deployment served by vLLM (module docstring). Same constructor as ``CacheWorker``
     (``preset``, ``l2_mb``, ``block_size`` are accepted for it and unused), plus
     ``tensor_parallel_size``."""
@@ -149,10 +149,8 @@ class VllmWorker(AdmissionMixin):
         self.decode = DecodeClock()
         self.loop = AsyncLoop(f"vllm-{deployment}")
         self._lock = threading.Lock()
-        self._per_tenant: Counter[str] = Counter()
-        self._cancelled: OrderedDict[str, str] = OrderedDict()
-        self._running: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
+        self.slots = RequestSlots(counters=self.counters, holding=self._holding)  # tenant slots, cancellation
         self._requests: dict[str, _Running] = {}
         self._held: Counter[str] = Counter()  # in-flight tokens per tenant
         self._aborting: set[str] = set()
@@ -356,10 +354,16 @@ class VllmWorker(AdmissionMixin):
             rev = self._active
             return self._stream(wr, key, rev), rev.tokenizer
 
-        yield from self._admitted_stream(req, serve)
+        yield from self.slots.admitted_stream(req, serve)
 
     def collect(self, req: dict) -> list[dict]:
         return list(self.stream(req))
+
+    def cancel(self, request_id: str) -> bool:
+        return self.slots.cancel(request_id)
+
+    def cancel_tenant(self, tenant: str, *, reason: str = "", wait_seconds: float = CANCEL_TENANT_WAIT_S) -> dict:
+        return self.slots.cancel_tenant(tenant, reason=reason, wait_seconds=wait_seconds)
 
 
     @staticmethod
@@ -400,7 +404,7 @@ class VllmWorker(AdmissionMixin):
         admitted = False
         try:
             admitted = self.gate.acquire(req.tenant, req.share_weight, cost=held,
-                                         should_stop=lambda: key in self._cancelled)
+                                         should_stop=lambda: self.slots.cancelled(key) is not None)
         finally:
             if not admitted:
                 self._forget(key)
@@ -416,7 +420,7 @@ class VllmWorker(AdmissionMixin):
                     del self._held[r.tenant]
 
     def _stopped(self, key: str, rev: VllmRevision) -> CacheError:
-        why = self._cancelled.get(key)
+        why = self.slots.cancelled(key)
         if why is not None:
             self.counters["cancelled"] += 1
             return Cancelled(why)
@@ -502,7 +506,7 @@ class VllmWorker(AdmissionMixin):
             try:
                 item = out_q.get(timeout=_POLL_S)
             except queue.Empty:
-                if key in self._cancelled or rev.label in self._aborting:
+                if self.slots.cancelled(key) is not None or rev.label in self._aborting:
                     raise self._stopped(key, rev) from None
                 continue
             if item is _END:
@@ -511,7 +515,7 @@ class VllmWorker(AdmissionMixin):
                 if isinstance(item, ValueError):
                     raise InvalidPrompt(str(item)[:300]) from None
                 raise _EngineFailed(f"the vLLM engine failed on this request: {type(item).__name__}") from None
-            if key in self._cancelled or rev.label in self._aborting:
+            if self.slots.cancelled(key) is not None or rev.label in self._aborting:
                 raise self._stopped(key, rev)
             if not prefilled:
                 prefilled = True
@@ -581,7 +585,7 @@ class VllmWorker(AdmissionMixin):
         if hashes:
             self.blocks.stored(req.tenant, rev.label, hashes)
 
-    def _holding(self, tenant: str) -> int:  # AdmissionMixin.cancel_tenant waits for this to reach 0
+    def _holding(self, tenant: str) -> int:  # RequestSlots.cancel_tenant waits for this to reach 0
         with self._lock:
             return sum(1 for r in self._requests.values() if r.tenant == tenant)
 

@@ -52,7 +52,7 @@ from concurrent.futures import Future
 
 from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
-from cachecore.scheduler.admission import AdmissionMixin
+from cachecore.scheduler.admission import Admission
 from cachecore.scheduler.advance import AdvanceMixin
 from cachecore.scheduler.anticipate import Anticipation
 from cachecore.scheduler.batch import build_batch
@@ -84,9 +84,10 @@ def _stop_loops() -> None:
         sched.work.fail_all(RuntimeError("the scheduler stopped: the process is exiting"))
 
 
-class Scheduler(AdmissionMixin, AdvanceMixin):
+class Scheduler(AdvanceMixin):
     """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
-    ``submit``, ``submit_work``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's."""
+    ``submit``, ``submit_work``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's,
+    ``admission`` (``admission.Admission``: admits and preempts for the batch builder) included."""
 
     def __init__(self, engine, *, token_budget: int = _DEFAULTS.token_budget, max_batch: int = _DEFAULTS.max_batch,
                  age_steps: int = _DEFAULTS.age_steps, policy: str = _DEFAULTS.policy, idle_exit_s: float = 5.0,
@@ -128,6 +129,9 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
         self._weights: dict[str, float] = {}
         self._thread: threading.Thread | None = None
         self._rids = 0
+        self.admission = Admission(engine, index=self.index, block_size=self.block_size,
+                                   holders=lambda: [*self.waiting, *self.running], requeue=self._requeue,
+                                   fail=self._fail)
 
     # ------------------------------------------------------------------ caller side
     def set_weight(self, owner: str, weight: float) -> None:
@@ -281,7 +285,7 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
         plan = build_batch(
             self.running, self.waiting, step=self.step_no, token_budget=budget, urgent_budget=self.token_budget,
             max_batch=self.max_batch, fair=self.fair, policy=self.policy, age_steps=self.age_steps,
-            index=self.index, block_size=self.block_size, try_start=self._try_start, computing=self._computing,
+            index=self.index, block_size=self.block_size, try_start=self.admission.try_start, computing=self._computing,
             lean_budget=self.lean_budget,
         )
         self.counters["deferred"] += plan.deferred
@@ -323,6 +327,15 @@ class Scheduler(AdmissionMixin, AdvanceMixin):
                          for h in r.seq.hashes[r.seq.num_registered:])
 
     # ------------------------------------------------------------------ endings
+    def _requeue(self, req: Request) -> None:
+        """A preempted running request waits again (``Admission.preempt`` then releases its blocks)."""
+        self.running.remove(req)
+        self.waiting.append(req)
+        req.state = State.WAITING
+        req.requeued_step = self.step_no
+        req.preemptions += 1
+        self.counters["preemptions"] += 1
+
     def _detach(self, req: Request) -> None:
         if req in self.running:
             self.running.remove(req)
