@@ -1,6 +1,7 @@
-"""The model side of a step, part of :class:`cachecore.scheduler.loop.Scheduler` (the loop thread's).
+"""The model side of a step: :class:`Advance`, owned by :class:`cachecore.scheduler.loop.Scheduler`
+and used by its loop thread only.
 
-``_compute`` runs one plan's forwards, one per runner (revisions being rolled out share the loop), and
+``compute`` runs one plan's forwards, one per runner (revisions being rolled out share the loop), and
 ``_advance`` moves each request on by what its item computed: a chunk registers its full blocks so
 others can hit them; a finished prompt records its prefill, emits ``Prefilled`` (or ``Logits``) and its
 first token; a decode emits ``TokenOut`` until a stop or ``max_tokens``. A forward that raises fails
@@ -10,16 +11,31 @@ the requests in it; a request whose sampling or bookkeeping raises fails alone.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from cachecore.scheduler.batch import Plan
 from cachecore.scheduler.events import Prefilled, TokenOut
 from cachecore.scheduler.request import Logits, Request
 
 
-class AdvanceMixin:
-    """Mixed into ``Scheduler``; uses its engine, index, counters, ``first_tokens``, ``_finish`` and ``_fail``."""
+class Advance:
+    """Runs a plan's forwards and moves its requests on. Collaborators: the engine (marks, commits,
+    prefill records), the scheduler's ``CachedPrefixes`` index (committed blocks), its counters and
+    first-token stats, and its ``finish(req, reason)`` / ``fail(req, exc)``. ``last_step_s``: the
+    forward time of the last step (the longest an anticipation hold lasts)."""
 
-    def _compute(self, plan: Plan) -> None:
+    def __init__(self, engine, *, index, counters, first_tokens, finish: Callable[[Request, Any], None],
+                 fail: Callable[[Request, BaseException], None]) -> None:
+        self.engine = engine
+        self.index = index
+        self.counters = counters
+        self.first_tokens = first_tokens
+        self._finish = finish
+        self._fail = fail
+        self.last_step_s = 0.0
+
+    def compute(self, plan: Plan) -> None:
         by_runner: dict[int, list] = {}
         for item in plan.items:
             by_runner.setdefault(id(item[0].runner), []).append(item)

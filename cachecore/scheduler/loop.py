@@ -53,7 +53,7 @@ from concurrent.futures import Future
 from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
 from cachecore.scheduler.admission import Admission
-from cachecore.scheduler.advance import AdvanceMixin
+from cachecore.scheduler.advance import Advance
 from cachecore.scheduler.anticipate import Anticipation
 from cachecore.scheduler.batch import build_batch
 from cachecore.scheduler.events import Finished
@@ -84,10 +84,11 @@ def _stop_loops() -> None:
         sched.work.fail_all(RuntimeError("the scheduler stopped: the process is exiting"))
 
 
-class Scheduler(AdvanceMixin):
+class Scheduler:
     """Continuous batching over one ``CacheEngine`` (see the module docstring). Thread-safe API:
     ``submit``, ``submit_work``, ``cancel``, ``set_weight``, ``snapshot``; everything else is the loop thread's,
-    ``admission`` (``admission.Admission``: admits and preempts for the batch builder) included."""
+    ``admission`` (``admission.Admission``: admits and preempts for the batch builder) and ``advance``
+    (``advance.Advance``: runs a plan's forwards and moves its requests on) included."""
 
     def __init__(self, engine, *, token_budget: int = _DEFAULTS.token_budget, max_batch: int = _DEFAULTS.max_batch,
                  age_steps: int = _DEFAULTS.age_steps, policy: str = _DEFAULTS.policy, idle_exit_s: float = 5.0,
@@ -120,7 +121,6 @@ class Scheduler(AdvanceMixin):
         self.counters: Counter[str] = Counter()
         self.first_tokens = FirstTokenStats()  # per tenant: scheduling delay vs step time of first tokens
         self.max_wait_seconds = 0.0
-        self.last_step_s = 0.0  # forward time of the last step: the longest an anticipation hold lasts
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
         self.work = WorkQueue()  # jobs run between steps (``submit_work``)
@@ -132,6 +132,8 @@ class Scheduler(AdvanceMixin):
         self.admission = Admission(engine, index=self.index, block_size=self.block_size,
                                    holders=lambda: [*self.waiting, *self.running], requeue=self._requeue,
                                    fail=self._fail)
+        self.advance = Advance(engine, index=self.index, counters=self.counters, first_tokens=self.first_tokens,
+                               finish=self._finish, fail=self._fail)
 
     # ------------------------------------------------------------------ caller side
     def set_weight(self, owner: str, weight: float) -> None:
@@ -242,7 +244,7 @@ class Scheduler(AdvanceMixin):
         """Wait up to ``seconds`` before the next step, unless ``owner``'s next request arrives first.
         Never longer than the last step took: a hold that outlasts a step costs the others more than
         the step in flight would have cost ``owner`` (so on a fast device the hold is short too)."""
-        deadline = time.perf_counter() + min(seconds, self.last_step_s)
+        deadline = time.perf_counter() + min(seconds, self.advance.last_step_s)
         with self._cond:
             while not (arrived := any(r.owner == owner for r in self._incoming)) and not _EXITING.is_set():
                 left = deadline - time.perf_counter()
@@ -304,7 +306,7 @@ class Scheduler(AdvanceMixin):
             if req.started_time is None:
                 req.started_time = now
                 self.max_wait_seconds = max(self.max_wait_seconds, now - req.arrival_time)
-        self._compute(plan)
+        self.advance.compute(plan)
         self.step_no += 1
         self._computing = self._uncommitted()
         # the jobs' turn right after the step (a finished request's tenant is no longer in their way),
