@@ -5,7 +5,6 @@ of every tier, and a new policy being one class plus one registry entry."""
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import pytest
@@ -25,26 +24,9 @@ from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
 from cachecore.tiers.remote import RemoteStore
 from cachecore.tiers.remote.capacity import L3Index
+from tests.pool_blocks import BS, cache_free, key, toks
 
-BS = 4
 POLICIES = sorted(EVICTION_POLICIES)
-
-
-def toks(x: int) -> tuple[int, ...]:
-    return tuple(x * 10 + i for i in range(BS))
-
-
-def key(x: int) -> bytes:
-    return hashlib.blake2b(str(x).encode(), digest_size=32).digest()
-
-
-def cache_free(pool: BlockPool, xs: list[int], owner: str) -> None:
-    """One request of ``owner`` caching one block per x (a chain, prefix first), then releasing it."""
-    blocks = pool.allocate(len(xs), owner)
-    for block, x in zip(blocks, xs, strict=True):
-        pool.cache(block, key(x), toks(x), owner)
-    pool.free(blocks)
-    pool.check_integrity()
 
 
 def reuse(pool: BlockPool, xs: list[int]) -> None:

@@ -9,7 +9,6 @@ with the same greedy tokens either way."""
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import secrets
 
@@ -25,29 +24,11 @@ from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
 from cachecore.tiers.remote import RemoteStore
 from tests.l3_workers import L3Site
+from tests.pool_blocks import BS, cache_free, key, toks
 from tests.test_l3 import redis_server, redis_up  # noqa: F401  (fixtures: a real redis-server)
 from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 from workers.config import WorkerConfig
-
-BS = 4
-
-
-def toks(x: int) -> tuple[int, ...]:
-    return tuple(x * 10 + i for i in range(BS))
-
-
-def key(x: int) -> bytes:
-    return hashlib.blake2b(str(x).encode(), digest_size=32).digest()
-
-
-def cache_free(pool: BlockPool, xs: list[int], owner: str) -> None:
-    """One request of ``owner`` caching one block per x (key(x)/toks(x)), then releasing them."""
-    blocks = pool.allocate(len(xs), owner)
-    for block, x in zip(blocks, xs, strict=True):
-        pool.cache(block, key(x), toks(x), owner)
-    pool.free(blocks)
-    pool.check_integrity()
 
 
 def has(pool: BlockPool, x: int) -> bool:
