@@ -1,12 +1,8 @@
 """CacheEngine: the orchestrator over the block stores (L1 device pages, L2 host memory, L3 remote).
 
 It is not a store. Per request it computes the hash chain once, asks L1 and then L2 for the longest
-contiguous exact-prefix hit, decides whether loading the L2 part beats recomputing it
-(:mod:`cachecore.loadcost`), holds the L1 hit, allocates the rest, and starts the lower-tier load at
-once (prefetch: it overlaps with the request's wait for its model turn). The L3 part is found by the
-loader thread, never under the lock: it probes the encrypted remote store for the chunks after the
-L2 prefix, decides load or recompute with L3's own measured bandwidth, and fetches them. A request's
-life:
+contiguous exact-prefix hit, holds the L1 hit, allocates the rest, and starts the lower-tier load at
+once (prefetch: it overlaps with the request's wait for its model turn). A request's life:
 
 ``admit`` -> ``finish_loads`` (the promoted prefix is copied into the request's fresh L1 pages, or
 falls back to recompute when it failed, was corrupt or missed its deadline) -> the model writes KV for
@@ -15,22 +11,29 @@ block whose KV now exists -> ``release`` frees the blocks (deepest first in the 
 Hit blocks are shared and read-only: a hit is always block-aligned, so new KV lands only in blocks
 this request allocated.
 
-Blocks go down by the write policy (:mod:`cachecore.writeback`): L1 announces what it drops to its
-listeners, and the default write-back copies an evicted block to L2 at that moment. L3 objects are
-chunks of consecutive blocks; a chunk is written to L3 in the background as soon as a request has
-committed all of it (write-through: what a restart keeps), unless the request or tenant forbids
-persistence. Flushes are per
-scope: a request admitted before a flush registers nothing the flush matches, while other tenants'
-requests keep caching.
+The work is done by roles, each with one job and the collaborators it is given; the engine builds
+them and keeps the lock, the running requests and the hash chain:
+
+- ``fence`` (:mod:`cachecore.flush_fence`): flush generations and retired revisions; a request
+  admitted before a flush registers nothing the flush matches, in any tier, while other tenants'
+  requests keep caching.
+- ``inflight`` (:mod:`cachecore.inflight`): the blocks each owner holds and their limits.
+- ``promoter`` (:mod:`cachecore.promoter`): the L2 prefix after the L1 hit, load or recompute, and the
+  L2/L3 loads on a loader thread (L3 probed there, never under the lock), with a deadline.
+- ``demoter`` (:mod:`cachecore.demoter`, with an L2): blocks go down to L2 by the write policy.
+- ``chunk_writer`` (:mod:`cachecore.chunk_writer`, with an L3): committed chunks written to L3 in
+  the background, unless the request or tenant forbids persistence.
+- ``kv_transfer`` (:mod:`cachecore.kv_transfer`): the KV API, ``lookup / store / retrieve``.
+- ``named_caches`` (:mod:`cachecore.engine_pins`): ``resident`` / ``pin`` / ``drop`` of one prefix.
+- ``tiers`` (:mod:`cachecore.tiers.ops`): each tier behind one contract for flush, count, weights,
+  integrity and the snapshot.
 
 KV events (``events``, an :class:`~cachecore.events.EventLog`): every tier announces what it stores
-and drops (L1 through this engine's commits and its pool's listeners, L2 and L3 through their stores'
-hooks), one batch per store operation; see :mod:`cachecore.events`.
+and drops (L1 and L2 through their stores' and pools' listeners, L3 through its store's hooks), one
+batch per store operation; see :mod:`cachecore.events`.
 
-Named caches (:mod:`cachecore.engine_pins`): ``resident`` / ``pin`` / ``drop`` of one prefix in every
-tier (soft pins by hash in L1, L2 and L3).
-
-All public methods are thread-safe (one lock); model forwards and L2 loads run outside it.
+All public methods are thread-safe (one lock, shared with the roles); model forwards and lower-tier
+loads run outside it.
 """
 
 from __future__ import annotations
@@ -38,37 +41,39 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from cachecore.block_pool import Block
+from cachecore.chunk_writer import ChunkWriter
 from cachecore.config import EngineConfig
-from cachecore.engine_kv import KVApiMixin
-from cachecore.engine_loads import LoadsMixin
-from cachecore.engine_pins import PinsMixin
-from cachecore.engine_writes import WritesMixin
-from cachecore.errors import InflightLimit, InvalidPrompt
+from cachecore.demoter import Demoter
+from cachecore.engine_pins import NamedCaches
+from cachecore.errors import InvalidPrompt
 from cachecore.event_recorders import wire_engine
-from cachecore.events import EventLog
+from cachecore.events import TIERS, EventLog
+from cachecore.flush_fence import FlushFence
 from cachecore.hashing import chain_hashes
+from cachecore.inflight import Inflight
+from cachecore.kv_transfer import KVTransfer
 from cachecore.layout import KVLayout
 from cachecore.loadcost import LoadCost
 from cachecore.metrics import CacheMetrics
 from cachecore.namespace import Namespace
+from cachecore.promoter import Promoter
 from cachecore.sequence import CachedSequence
-from cachecore.tiers.base import Tag, Tier
+from cachecore.tiers.base import Retrieved, Tag, Tier
 from cachecore.tiers.device import DeviceStore
 from cachecore.tiers.host import HostStore
-from cachecore.tiers.remote import RemoteStore, l3_figures
-from cachecore.writeback import WritePolicy, Writer
+from cachecore.tiers.ops import PooledOps, RemoteOps, TierOps
+from cachecore.tiers.remote import RemoteStore
+from cachecore.writeback import WritePolicy
 
 __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
 
 
-class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
+class CacheEngine(Tier):
     """Orchestrator over L1 (``num_blocks`` device pages, allocated once) and, when
     ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's. Every tier, the L3
     store given included, evicts by ``config.eviction_policy`` (:mod:`cachecore.eviction`)."""
@@ -86,45 +91,45 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
         l3: RemoteStore | None = None,
         events: EventLog | None = None,
     ) -> None:
-        self.config = config or EngineConfig()
-        self.l3 = l3
+        self.config = config = config or EngineConfig()
         self.layout = layout
         self.block_size = layout.block_size
-        self._lock = threading.RLock()
-        policy = self.config.eviction_policy  # every tier evicts by it (each with its own instance)
-        self.l1 = DeviceStore(layout, num_blocks, device, self._lock, eviction_policy=policy)
-        self.l2 = HostStore(layout, self.config.l2_blocks, pin_memory=self.config.pin_memory,
-                            eviction_policy=policy) if self.config.l2_blocks else None
+        self._lock = lock = threading.RLock()
+        policy = config.eviction_policy  # every tier evicts by it (each with its own instance)
+        self.l1 = DeviceStore(layout, num_blocks, device, lock, eviction_policy=policy)
+        self.l2 = HostStore(layout, config.l2_blocks, pin_memory=config.pin_memory,
+                            eviction_policy=policy) if config.l2_blocks else None
+        self.l3 = l3
         if l3 is not None and l3.eviction_policy.name != policy:
             l3.use_eviction_policy(policy)
         self.pool = self.l1.pool
         self.pages = self.l1.pages
-        self.metrics = metrics or CacheMetrics()
-        self.cost = LoadCost(self.config.load_policy)
-        self.write_policy = WritePolicy(self.config.write_policy, self.config.selective_min_hits)
+        self.metrics = metrics = metrics or CacheMetrics()
+        self.cost = LoadCost(config.load_policy)
+        self.write_policy = WritePolicy(config.write_policy, config.selective_min_hits)
         self._ids = itertools.count(1)
-        self._retired: set[tuple[str, str]] = set()  # (model, revision) that may neither hit nor store
-        # Per-scope flush generations: (generation, match) of recent flushes, kept while a request or
-        # a pending write admitted before them is alive.
-        self._gen = 0
-        self._flushes: list[tuple[int, Callable[[Tag], bool]]] = []
-        self._gens_in_use: Counter[int] = Counter()
         self._running: dict[int, CachedSequence] = {}
-        # Blocks held by each owner's running requests, and per-owner limits on them (in blocks).
-        self._inflight: dict[str, int] = {}
-        self._inflight_limits: dict[str, int] = {}
-        self.default_inflight_blocks = max(1, num_blocks // 2)
-        lower = self.l2 is not None or self.l3 is not None
-        self._loader = ThreadPoolExecutor(max_workers=2, thread_name_prefix="strata-load") if lower else None
-        self._writer = Writer() if self.l2 and self.write_policy.on_commit else None
-        self._l3_writer = Writer("strata-l3-writer") if self.l3 is not None else None
-        # Blocks L1 evicted during the allocation in progress, written to L2 in one copy right after it
-        # (before anything can overwrite them); None outside ``_allocate`` (then written one by one).
-        self._demoting: list[tuple[Block, bytes, tuple, Tag]] | None = None
+        self.fence = fence = FlushFence(lock)
+        self.inflight = Inflight(self.block_size, max(1, num_blocks // 2))
+        self.promoter = Promoter(lock=lock, l1=self.l1, l2=self.l2, l3=l3, cost=self.cost, metrics=metrics,
+                                 fence=fence, deadline_s=config.load_deadline_s)
+        self.demoter = Demoter(lock=lock, l1=self.l1, l2=self.l2, policy=self.write_policy, fence=fence,
+                               metrics=metrics) if self.l2 is not None else None
+        self.chunk_writer = ChunkWriter(lock=lock, l1=self.l1, l3=l3, fence=fence,
+                                        metrics=metrics) if l3 is not None else None
+        # What happens after a commit, and what drain_writes waits for: L2 copies first, then L3 chunks.
+        self._writes = [w for w in (self.demoter, self.chunk_writer) if w is not None]
+        self.kv_transfer = KVTransfer(lock=lock, l1=self.l1, l2=self.l2, metrics=metrics, requests=self)
+        self.named_caches = NamedCaches(lock=lock, l1=self.l1, l2=self.l2, l3=l3, demoter=self.demoter,
+                                        metrics=metrics, drain=self.drain_writes)
+        self.tiers: list[TierOps] = [PooledOps(self.l1)]
         if self.l2 is not None:
-            self.pool.listeners.append(self._on_l1_drop)
+            self.tiers.append(PooledOps(self.l2))
+        if l3 is not None:
+            self.tiers.append(RemoteOps(l3, drain=self.chunk_writer.drain, bytes_per_block=layout.bytes_per_block))
         self.events = events
-        self._l1_events = wire_engine(events, self) if events is not None else None
+        if events is not None:
+            wire_engine(events, self)
 
     # ------------------------------------------------------------------ serving path
     def admit(
@@ -159,28 +164,16 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
             raise InvalidPrompt("prompt is empty")
         bs = self.block_size
         tag = Tag(owner, model, revision, ns.digest, persist)
-        use_cache = use_cache and (model, revision) not in self._retired
+        use_cache = use_cache and not self.fence.retired(model, revision)
         hashes = chain_hashes(ns, tokens, bs, request_salt=request_salt) if use_cache else []
         t0 = time.perf_counter()
         with self._lock:
             index_hits = self.l1.match(hashes, tokens)
             limit = (len(tokens) - int(recompute_last)) // bs
             usable = index_hits[:limit]
-            l2_items = self._l2_prefix(hashes, tokens, len(index_hits)) if len(usable) == len(index_hits) else []
-            lookup_blocks = len(index_hits) + len(l2_items)
-            l2_items = l2_items[: max(0, limit - len(usable))]
-            l2_found = len(l2_items)  # the L2 prefix as found (before the cost decision)
-            declined = None
-            if l2_items and not self.cost.should_load("l2", nbytes=len(l2_items) * self.layout.bytes_per_block,
-                                                      tokens=len(l2_items) * bs):
-                self.metrics.tier("l2").fallbacks_to_recompute += 1
-                l2_items, declined = [], "recompute"
+            plan = self.promoter.plan(hashes, tokens, len(index_hits), limit - len(index_hits))
             total = -(-(len(tokens) + max_new_tokens) // bs)
-            held, allowed = self._inflight.get(owner, 0), self.inflight_limit(owner)
-            # One request may exceed the limit alone (else a long prompt could never run); a limit
-            # of 0 admits nothing.
-            if (held or not allowed) and held + total > allowed:
-                raise InflightLimit("this tenant has too many tokens in flight; retry when a request finishes")
+            self.inflight.check(owner, total)
             self.pool.hit(usable)
             try:
                 fresh = self._allocate(total - len(usable), owner)
@@ -191,52 +184,26 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
             seq = CachedSequence(
                 seq_id=next(self._ids), ns=ns, tag=tag, request_salt=request_salt, tokens=tokens,
                 prompt_len=len(tokens), blocks=usable + fresh, hashes=hashes, num_cached_tokens=hit_tokens,
-                lookup_hit_tokens=lookup_blocks * bs, num_computed=hit_tokens, num_registered=len(usable),
-                flush_gen=self._gen, use_cache=use_cache,
+                lookup_hit_tokens=(len(index_hits) + plan.lookup) * bs, num_computed=hit_tokens,
+                num_registered=len(usable), flush_gen=self.fence.enter(), use_cache=use_cache,
             )
             seq.retention_seconds = retention_seconds
             seq.tier_tokens["l1"] = hit_tokens
-            seq.load_stop = declined
-            self._gens_in_use[seq.flush_gen] += 1
             self._running[seq.seq_id] = seq
-            self._inflight[owner] = held + len(seq.blocks)
+            self.inflight.add(owner, len(seq.blocks))
             if hit_tokens:
                 self.metrics.observe_load("l1", tokens=hit_tokens, nbytes=0, seconds=time.perf_counter() - t0)
-            # L3 may hold chunks after the L1+L2 prefix (unless L2 already stops short of it). A
-            # request that may not persist (the tenant turned persistence off, or "in_memory") never
-            # reads L3 either: what a tenant withdrew from L3 must stop being served at once.
-            covered = len(usable) + len(l2_items)
-            try_l3 = (self.l3 is not None and use_cache and persist and covered < limit
-                      and (covered // self.l3.chunk_blocks + 1) * self.l3.chunk_blocks <= len(hashes)
-                      and len(l2_items) == l2_found)
-            if l2_items or try_l3:
-                seq.load_blocks = fresh[: (limit - len(usable)) if try_l3 else len(l2_items)]
-                seq.load_started = time.perf_counter()
-                seq.pending = self._loader.submit(self._load, seq, l2_items, len(usable), limit, try_l3)
-            else:
-                self._record_query(seq)
+            self.promoter.start(seq, fresh, plan, len(usable), limit)
             return seq
 
-    def _l2_prefix(self, hashes: list[bytes], tokens: list[int], start: int) -> list[tuple[bytes, tuple]]:
-        if self.l2 is None:
-            return []
-        bs = self.block_size
-        items = []
-        for i in range(start, len(hashes)):
-            item = (hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
-            if not self.l2.contains(*item):
-                break
-            items.append(item)
-        return items
+    def _allocate(self, n: int, owner: str) -> list[Block]:
+        # With an L2, the blocks this allocation evicts go down in one copy (before they are overwritten).
+        return self.demoter.allocate(n, owner) if self.demoter is not None else self.pool.allocate(n, owner)
 
-    def _record_query(self, seq: CachedSequence) -> None:
-        # Load success counts bytes that arrived in time; bytes that arrive after the deadline are
-        # added by ``_late_arrival`` (they arrived, but the prefill was not skipped).
-        self.metrics.record_query(
-            tenant=seq.tag.owner, model=seq.tag.model, query_tokens=seq.prompt_len,
-            lookup_hit_tokens=seq.lookup_hit_tokens, load_success_tokens=seq.num_cached_tokens,
-            effective_hit_tokens=seq.num_cached_tokens,
-        )
+    def finish_loads(self, seq: CachedSequence) -> int:
+        """Wait for the lower-tier prefix ``admit`` started and copy it into the request's pages (see
+        ``Promoter.finish``); returns the final ``num_cached_tokens``. Idempotent."""
+        return self.promoter.finish(seq)
 
     def record_prefill(self, seq: CachedSequence, *, seconds: float, computed: int) -> None:
         """The model computed ``computed`` prompt tokens of ``seq`` in ``seconds`` (metrics, cost model)."""
@@ -258,12 +225,12 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
     def commit(self, seq: CachedSequence) -> int:
         """Register every full block whose KV exists. Returns blocks newly registered. A sequence admitted
         before a flush that matches it, or of a retired revision, registers nothing (a flush must stay
-        flushed); other tenants' sequences keep caching. With write-through, the new blocks are copied
-        to L2 in the background."""
+        flushed); other tenants' sequences keep caching. The new blocks then go down by the write
+        policy (L2 copies with write-through) and completed L3 chunks are written, in the background."""
         bs = self.block_size
         with self._lock, self.pool.batch():
             full = seq.num_computed // bs
-            if not seq.use_cache or self._stale(seq) or full <= seq.num_registered:
+            if not seq.use_cache or self.fence.stale(seq.flush_gen, seq.tag) or full <= seq.num_registered:
                 return 0
             if len(seq.hashes) < full:
                 start = len(seq.hashes)
@@ -271,31 +238,18 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
                     seq.ns, seq.tokens[start * bs : full * bs], bs, request_salt=seq.request_salt,
                     parent=seq.hashes[-1] if seq.hashes else None,
                 )
-            new: list[Block] = []
-            prompt_blocks = seq.prompt_len // bs
-            for i in range(seq.num_registered, full):
-                block = seq.blocks[i]
-                kept = self.pool.cache(block, seq.hashes[i], tuple(seq.tokens[i * bs : (i + 1) * bs]),
-                                       seq.tag.owner, seq.tag)
-                if kept is block and block.block_hash is not None:
-                    new.append(block)
-                    if i < prompt_blocks:
-                        seq.written_tokens += bs
+            first = seq.num_registered
+            new = self.l1.register(seq.blocks[first:full], seq.hashes[first:full], seq.tokens[first * bs : full * bs],
+                                   seq.tag)
             seq.num_registered = full
-            if new and self._l1_events is not None:
-                self._l1_events.stored([b.block_hash for b in new])
+            prompt_blocks = seq.prompt_len // bs
+            if new and first < prompt_blocks:  # its own prompt blocks it added to L1
+                prompt = {b.block_id for b in seq.blocks[first:prompt_blocks]}
+                seq.written_tokens += bs * sum(b.block_id in prompt for b in new)
             self.metrics.usage(seq.tag.owner, seq.tag.model).stored_tokens += len(new) * bs
-            if new and self._writer is not None:
-                self._write_through(new, seq.flush_gen)
-            if self._l3_writer is not None and seq.tag.persist:
-                self._write_chunks(seq)
+            for writes in self._writes:
+                writes.committed(seq, new)
             return len(new)
-
-    def _stale(self, seq: CachedSequence) -> bool:
-        return (seq.tag.model, seq.tag.revision) in self._retired or self._flushed_since(seq.flush_gen, seq.tag)
-
-    def _flushed_since(self, gen: int, tag: Tag) -> bool:
-        return any(g > gen and match(tag) for g, match in self._flushes)
 
     def release(self, seq: CachedSequence) -> None:
         """Commit what is computed, then free the request's blocks. Idempotent."""
@@ -318,22 +272,42 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
     def _finish(self, seq: CachedSequence) -> None:
         seq.released = True
         self._running.pop(seq.seq_id, None)
-        owner = seq.tag.owner
-        left = self._inflight.get(owner, 0) - len(seq.blocks)
-        if left > 0:
-            self._inflight[owner] = left
-        else:
-            self._inflight.pop(owner, None)
+        self.inflight.remove(seq.tag.owner, len(seq.blocks))
         self.pool.free(seq.blocks)
-        self._release_gen(seq.flush_gen)
+        self.fence.leave(seq.flush_gen)
 
-    def _release_gen(self, gen: int) -> None:
-        self._gens_in_use[gen] -= 1
-        if not self._gens_in_use[gen]:
-            del self._gens_in_use[gen]
-        oldest = min(self._gens_in_use, default=self._gen)
-        if self._flushes and self._flushes[0][0] <= oldest:
-            self._flushes = [(g, m) for g, m in self._flushes if g > oldest]
+    def drain_writes(self) -> None:
+        """Wait until every background write submitted so far has landed (tests, benchmarks)."""
+        for writes in self._writes:
+            writes.drain()
+
+    # ------------------------------------------------------------------ the KV API and named caches
+    def lookup(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> int:
+        return self.kv_transfer.lookup(ns, tokens, request_salt=request_salt)
+
+    def store(self, ns: Namespace, tokens: Sequence[int], kv: torch.Tensor, *, owner: str, request_salt: bytes = b"",
+              model: str = "", revision: str = "") -> int:
+        return self.kv_transfer.store(ns, tokens, kv, owner=owner, request_salt=request_salt, model=model,
+                                      revision=revision)
+
+    def retrieve(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"") -> Retrieved:
+        return self.kv_transfer.retrieve(ns, tokens, request_salt=request_salt)
+
+    def resident(self, ns: Namespace, tokens: Sequence[int], **prefix) -> dict[str, int]:
+        """``NamedCaches.resident`` (``prefix``: ``request_salt``, ``owner``, ``model``, ``revision``)."""
+        return self.named_caches.resident(ns, tokens, **prefix)
+
+    def pin(self, ns: Namespace, tokens: Sequence[int], until: float | None, **prefix) -> dict[str, int]:
+        """``NamedCaches.pin``."""
+        return self.named_caches.pin(ns, tokens, until, **prefix)
+
+    def commit_to_l2(self, ns: Namespace, tokens: Sequence[int], **prefix) -> dict[str, int]:
+        """``NamedCaches.commit_to_l2``."""
+        return self.named_caches.commit_to_l2(ns, tokens, **prefix)
+
+    def drop(self, ns: Namespace, tokens: Sequence[int], **prefix) -> dict:
+        """``NamedCaches.drop``."""
+        return self.named_caches.drop(ns, tokens, **prefix)
 
     # ------------------------------------------------------------------ operations
     def flush(self, match: Callable[[Tag], bool], *, l3_scope: dict | None = None) -> dict:
@@ -345,88 +319,83 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
         {"l1", "l2", "l3"}, "l3_bytes"}``. Raises ``BackendUnavailable`` when L3 could not be reached
         (L1 and L2 are flushed by then; retry the flush)."""
         with self._lock:
-            self._gen += 1
-            if self._running or self._gens_in_use:
-                self._flushes.append((self._gen, match))
-            n1 = self.pool.drop_where(lambda b: b.tag is not None and match(b.tag))
-            n2 = self.l2.delete(match) if self.l2 is not None else 0
-            self.metrics.flushed_blocks += n1 + n2
-        n3 = b3 = 0
-        if self.l3 is not None and l3_scope is not None:
-            # Writes submitted before this flush finish first (the matching ones skip themselves),
-            # so none of them can land after the delete below.
-            self._l3_writer.drain()
-            n3, b3 = self.l3.delete_scope(**l3_scope)
-        return {"blocks_freed": n1 + n2 + n3 * (self.l3.chunk_blocks if self.l3 else 0),
-                "tokens_dropped": (n1 + n2) * self.block_size, "tiers": {"l1": n1, "l2": n2, "l3": n3},
-                "l3_bytes": b3}
+            self.fence.flush(match)
+            done = {t.name: t.flush(match, l3_scope) for t in self.tiers if t.local}
+            dropped = sum(f.blocks for f in done.values())
+            self.metrics.flushed_blocks += dropped
+        for t in self.tiers:
+            if not t.local:
+                done[t.name] = t.flush(match, l3_scope)
+        return {"blocks_freed": sum(f.blocks for f in done.values()), "tokens_dropped": dropped * self.block_size,
+                "tiers": {**dict.fromkeys(TIERS, 0), **{name: f.entries for name, f in done.items()}},
+                "l3_bytes": sum(f.nbytes for f in done.values())}
 
     def count_cached(self, match: Callable[[Tag], bool], *, l3_scope: dict | None = None) -> int:
         """Cached blocks (every tier; L3 objects of ``l3_scope`` count a chunk each) whose tag
         matches: 0 after a flush of the same scope (the probe)."""
         with self._lock:
-            n = self.l1.count(match) + (self.l2.count(match) if self.l2 is not None else 0)
-        if self.l3 is not None and l3_scope is not None:
-            n += self.l3.count_scope(**l3_scope)[0]
-        return n
+            n = sum(t.count(match, l3_scope) for t in self.tiers if t.local)
+        return n + sum(t.count(match, l3_scope) for t in self.tiers if not t.local)
 
     def retire(self, model: str, revision: str) -> dict:
         """Stop admitting hits for (model, revision) and drop its blocks everywhere (rollout)."""
-        with self._lock:
-            self._retired.add((model, revision))
+        self.fence.retire(model, revision)
         return self.flush(lambda t: t.model == model and t.revision == revision,
                           l3_scope={"model": model, "revision": revision})
 
     def unretire(self, model: str, revision: str) -> None:
         """Allow (model, revision) to hit and store again (it became active once more)."""
-        with self._lock:
-            self._retired.discard((model, revision))
+        self.fence.unretire(model, revision)
 
     def set_tenant_cap(self, owner: str, max_tokens: int | None) -> None:
         with self._lock:
             self.pool.set_cap(owner, max_tokens)
 
     def set_weight(self, owner: str, weight: int | None) -> None:
-        """Weight of ``owner``'s fair share of L1, L2 and L3 (``None``: 1, an equal share).
+        """Weight of ``owner``'s fair share of every tier (``None``: 1, an equal share).
         ``ValueError`` unless an int >= 1."""
         with self._lock:
-            for pool in (self.pool, getattr(self.l2, "pool", None)):
-                if pool is not None:
-                    pool.set_weight(owner, 1 if weight is None else weight)
-            if self.l3 is not None:
-                self.l3.set_weight(owner, weight)
+            for t in self.tiers:
+                t.set_weight(owner, weight)
 
     def set_inflight_limit(self, owner: str, max_tokens: int | None) -> None:
         """Tokens ``owner``'s running requests may hold at once (``None``: the default, half the pool;
         0: none, never the default; any other value at least one block)."""
         with self._lock:
-            if max_tokens is None:
-                self._inflight_limits.pop(owner, None)
-            else:
-                tokens = int(max_tokens)
-                self._inflight_limits[owner] = max(1, tokens // self.block_size) if tokens > 0 else 0
+            self.inflight.set_limit(owner, max_tokens)
 
     def inflight_limit(self, owner: str) -> int:
         """Blocks ``owner``'s running requests may hold at once."""
-        return self._inflight_limits.get(owner, self.default_inflight_blocks)
+        return self.inflight.limit(owner)
+
+    @property
+    def default_inflight_blocks(self) -> int:
+        return self.inflight.default_blocks
 
     def inflight_blocks(self, owner: str) -> int:
         with self._lock:
-            return self._inflight.get(owner, 0)
+            return self.inflight.held(owner)
 
     def running(self) -> list[CachedSequence]:
         with self._lock:
             return list(self._running.values())
 
+    def poison_free_pages(self) -> int:
+        """NaN into every L1 page no request holds and no hash names, under the lock so none is
+        allocated meanwhile (test hooks: a freed page must never be read); how many."""
+        with self._lock:
+            ids = [b.block_id for b in self.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
+            self.pages.poison(torch.tensor(ids, dtype=torch.long))
+            return len(ids)
+
     def check_integrity(self) -> None:
         with self._lock:
-            self.l1.check_integrity()
-            if self.l2 is not None:
-                self.l2.check_integrity()
+            for t in self.tiers:
+                t.check_integrity()
             held: dict[str, int] = {}
             for seq in self._running.values():
                 held[seq.tag.owner] = held.get(seq.tag.owner, 0) + len(seq.blocks)
-            assert held == self._inflight, f"in-flight blocks {self._inflight} != running requests {held}"
+            self.inflight.check_integrity(held)
 
     def gauges(self) -> dict[str, int]:
         gauges = self.l1.gauges()
@@ -441,24 +410,18 @@ class CacheEngine(LoadsMixin, WritesMixin, KVApiMixin, PinsMixin, Tier):
             snap = self.metrics.snapshot(l1)
             snap["evictions"] = l1["evictions"]
             snap["duplicate_stores"] = l1["duplicate_stores"]
-            snap["tiers"].setdefault("l1", self.metrics.tier_row("l1")).update(
-                capacity_blocks=l1["total"], used_blocks=l1["used"], evictions=l1["evictions"])
-            resident = {"l1": self.l1.resident()}
-            if self.l2 is not None:
-                l2 = self.l2.gauges()
-                snap["tiers"].setdefault("l2", self.metrics.tier_row("l2")).update(
-                    capacity_blocks=l2["total"], used_blocks=l2["used"], evictions=l2["evictions"],
-                    rejected_puts=l2["rejected"])
-                resident["l2"] = self.l2.resident()
-            l3_row = self.metrics.tier_row("l3") if self.l3 is not None else None
+            rows = {t.name: snap["tiers"].setdefault(t.name, self.metrics.tier_row(t.name)) for t in self.tiers}
+            resident: dict[str, dict[str, int]] = {}
+            for t in self.tiers:
+                if t.local:
+                    fields, resident[t.name] = t.figures(l3_scope)
+                    rows[t.name].update(fields)
             snap["bytes_per_block"] = self.layout.bytes_per_block
             snap["load_policy"] = self.cost.snapshot()
             snap["write_policy"] = self.write_policy.name
-        if self.l3 is not None:  # outside the lock: the store may list its backend
-            l3 = self.l3.gauges(l3_scope)
-            l3_row.update(l3_figures(l3, self.l3.chunk_blocks, self.layout.bytes_per_block))
-            snap["tiers"]["l3"] = l3_row
-            resident["l3"] = {t: b // self.layout.bytes_per_block
-                              for t, b in self.l3.usage_by_tenant(scope=l3_scope).items()}
+        for t in self.tiers:  # outside the lock: a remote store may list its backend
+            if not t.local:
+                fields, resident[t.name] = t.figures(l3_scope)
+                rows[t.name].update(fields)
         snap["resident_blocks"] = resident
         return snap

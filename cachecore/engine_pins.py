@@ -1,6 +1,6 @@
-"""Named caches on the engine: which tiers hold a prefix, soft pins on it, and deleting it from every
-tier; part of :class:`cachecore.engine.CacheEngine` (the lower-tier helpers are shared with the vLLM
-tier service, ``workers.kv_tiers``).
+"""NamedCaches: which tiers hold a prefix, soft pins on it, and deleting it from every tier (what
+``CacheEngine.resident / pin / commit_to_l2 / drop`` do); the lower-tier helpers are shared with the
+vLLM tier service, ``workers.kv_tiers``.
 
 A prefix is the full blocks of ``tokens`` under ``ns`` (and the request salt), keyed by the same
 chain hashes a completion of that prompt computes, so a later completion hits what is pinned.
@@ -14,17 +14,27 @@ chain hashes a completion of that prompt computes, so a later completion hits wh
 - ``drop``: the prefix's blocks leave L1 (free ones become plain free blocks; blocks a running
   request holds stay usable by it but leave the index), L2, and L3 (the chunk objects covering
   them are deleted from the backend), and their pins go.
+
+Collaborators: the engine's lock, L1, L2 and L3 (each lower one may be None), the demoter (L1 to L2
+copies; None without L2), the metrics and the engine's ``drain_writes``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from cachecore.hashing import chain_hashes
-from cachecore.namespace import Namespace
 from cachecore.tiers.base import Tag
-from cachecore.tiers.host import HostStore
-from cachecore.tiers.remote import RemoteStore
+
+if TYPE_CHECKING:
+    from cachecore.demoter import Demoter
+    from cachecore.metrics import CacheMetrics
+    from cachecore.namespace import Namespace
+    from cachecore.tiers.device import DeviceStore
+    from cachecore.tiers.host import HostStore
+    from cachecore.tiers.remote import RemoteStore
 
 
 def _items(hashes: Sequence[bytes], tokens: Sequence[int], bs: int) -> list[tuple[bytes, tuple]]:
@@ -57,13 +67,20 @@ def lower_drop(l2: HostStore | None, l3: RemoteStore | None, hashes: Sequence[by
     return {"l2": n2, "l3": n3, "l3_bytes": b3}
 
 
-class PinsMixin:
-    """Mixed into ``CacheEngine``; uses its lock, stores and writers."""
+class NamedCaches:
+    def __init__(self, *, lock: threading.RLock, l1: DeviceStore, l2: HostStore | None, l3: RemoteStore | None,
+                 demoter: Demoter | None, metrics: CacheMetrics, drain: Callable[[], None]) -> None:
+        self._lock = lock
+        self._l1, self._l2, self._l3 = l1, l2, l3
+        self._demoter = demoter
+        self._metrics = metrics
+        self._drain = drain
+        self._bs = l1.layout.block_size
 
     def _prefix_hashes(self, ns: Namespace, tokens: Sequence[int], request_salt: bytes) -> tuple[list, list]:
         tokens = list(tokens)
-        n = len(tokens) // self.block_size * self.block_size
-        return chain_hashes(ns, tokens[:n], self.block_size, request_salt=request_salt), tokens
+        n = len(tokens) // self._bs * self._bs
+        return chain_hashes(ns, tokens[:n], self._bs, request_salt=request_salt), tokens
 
     def resident(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"", owner: str = "",
                  model: str = "", revision: str = "") -> dict[str, int]:
@@ -71,24 +88,24 @@ class PinsMixin:
         (L3 needs ``owner``, ``model`` and ``revision``: its objects are named by them)."""
         hashes, tokens = self._prefix_hashes(ns, tokens, request_salt)
         with self._lock:
-            n1 = len(self.l1.match(hashes, tokens))
+            n1 = len(self._l1.match(hashes, tokens))
         tag = Tag(owner, model, revision, ns.digest)
-        lower = lower_resident(self.l2, self.l3 if owner else None, hashes, tokens, tag, self.block_size)
-        return {"l1": n1 * self.block_size, **lower}
+        lower = lower_resident(self._l2, self._l3 if owner else None, hashes, tokens, tag, self._bs)
+        return {"l1": n1 * self._bs, **lower}
 
     def pin(self, ns: Namespace, tokens: Sequence[int], until: float | None, *, request_salt: bytes = b"",
             owner: str = "", model: str = "", revision: str = "") -> dict[str, int]:
         """Soft-pin the full-block prefix of ``tokens`` in L1, L2 and L3 until ``until`` (unix time;
         None: unpin), copying its L1 blocks that L2 lacks into L2 first. Returns ``resident``."""
         hashes, tokens = self._prefix_hashes(ns, tokens, request_salt)
-        if until is not None and self.l2 is not None:
-            self._copy_to_l2(hashes, tokens)
+        if until is not None and self._demoter is not None:
+            self._demoter.copy(hashes, tokens)
         with self._lock:
             if until is None:
-                self.pool.unpin(hashes)
+                self._l1.pool.unpin(hashes)
             else:
-                self.pool.pin(hashes, until)
-        lower_pin(self.l2, self.l3, hashes, until)
+                self._l1.pool.pin(hashes, until)
+        lower_pin(self._l2, self._l3, hashes, until)
         return self.resident(ns, tokens, request_salt=request_salt, owner=owner, model=model, revision=revision)
 
     def commit_to_l2(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"", owner: str = "",
@@ -96,26 +113,9 @@ class PinsMixin:
         """Copy the full-block prefix of ``tokens`` that L1 holds and L2 lacks into L2, whatever the
         write policy (a prewarm is committed to L2 before it answers). Returns ``resident``."""
         hashes, tokens = self._prefix_hashes(ns, tokens, request_salt)
-        if self.l2 is not None:
-            self._copy_to_l2(hashes, tokens)
+        if self._demoter is not None:
+            self._demoter.copy(hashes, tokens)
         return self.resident(ns, tokens, request_salt=request_salt, owner=owner, model=model, revision=revision)
-
-    def _copy_to_l2(self, hashes: list[bytes], tokens: list[int]) -> int:
-        """Write the prefix's L1 blocks that L2 does not hold into L2 (one copy); how many were new."""
-        with self._lock:
-            blocks = [b for b in self.l1.match(hashes, tokens) if b.tag is not None
-                      and not self.l2.contains(b.block_hash, b.token_ids)]
-            if not blocks:
-                return 0
-            self.pool.touch(blocks)
-            try:
-                kv = self.l1.read(blocks)
-                entries = [(b.block_hash, b.token_ids, b.tag) for b in blocks]
-            finally:
-                self.pool.free(blocks)
-            stored = self.l2.put_many(entries, kv)
-            self._count_demotion(stored)
-            return stored
 
     def drop(self, ns: Namespace, tokens: Sequence[int], *, request_salt: bytes = b"", owner: str = "",
              model: str = "", revision: str = "") -> dict:
@@ -125,17 +125,18 @@ class PinsMixin:
         first. Returns ``{"tiers": {"l1": blocks, "l2": blocks, "l3": objects}, "bytes", "l3_bytes"}``.
         Idempotent. Raises ``BackendUnavailable`` when L3 could not be reached (L1 and L2 are done)."""
         hashes, _ = self._prefix_hashes(ns, tokens, request_salt)
-        self.drain_writes()
+        self._drain()
+        l3 = self._l3
         with self._lock:
-            self.pool.unpin(hashes)
-            n1 = self.pool.drop_hashes(hashes)
+            self._l1.pool.unpin(hashes)
+            n1 = self._l1.pool.drop_hashes(hashes)
             tag = Tag(owner, model, revision, ns.digest)
-            lower = lower_drop(self.l2, None, hashes, tag)
-            self.metrics.flushed_blocks += n1 + lower["l2"]
-        if self.l3 is not None and owner:
-            lower["l3"], lower["l3_bytes"] = self.l3.delete_keys(tag, self.l3.chunk_keys(hashes))
-        if self.l3 is not None and not owner:
-            self.l3.pin(self.l3.chunk_keys(hashes), None)
-        bpb = self.layout.bytes_per_block
+            lower = lower_drop(self._l2, None, hashes, tag)
+            self._metrics.flushed_blocks += n1 + lower["l2"]
+        if l3 is not None and owner:
+            lower["l3"], lower["l3_bytes"] = l3.delete_keys(tag, l3.chunk_keys(hashes))
+        if l3 is not None and not owner:
+            l3.pin(l3.chunk_keys(hashes), None)
+        bpb = self._l1.layout.bytes_per_block
         return {"tiers": {"l1": n1, "l2": lower["l2"], "l3": lower["l3"]},
                 "bytes": (n1 + lower["l2"]) * bpb + lower["l3_bytes"], "l3_bytes": lower["l3_bytes"]}

@@ -108,9 +108,10 @@ class L3Recorder:
 
 
 def wire_engine(log: EventLog, engine) -> PoolRecorder:
-    """Connect ``log`` to an engine's tiers (L1 pool, L2 host store, L3 remote store when present);
-    returns L1's recorder, whose ``stored`` the engine calls when it caches blocks in L1."""
+    """Connect ``log`` to an engine's tiers (L1 device store, L2 host store, L3 remote store when
+    present); returns L1's recorder."""
     l1 = PoolRecorder(log, "l1", engine.pool)
+    engine.l1.stored_listeners.append(l1.stored)
     if engine.l2 is not None:
         engine.l2.stored_listeners.append(PoolRecorder(log, "l2", engine.l2.pool).stored)
     if engine.l3 is not None:

@@ -181,7 +181,7 @@ def test_a_flush_of_one_tenant_does_not_stop_another_tenants_inflight_request_fr
     assert engine.commit(b) == 2  # another tenant keeps caching
     engine.release(a)
     engine.release(b)
-    assert engine._flushes == []  # nothing admitted before the flush is alive any more
+    assert engine.fence.pending() == 0  # nothing admitted before the flush is alive any more
     engine.check_integrity()
 
 

@@ -3,8 +3,11 @@
 The bookkeeping (:class:`~cachecore.block_pool.BlockPool`: ref counts, index, fair-share eviction) and
 the bytes (:class:`~cachecore.pages.KVPages`) stay apart; this store joins them under the hash-keyed
 :class:`~cachecore.tiers.base.BlockStore` contract. Unlike the lower tiers, L1 is also where running
-requests hold their blocks, so the orchestrator uses its pool directly for admit/commit/release; the
-contract methods here serve the KV API and tests.
+requests hold their blocks, so the orchestrator uses its pool directly for admit/release and
+``register`` for commits and promotions; the contract methods here serve the KV API and tests.
+
+What the orchestrator newly registers (``register``) is announced by ``stored_listeners``
+(``listener(keys)``, once per call, inside the pool's batch of that call), as ``HostStore`` does.
 
 Not separately locked: every call happens under the orchestrator's lock (passed in), which is an
 ``RLock`` so the contract methods can be called from inside it too.
@@ -13,7 +16,7 @@ Not separately locked: every call happens under the orchestrator's lock (passed 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,6 +40,7 @@ class DeviceStore(PooledStore):
         self.pool = BlockPool(num_blocks, layout.block_size, eviction_policy)
         self.pages = KVPages(layout, num_blocks, torch.device(device))
         self._lock = lock or threading.RLock()
+        self.stored_listeners: list[Callable[[list[bytes]], None]] = []
 
     # ------------------------------------------------------------------ what the orchestrator uses
     def match(self, hashes: Sequence[bytes], tokens: Sequence[int]) -> list[Block]:
@@ -54,6 +58,25 @@ class DeviceStore(PooledStore):
                 break
             out.append(block)
         return out
+
+    def register(self, blocks: Sequence[Block], keys: Sequence[bytes], tokens: Sequence[int], tag: Tag
+                 ) -> list[Block]:
+        """Cache held ``blocks`` under ``keys`` (block i holds ``tokens[i * block_size : (i + 1) *
+        block_size]``), as one pool operation; returns the blocks newly cached, in order (a key
+        already cached, a collision or the owner's cap leaves its block un-hashed, not returned) and
+        announces their keys to ``stored_listeners``."""
+        bs = self.layout.block_size
+        new = []
+        with self._lock, self.pool.batch():
+            for i, (block, key) in enumerate(zip(blocks, keys, strict=True)):
+                kept = self.pool.cache(block, key, tuple(tokens[i * bs : (i + 1) * bs]), tag.owner, tag)
+                if kept is block and block.block_hash is not None:
+                    new.append(block)
+            if new:
+                stored = [b.block_hash for b in new]
+                for listener in self.stored_listeners:
+                    listener(stored)
+        return new
 
     def read(self, blocks: Sequence[Block]) -> torch.Tensor:
         return self.pages.read_blocks(_ids([b.block_id for b in blocks]))
