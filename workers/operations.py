@@ -2,17 +2,15 @@
 integrity check, waiting for tier writes, and the test-only page poisoning hook.
 
 :class:`Operations` has no state of its own. Its collaborators: the worker's ``CacheEngine`` (public
-methods: ``flush``, ``count_cached``, ``check_integrity``, ``drain_writes``, ``layout``), its L3
-(``workers.remote_tier.RemoteTier`` or None), the deployment's name (L3 scopes) and whether test hooks
-are on. The one reach into the engine's private state is ``_poison_unheld_pages`` (module end).
+methods only: ``flush``, ``count_cached``, ``check_integrity``, ``drain_writes``, ``poison_free_pages``,
+``layout``), its L3 (``workers.remote_tier.RemoteTier`` or None), the deployment's name (L3 scopes) and
+whether test hooks are on.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import torch
 
 from workers.remote_tier import RemoteTier
 
@@ -109,15 +107,4 @@ class Operations:
         Refused unless the worker was built with ``test_hooks=True`` (never in production)."""
         if not self.test_hooks:
             raise PermissionError("test hooks are disabled on this worker")
-        return _poison_unheld_pages(self.engine)
-
-
-def _poison_unheld_pages(engine) -> int:
-    """The one place in ``workers/`` that reaches into ``CacheEngine``'s private state (its ``_lock``,
-    its L1 ``pool`` and ``pages``): NaN into every L1 page no request holds and no hash names, under the
-    engine's lock so none is allocated meanwhile; how many. To become ``engine.poison_free_pages()``
-    once the engine offers it."""
-    with engine._lock:
-        ids = [b.block_id for b in engine.pool.blocks if b.ref_cnt == 0 and b.block_hash is None]
-        engine.pages.poison(torch.tensor(ids, dtype=torch.long))
-        return len(ids)
+        return self.engine.poison_free_pages()
