@@ -30,9 +30,9 @@ Three questions, one run:
    each policy in every tier, side by side, in the same run, with per-policy keys in the RESULT line.
    Rows 2-4 above are the default ``fair_lru``; its rows here are those same runs.
 
-Each replay asserts that its engine saw every request (its request and query-token counters reach at
-least the trace's; a request the scheduler re-admits for a longer hit is counted again), so a figure
-never comes from a path the server no longer takes.
+Each replay asserts that its engine saw every request exactly once (its request and query-token
+counters equal the trace's; a request the scheduler admits again, preempted or for a longer hit, is
+counted once), so a figure never comes from a path the server no longer takes.
 
 ``--engine vllm`` asks the same of vLLM deployments (``workers.vllm_worker.VllmWorker`` in-process, Strata's
 KV connector ``workers.kv_connector`` behind vLLM's device cache) instead, in one run on one random Llama
@@ -181,9 +181,9 @@ def replay(prompts: list[list[int]], loaded, *, l1_blocks: int, l2_blocks: int, 
     engine.check_integrity()
     total = sum(len(p) for p in prompts)
     usage = engine.metrics.usage("bench", "replay")
-    # At least: a request the scheduler re-admits (its index promised a longer hit) is counted again.
-    if usage.query_tokens < total or usage.requests < len(prompts):
-        raise SystemExit("the replay's engine did not see every request: nothing measured")
+    if usage.query_tokens != total or usage.requests != len(prompts):
+        raise SystemExit(f"the replay's engine counted {usage.requests} requests ({usage.query_tokens} prompt "
+                         f"tokens) for {len(prompts)} ({total}): nothing measured")
     l2 = engine.metrics.tier("l2")
     if l3 is not None:
         shutil.rmtree(l3_url.removeprefix("file://"), ignore_errors=True)

@@ -146,13 +146,16 @@ class CacheEngine(Tier):
         recompute_last: bool = True,
         persist: bool = True,
         retention_seconds: float | None = None,
+        count_query: bool = True,
     ) -> CachedSequence:
         """Find the longest usable exact-prefix hit (L1, then L2), hold the L1 part, allocate blocks for
         the rest of the prompt plus ``max_new_tokens`` and start loading the L2 part into the first of
         them (call ``finish_loads`` before computing). The last prompt token is never served from cache
         (its logits are needed), so the hit is at most ``len(tokens) - 1`` rounded down to a block
         boundary; ``recompute_last=False`` lifts that rule for callers that only move KV (``store``).
-        ``persist=False``: the request neither reads nor writes L3. ``retention_seconds``: L3 serves
+        ``count_query=False``: a request admitted again (preempted, or re-admitted for a longer hit)
+        is not counted again in the metrics (one request, one query). ``persist=False``: the request
+        neither reads nor writes L3. ``retention_seconds``: L3 serves
         it nothing older, and the L3 chunks it writes expire after it (their own, authenticated expiry).
 
         Raises ``OutOfBlocks`` (nothing held) when the pool cannot fit the request now without
@@ -186,6 +189,7 @@ class CacheEngine(Tier):
                 prompt_len=len(tokens), blocks=usable + fresh, hashes=hashes, num_cached_tokens=hit_tokens,
                 lookup_hit_tokens=(len(index_hits) + plan.lookup) * bs, num_computed=hit_tokens,
                 num_registered=len(usable), flush_gen=self.fence.enter(), use_cache=use_cache,
+                count_query=count_query,
             )
             seq.retention_seconds = retention_seconds
             seq.tier_tokens["l1"] = hit_tokens

@@ -106,7 +106,10 @@ class Promoter:
 
     def record(self, seq: CachedSequence) -> None:
         """Count ``seq``'s query (its cached prefix is final). Load success counts bytes that arrived
-        in time; bytes that arrive after the deadline are added by ``_late_arrival``."""
+        in time; bytes that arrive after the deadline are added by ``_late_arrival``. A request admitted
+        again (``count_query=False``) was counted at its first admission."""
+        if not seq.count_query:
+            return
         self._metrics.record_query(
             tenant=seq.tag.owner, model=seq.tag.model, query_tokens=seq.prompt_len,
             lookup_hit_tokens=seq.lookup_hit_tokens, load_success_tokens=seq.num_cached_tokens,

@@ -29,6 +29,7 @@ class CachedSequence:
     num_registered: int = 0  # leading blocks already in the L1 index (hit, promoted or committed)
     flush_gen: int = 0
     use_cache: bool = True
+    count_query: bool = False  # this admission is the request's one count in the metrics (``engine.admit``)
     released: bool = False
     pending: Future | None = field(default=None, repr=False)  # the L2 load in flight (prefetch)
     load_blocks: list[Block] = field(default_factory=list, repr=False)  # fresh L1 blocks it fills

@@ -83,6 +83,10 @@ def test_preempted_request_is_recomputed_from_the_cache_with_identical_greedy_to
     assert _tokens(old) == expected[0]
     assert _tokens(young) == expected[1]  # recomputed (mostly from the cache) to the same tokens
     assert engine.pool.num_in_use == 0
+    # One request, one query in the metrics, however often it was admitted (young: twice).
+    for owner, prompt in (("x", p_old), ("y", p_young)):
+        usage = engine.metrics.usage(owner, "sched-llama")
+        assert (usage.requests, usage.query_tokens) == (1, len(prompt)), owner
 
 
 def test_a_request_larger_than_the_pool_is_refused_and_holds_nothing(loaded, ns):

@@ -75,7 +75,8 @@ class Admission:
         while True:
             try:
                 req.seq = self.engine.admit(req.ns, tokens, owner=req.owner, max_new_tokens=req.remaining_tokens(),
-                                            **req.admit_kwargs)
+                                            count_query=not req.extra.get("counted"), **req.admit_kwargs)
+                req.extra["counted"] = True  # preempted or re-admitted later: one request, one query
                 break
             except InflightLimit:  # its tenant's own younger holders give way; older ones finish first
                 victim = self._victim(req, planned, owner=req.owner)

@@ -166,6 +166,7 @@ class Scheduler:
             try:
                 req.seq = self.engine.admit(req.ns, req.prompt, owner=req.owner, max_new_tokens=req.max_tokens,
                                             **req.admit_kwargs)
+                req.extra["counted"] = True  # its later admissions (preempted, re-admitted) are not counted again
                 req.note_cached()
             except OutOfBlocks:  # waits unadmitted; the loop admits it (preempting if it must) when picked
                 req.seq = None
