@@ -63,7 +63,7 @@ from cachecore.metrics import CacheMetrics
 from cachecore.namespace import Namespace
 from cachecore.promoter import Promoter
 from cachecore.sequence import CachedSequence
-from cachecore.tiers.base import Retrieved, Tag, Tier
+from cachecore.tiers.base import PrefixCache, Retrieved, Tag
 from cachecore.tiers.device import DeviceStore
 from cachecore.tiers.host import HostStore
 from cachecore.tiers.ops import PooledOps, RemoteOps, TierOps
@@ -73,7 +73,7 @@ from cachecore.writeback import WritePolicy
 __all__ = ["CacheEngine", "CachedSequence", "EngineConfig", "Tag"]
 
 
-class CacheEngine(Tier):
+class CacheEngine(PrefixCache):
     """Orchestrator over L1 (``num_blocks`` device pages, allocated once) and, when
     ``config.l2_blocks > 0``, an L2 host pool. ``pool`` and ``pages`` are L1's. Every tier, the L3
     store given included, evicts by ``config.eviction_policy`` (:mod:`cachecore.eviction`)."""

@@ -1,5 +1,5 @@
 """KVTransfer: the KV API for external engines, ``lookup / store / retrieve`` over L1 then L2 (the
-:class:`~cachecore.tiers.base.Tier` contract that ``CacheEngine`` offers).
+:class:`~cachecore.tiers.base.PrefixCache` contract that ``CacheEngine`` offers).
 
 Hashes are computed outside the lock a batch at a time and hashing stops at the first miss, so a long
 token list neither stalls other requests nor costs more than its hit. ``store`` goes through the

@@ -5,7 +5,7 @@ whose only source is L3 gives the non-persisting one nothing, and the persisting
 every L3 object carries its own expiry (the request's retention, narrower than the tenant's),
 authenticated in the frame's associated data, used by reads and sweeps; an edited expiry is a
 decryption failure (miss, quarantined); objects of frame format 1 (no expiry) are never served and
-are deleted; a lowered tenant retention is applied by ``RemoteTier.expire``.
+are deleted; a lowered tenant retention is applied by ``WorkerL3.expire``.
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ from workers.protocol import (
     prefilled_event,
     token_event,
 )
-from workers.remote_tier import RemoteTier
 from workers.revisions import Revision, RevisionManager, load_revision
 from workers.router_stats import DecodeClock, router_section
+from workers.worker_l3 import WorkerL3
 
 RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
 
@@ -118,7 +118,7 @@ class CacheWorker:
                                dtype=dtype)
         layout = loaded.layout
         num_blocks = max(64, cfg.blocks(cfg.l1_mb, layout.bytes_per_block))
-        self.l3 = RemoteTier.build(cfg, layout)
+        self.l3 = WorkerL3.build(cfg, layout)
         self.engine = CacheEngine(layout, num_blocks, loaded.model.device,
                                   config=cfg.engine(bytes_per_block=layout.bytes_per_block),
                                   l3=self.l3.store if self.l3 is not None else None, events=self.events)

@@ -3,7 +3,7 @@
 
 It is made of the reference engine's parts, not copies of them: L2 is a ``HostStore`` (a
 ``BlockPool`` with fair-share LRU among tenants, ``share_weight``, ``max_cached_tokens`` as a cap,
-CRC-checked bytes), L3 the worker's ``RemoteTier`` (``RemoteStore`` over the file or Redis backend,
+CRC-checked bytes), L3 the worker's ``WorkerL3`` (``RemoteStore`` over the file or Redis backend,
 AES-GCM under per-tenant data keys unwrapped in memory, per-object expiry, retention sweep,
 quarantine of corrupt objects, fair capacity and ``max_l3_bytes``), load versus recompute is
 ``LoadCost``, figures are ``CacheMetrics``, and L3 writes run on a ``Writer`` thread.
@@ -53,7 +53,7 @@ from cachecore.tiers.remote import l3_figures
 from cachecore.writeback import Writer
 from workers.config import WorkerConfig
 from workers.kv_params import TransferParams
-from workers.remote_tier import RemoteTier
+from workers.worker_l3 import WorkerL3
 
 MAX_L3_BACKLOG = 64  # chunks waiting for the L3 writer; past it new chunks are skipped (counted)
 MAX_FLUSHES = 4096  # flush records kept for the fence; a request older than all of them is stale
@@ -72,7 +72,7 @@ class TierService:
         self.block_size = layout.block_size
         l2_blocks = cfg.blocks(cfg.l2_mb, layout.bytes_per_block)
         self.l2 = HostStore(layout, l2_blocks, eviction_policy=cfg.eviction_policy) if l2_blocks > 0 else None
-        self.l3 = RemoteTier.build(cfg, layout, chunk_blocks=max(1, CHUNK_TOKENS // layout.block_size))
+        self.l3 = WorkerL3.build(cfg, layout, chunk_blocks=max(1, CHUNK_TOKENS // layout.block_size))
         self.metrics = CacheMetrics()
         self.cost = LoadCost(cfg.load_policy)
         self.deadline_s = cfg.load_deadline_ms / 1000

@@ -3,7 +3,7 @@ integrity check, waiting for tier writes, and the test-only page poisoning hook.
 
 :class:`Operations` has no state of its own. Its collaborators: the worker's ``CacheEngine`` (public
 methods only: ``flush``, ``count_cached``, ``check_integrity``, ``drain_writes``, ``poison_free_pages``,
-``layout``), its L3 (``workers.remote_tier.RemoteTier`` or None), the deployment's name (L3 scopes) and
+``layout``), its L3 (``workers.worker_l3.WorkerL3`` or None), the deployment's name (L3 scopes) and
 whether test hooks are on.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from workers.remote_tier import RemoteTier
+from workers.worker_l3 import WorkerL3
 
 _L3_ONLY = ("key_version", "tenant_l3")  # scopes whose flush deletes L3 objects only
 
@@ -45,7 +45,7 @@ def _l3_scope(scope: dict, deployment: str) -> dict:
 class Operations:
     """Flush, probe, shreds, integrity, drains and the poisoning hook of one ``CacheWorker`` (module docstring)."""
 
-    def __init__(self, engine, *, l3: RemoteTier | None, deployment: str, test_hooks: bool = False) -> None:
+    def __init__(self, engine, *, l3: WorkerL3 | None, deployment: str, test_hooks: bool = False) -> None:
         self.engine, self.l3, self.deployment, self.test_hooks = engine, l3, deployment, test_hooks
 
     def flush(self, scope: dict) -> dict:

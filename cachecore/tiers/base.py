@@ -2,7 +2,7 @@
 
 Two levels, as in docs/design.md section 2:
 
-- :class:`Tier` is the public, namespace-keyed contract (``lookup / store / retrieve``) that the
+- :class:`PrefixCache` is the public, namespace-keyed contract (``lookup / store / retrieve``) that the
   orchestrator (``cachecore.engine.CacheEngine``) offers, the same at every tier.
 - :class:`BlockStore` is the hash-keyed contract of one store (L1 device pages, L2 host memory, and
   later L3): it keeps bytes of whole blocks under the orchestrator's chain hashes and knows nothing
@@ -51,7 +51,7 @@ class Fetched(NamedTuple):
     stopped: str | None
 
 
-class Tier(ABC):
+class PrefixCache(ABC):
     """The orchestrator's public contract. Only full blocks are ever stored or returned."""
 
     name: str

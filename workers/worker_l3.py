@@ -1,7 +1,7 @@
 """The worker's side of the encrypted remote tier (L3): the store, the tenants' data keys in memory,
 and the retention sweep.
 
-- ``RemoteTier.build(cfg, layout)`` opens ``STRATA_L3_URL``'s backend (``none``: no L3) with the
+- ``WorkerL3.build(cfg, layout)`` opens ``STRATA_L3_URL``'s backend (``none``: no L3) with the
   capacity ``STRATA_L3_MB``.
 - Data keys reach the worker only wrapped by the master key, inside the requests the control plane
   sends (``data_key``: the active version and the readable ones); ``learn`` unwraps each (version,
@@ -32,7 +32,7 @@ logger = logging.getLogger("strata.worker.l3")
 DEFAULT_RETENTION_SECONDS = 24 * 3600
 
 
-class RemoteTier:
+class WorkerL3:
     def __init__(self, store: RemoteStore, keyring: crypto.Keyring, master: bytes | None, cfg: WorkerConfig) -> None:
         self.store = store
         self._cfg = cfg
@@ -49,7 +49,7 @@ class RemoteTier:
 
     @classmethod
     def build(cls, cfg: WorkerConfig, layout: KVLayout, *,
-              chunk_blocks: int = DEFAULT_CHUNK_BLOCKS) -> RemoteTier | None:
+              chunk_blocks: int = DEFAULT_CHUNK_BLOCKS) -> WorkerL3 | None:
         try:
             backend = open_backend(cfg.l3_url)
         except (CacheError, ValueError, OSError) as exc:
