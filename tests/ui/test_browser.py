@@ -220,7 +220,7 @@ def test_an_admin_runs_a_tenant_end_to_end_in_the_console(chromium, platform, li
     _in_thread(lambda: sample_take(now=timezone.now() + timedelta(seconds=31)))
     page.goto(f"{live_server.url}/ui/tenants/umbrella/")
     charts = page.locator("section[aria-labelledby=h-charts]")
-    expect(charts.locator("svg").first).to_be_visible()
+    expect(charts.locator(".chart-plot canvas").first).to_be_visible()  # drawn by uPlot
     expect(charts).not_to_contain_text("no samples yet")
     expect(charts).to_contain_text(re.compile(r"Latest: prefill skipped [1-9][0-9.]*%"))  # the ratio rose
     shot(page, "tenant-charts")
