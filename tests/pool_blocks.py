@@ -25,3 +25,17 @@ def cache_free(pool: BlockPool, xs: list[int], owner: str) -> None:
         pool.cache(block, key(x), toks(x), owner)
     pool.free(blocks)
     pool.check_integrity()
+
+
+def has(pool: BlockPool, x: int) -> bool:
+    return pool.get_cached(key(x), toks(x)) is not None
+
+
+class Clock:
+    """A clock the test moves by hand (``clock.t += 5``)."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t

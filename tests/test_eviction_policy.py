@@ -24,7 +24,7 @@ from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
 from cachecore.tiers.remote import RemoteStore
 from cachecore.tiers.remote.capacity import L3Index
-from tests.pool_blocks import BS, cache_free, key, toks
+from tests.pool_blocks import BS, Clock, cache_free, has, key, toks
 
 POLICIES = sorted(EVICTION_POLICIES)
 
@@ -36,18 +36,6 @@ def reuse(pool: BlockPool, xs: list[int]) -> None:
     pool.hit(blocks)
     pool.free(blocks)
     pool.check_integrity()
-
-
-def has(pool: BlockPool, x: int) -> bool:
-    return pool.get_cached(key(x), toks(x)) is not None
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # ---------------------------------------------------------------------------- the registry

@@ -24,23 +24,11 @@ from cachecore.tiers.base import Tag
 from cachecore.tiers.host import HostStore
 from cachecore.tiers.remote import RemoteStore
 from tests.l3_workers import L3Site
-from tests.pool_blocks import BS, cache_free, key, toks
+from tests.pool_blocks import BS, Clock, cache_free, has, key, toks
 from tests.test_l3 import redis_server, redis_up  # noqa: F401  (fixtures: a real redis-server)
 from tests.worker_calls import complete
 from workers.cache_worker import CacheWorker
 from workers.config import WorkerConfig
-
-
-def has(pool: BlockPool, x: int) -> bool:
-    return pool.get_cached(key(x), toks(x)) is not None
-
-
-class Clock:
-    def __init__(self, t: float = 1000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _pool(n: int = 8) -> tuple[BlockPool, Clock]:

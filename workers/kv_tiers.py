@@ -53,6 +53,7 @@ from cachecore.tiers.remote import l3_figures
 from cachecore.writeback import Writer
 from workers.config import WorkerConfig
 from workers.kv_params import TransferParams
+from workers.operations import l3_scope
 from workers.worker_l3 import WorkerL3
 
 MAX_L3_BACKLOG = 64  # chunks waiting for the L3 writer; past it new chunks are skipped (counted)
@@ -434,18 +435,8 @@ class TierService:
                 n3, b3 = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
             else:
                 self._writer.drain()  # writes queued before the flush land first (and skip themselves)
-                n3, b3 = self.l3.store.delete_scope(**self._l3_scope(scope))
+                n3, b3 = self.l3.store.delete_scope(**l3_scope(scope, self.deployment))
         return {"l2": n2, "l3": n3, "l3_bytes": b3}
-
-    def _l3_scope(self, scope: dict) -> dict:
-        kind = scope.get("scope")
-        if kind in ("tenant", "tenant_l3"):
-            return {"tenant": str(scope["tenant"])}
-        if kind == "key_version":
-            return {"tenant": str(scope["tenant"]), "key_version": int(scope["version"])}
-        if kind == "revision":
-            return {"model": self.deployment, "revision": scope["revision"]}
-        return {"model": self.deployment}
 
     def probe(self, scope: dict) -> int:
         kind = scope.get("scope")
@@ -456,7 +447,7 @@ class TierService:
                 n += self.l3.store.count_expired(tenant=str(scope["tenant"]),
                                                  retention_seconds=int(scope["retention_seconds"]))
             else:
-                n += self.l3.store.count_scope(**self._l3_scope(scope))[0]
+                n += self.l3.store.count_scope(**l3_scope(scope, self.deployment))[0]
         return n
 
     def retire(self, revision: str) -> dict:

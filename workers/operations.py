@@ -30,7 +30,7 @@ def _matcher(scope: dict) -> Callable:
     raise ValueError(f"unknown flush scope {kind!r}")
 
 
-def _l3_scope(scope: dict, deployment: str) -> dict:
+def l3_scope(scope: dict, deployment: str) -> dict:
     """The L3 objects (``RemoteStore.delete_scope`` / ``count_scope`` filters) of ``scope``."""
     kind = scope.get("scope")
     if kind in ("tenant", "tenant_l3"):
@@ -63,10 +63,10 @@ class Operations:
                 if kind == "l3_expire":
                     n, b = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
                 else:  # only L3 objects of the scope
-                    n, b = self.l3.store.delete_scope(**_l3_scope(scope, self.deployment))
+                    n, b = self.l3.store.delete_scope(**l3_scope(scope, self.deployment))
                 result["tiers"]["l3"], result["l3_bytes"] = n, b
         else:
-            result = self.engine.flush(_matcher(scope), l3_scope=_l3_scope(scope, self.deployment))
+            result = self.engine.flush(_matcher(scope), l3_scope=l3_scope(scope, self.deployment))
         result["seconds"] = round(time.perf_counter() - t0, 6)
         result["bytes"] = (result["tiers"]["l1"] + result["tiers"]["l2"]) * self.engine.layout.bytes_per_block \
             + result.get("l3_bytes", 0)
@@ -81,9 +81,9 @@ class Operations:
                                                      retention_seconds=int(scope["retention_seconds"]))
                          if self.l3 is not None else 0)
         elif kind in _L3_ONLY:
-            remaining = self.l3.store.count_scope(**_l3_scope(scope, self.deployment))[0] if self.l3 is not None else 0
+            remaining = self.l3.store.count_scope(**l3_scope(scope, self.deployment))[0] if self.l3 is not None else 0
         else:
-            remaining = self.engine.count_cached(_matcher(scope), l3_scope=_l3_scope(scope, self.deployment))
+            remaining = self.engine.count_cached(_matcher(scope), l3_scope=l3_scope(scope, self.deployment))
         return {"remaining_blocks": remaining, "ok": remaining == 0}
 
     def drop_data_key(self, req: dict) -> dict:
