@@ -1,7 +1,7 @@
 """The tier hierarchy: what L2 (host memory) under L1 buys, and whether load-vs-recompute decides well.
 
-    .venv/bin/python -m bench.tiers [--quick] [--trace FILE] [--scale 16] [--preset small] [--tokens 2048]
-                                    [--policy fair_lru,value_aware]
+    .venv/bin/python -m bench.tiers [--quick] [--trace FILE | --shape fast25] [--requests N] [--scale 16]
+                                    [--preset small] [--tokens 2048] [--policy fair_lru,value_aware]
     .venv/bin/python -m bench.tiers --engine vllm [--quick] [--tokens 2048] [--reps N]
 
 Three questions, one run:
@@ -11,9 +11,14 @@ Three questions, one run:
    0.2x of recompute.
 2. **Working-set replay** (``tiny`` model): a trace in the Mooncake FAST'25 format (``--trace FILE``;
    by default one written by ``bench.traces.generate_trace``: shared system prompts, multi-turn
-   sessions, one-off requests) expanded to token ids at ``1/--scale`` of its lengths and replayed one
-   request at a time through the real model. L1 holds one eighth of the trace's working set (plus
-   room for the running request); L2 holds the whole working set. Token-weighted effective hit
+   sessions, one-off requests; ``--shape fast25``: ``bench.traces.generate_fast25_trace``, the shape
+   of the public conversation trace), its first ``--requests`` requests (default all; 240 with
+   ``--quick``), fitted to the model's context by ``bench.traces.clip_trace`` (a prompt longer than
+   the context minus its output keeps its leading whole 512-token hash blocks; the table and the
+   RESULT line say how many requests were clipped and what share of the prompt tokens was dropped),
+   expanded to token ids at ``1/--scale`` of its lengths and replayed one request at a time through
+   the real model. L1 holds one eighth of the trace's working set (plus room for the running
+   request); L2 holds the whole working set. Token-weighted effective hit
    ratio (prefill tokens actually skipped / prompt tokens) with L1 only and with L1+L2, against the
    infinite-cache bound and Belady's offline optimum at the same total capacity, computed from the
    same trace (``bench.traces.BlockTrace``). Goal: L1+L2 >= 90% of the infinite-cache bound.
@@ -79,11 +84,14 @@ from bench import _l3, traces
 from cachecore.config import EngineConfig
 from cachecore.engine import CacheEngine
 from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, EVICTION_POLICIES
+from cachecore.model.config import preset as model_preset
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.runner import CompletionRunner, SamplingParams, TokenOut
 from cachecore.tiers.remote import DEFAULT_CHUNK_BLOCKS
 
 BS = 16
+REPLAY_OUTPUT = 16  # scaled output tokens a replayed request leaves room for in the model's context
+QUICK_REQUESTS = 240  # requests replayed with --quick (the first of the trace)
 
 
 def _ttft(gen: CompletionRunner, ns, tokens: list[int], *, owner: str = "bench",
@@ -196,6 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="what the tier hierarchy buys")
     ap.add_argument("--quick", action="store_true", help="tiny model and a short trace (under a minute)")
     ap.add_argument("--trace", default=None, help="Mooncake FAST'25 trace file (default: a generated one)")
+    ap.add_argument("--shape", choices=traces.SHAPES, default="sessions",
+                    help="shape of the generated trace (no --trace): sessions (generate_trace) or fast25 "
+                         "(generate_fast25_trace, the public conversation trace's shape)")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="replay the first N requests of the trace; a fast25 trace is generated with N "
+                         f"(default: all, {traces.FAST25_REQUESTS:,} for fast25; {QUICK_REQUESTS} with --quick)")
     ap.add_argument("--scale", type=int, default=16, help="scale lengths down by this factor (divides 512)")
     ap.add_argument("--preset", default=None, help="model of the TTFT table (default small; tiny with --quick)")
     ap.add_argument("--tokens", type=int, default=2048)
@@ -214,6 +228,28 @@ def main(argv: list[str] | None = None) -> None:
     if args.engine == "vllm":
         vllm_part(args)
         return
+    if args.requests is not None and args.requests < 1:
+        ap.error(f"--requests must be at least 1, got {args.requests}")
+    limit = args.requests if args.requests is not None else (QUICK_REQUESTS if args.quick else None)
+    if args.trace:
+        try:
+            reqs = traces.read_trace(args.trace)
+        except (traces.TraceFormatError, OSError) as exc:
+            raise SystemExit(f"bench.tiers: {exc}") from None
+        source = args.trace
+    elif args.shape == "fast25":
+        reqs = traces.generate_fast25_trace(requests=limit or traces.FAST25_REQUESTS, seed=0)
+        source = "generated (bench.traces.generate_fast25_trace)"
+    else:
+        reqs = traces.generate_trace(sessions=12 if args.quick else 32, one_offs=6 if args.quick else 16, seed=0)
+        source = "generated (bench.traces.generate_trace)"
+    in_trace = len(reqs)
+    reqs = reqs[:limit]
+    context = model_preset("tiny").max_seq_len  # the replay's model
+    try:
+        reqs, clip = traces.clip_trace(reqs, context=context, scale=args.scale, max_output_tokens=REPLAY_OUTPUT)
+    except ValueError as exc:
+        raise SystemExit(f"bench.tiers: {exc}") from None
     preset = args.preset or ("tiny" if args.quick else "small")
     reps = args.reps or (2 if args.quick else 3)
     torch.manual_seed(0)
@@ -227,13 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<12} {t['cached'][name]:>10} {t['rows'][name] * 1e3:>9.1f} {t['rows'][name] / rec:>13.3f}")
     l2_ratio = t["rows"]["l2"] / rec
 
-    if args.trace:
-        reqs = traces.read_trace(args.trace)
-        source = args.trace
-    else:
-        reqs = traces.generate_trace(sessions=12 if args.quick else 32, one_offs=6 if args.quick else 16, seed=0)
-        source = "generated (bench.traces.generate_trace)"
-    expanded = traces.expand_trace(reqs, scale=args.scale, max_input_tokens=1008, max_output_tokens=16)
+    expanded = traces.expand_trace(reqs, scale=args.scale, max_output_tokens=REPLAY_OUTPUT)
     prompts = [r.tokens for r in expanded]
     bt = traces.BlockTrace.from_prompts(prompts, block_size=BS)
     working = bt.unique_blocks
@@ -258,8 +288,13 @@ def main(argv: list[str] | None = None) -> None:
     cost = both["cost"]
     capacity = both["always_load"]  # the capacity question: every L2 hit used
     print()
-    print(f"replay of {len(prompts)} requests ({bt.query_tokens} prompt tokens, working set {working} blocks) "
+    taken = f"the first {len(prompts)} of {in_trace}" if len(prompts) < in_trace else f"{len(prompts)}"
+    print(f"replay of {taken} requests ({bt.query_tokens} prompt tokens, working set {working} blocks) "
           f"from {source}, scale 1/{args.scale}, tiny model; L1 {l1_cache}+{longest} blocks, L2 {working}")
+    print(f"fitted to the tiny model's context of {context} tokens ({REPLAY_OUTPUT} of them output, scaled): "
+          f"{clip.clipped} of {clip.requests} requests clipped to their leading whole hash blocks (at most "
+          f"{clip.max_blocks}), {clip.dropped_tokens} of {clip.input_tokens} prompt tokens dropped "
+          f"({clip.token_share:.1%}, trace scale)")
     print(f"{'configuration':<28} {'eff. hit':>9} {'vs infinite':>12} {'vs Belady':>10} {'mean TTFT ms':>13} "
           f"{'promoted':>9}")
     print(f"{'infinite cache (bound)':<28} {infinite:>9.3f} {1.0:>12.3f} {'':>10} {'':>13} {'':>9}")
@@ -355,7 +390,9 @@ def main(argv: list[str] | None = None) -> None:
           f"redis_vs_raw={redis_ratio:.3f} fs_vs_aes={fs_ratio:.3f} hit_l1_l2_l3={tiered['ratio']:.3f} "
           f"l1_l2_l3_vs_infinite={tiered['ratio'] / infinite:.3f} goal_l3_ttft={int(worst_l3 <= 0.3)} "
           f"goal_redis={int(redis_ratio >= 0.8)} goal_fs={int(fs_ratio >= 0.6)} "
-          f"goal_l3_hit={int(tiered['ratio'] / infinite >= 0.95)} {policy_keys}")
+          f"goal_l3_hit={int(tiered['ratio'] / infinite >= 0.95)} {policy_keys} "
+          f"replay_requests={len(prompts)} trace_requests={in_trace} clipped_requests={clip.clipped} "
+          f"clipped_token_share={clip.token_share:.3f}")
 
 
 # ================================================================ --engine vllm

@@ -17,18 +17,49 @@ one-off requests made of fresh ids only (the noise that pollutes a cache). Ids a
 order of first appearance, as in Mooncake's files. A turn's last block is usually partial and keeps
 its id when the next turn fills it: expansion makes the partial block a prefix of the full one.
 
+**Real shape** (``generate_fast25_trace``, ``--shape fast25``): a trace shaped like the public
+FAST'25 ``conversation_trace.jsonl`` (12,031 requests over about an hour; every prompt opens with the
+same 512-token block; input lengths from 891 to 126,195 tokens, median 6,909, mean 12,035; outputs
+median 350, at most 2,000; 99.9% of sessions a single request; about 39% of the requests reuse a
+longer prefix of an earlier one, most of their own length, for an infinite-cache hit ratio near 37%).
+Every request opens with one shared system block. With probability ``reuse_share`` a request reuses
+60-100% of the hash blocks of an earlier request (never all of them), about ``reuse_recency`` requests
+back (exponentially distributed: reuse is mostly recent, so LRU at an eighth of the working set gets
+most of the bound, as on the public trace), and adds a tail of its own of 5-50% of that (reused
+prefixes get reused again: a few tens of times, most never);
+else its length is drawn from a log-normal split at ``median_input`` (a wider spread below the median
+than above, floored at ``min_input`` plus a little, redrawn above ``max_input``; the default median is
+below the target's as reuse favours the longer prompts) and its other ids are fresh. With
+probability ``multi_turn_share`` a request opens a session whose next turn (arriving 30 s to 3 min
+later) extends it by its answer and a new message. Arrivals are a Poisson process of
+``requests / duration_ms``. Deterministic from the seed; ``session_sizes`` finds the sessions of any
+trace again (a request whose ids extend all of an earlier request's).
+
+**Clipping** (``clip_trace``), the first step of a replay on a model with a short context: a request
+fits when its scaled prompt ``ceil(input_length / scale)`` plus its scaled output
+``min(ceil(output_length / scale), max_output_tokens)`` is at most ``context``. A request that does not
+fit keeps its leading whole hash blocks, as many as fit: ``(context - output) // (512 // scale)`` of
+them, and ``input_length`` becomes that many times 512 (``output_length`` is left as is; its cap applies
+at expansion). The clipped trace is still a valid trace; a kept prefix of ids is a prefix of the
+original, so two requests still share exactly their common prefix of ids up to the shorter kept
+length (shared prefixes stay shared), and whole blocks keep it a trace in the format (every kept id
+stands for its full 512 tokens, ``input_length`` matches the ids). ``Clipping`` counts what it did:
+requests clipped and prompt tokens dropped (trace scale), of all. A context that cannot hold one
+hash block beside the output raises ``ValueError``.
+
 **Expansion** (``expand_request`` / ``expand_trace``): each hash id becomes ``512 // scale``
 deterministic token ids (BLAKE2b in counter mode keyed by the id, so the same id always gives the
 same tokens, in any process or order); a prompt is the concatenation of its blocks cut to
 ``ceil(input_length / scale)`` tokens. ``scale`` must divide 512, so every length scales by exactly
 1/scale and a prompt keeps its number of hash blocks. Requests that share a prefix of hash ids share
 exactly that token prefix (a shared partial last block included, up to the shorter length), and
-only that: distinct ids give unrelated random tokens. Clipping, for a model with a short context:
+only that: distinct ids give unrelated random tokens. Clipping at expansion, token by token:
 ``max_input_tokens`` keeps only the first ``max_input_tokens`` tokens of each scaled prompt (a prefix
 of a shared prefix is still shared, so reuse survives clipping; the clipped tail is simply never
-asked for), and ``max_output_tokens`` caps the scaled ``ceil(output_length / scale)`` (an output of
-0 stays 0). For the ``tiny`` model (context 1,024) use e.g. ``scale=16``, ``max_output_tokens=16``,
-``max_input_tokens=1024 - 16``. Token ids lie in ``0..vocab-1``; the default ``vocab=256`` keeps them
+asked for), and ``max_output_tokens`` caps the scaled ``ceil(output_length / scale)`` (an output of 0
+stays 0). A replay clips with ``clip_trace`` first (whole blocks, counted; above) and expands with
+``max_output_tokens`` only: for the ``tiny`` model (context 1,024) e.g. ``scale=16``,
+``max_output_tokens=16``. Token ids lie in ``0..vocab-1``; the default ``vocab=256`` keeps them
 byte tokens of the reference tokenizer (never a special token).
 
 **Bounds** (``BlockTrace``, at the engine's block granularity, default 16 expanded tokens). A block is
@@ -61,10 +92,12 @@ is always recomputed). Ratios are token-weighted: hit blocks x block size over a
 - ``lru(capacity_blocks)``: not a bound but a reference online policy on the same blocks (LRU,
   prefix-contiguous hits, each request's blocks refreshed deepest first as the engine frees them).
 
-CLI: write a generated trace and print its summary, or summarise an existing one::
+CLI: write a generated trace and print its summary, or summarise an existing one (clipped with
+``clip_trace`` to ``--context`` tokens, the tiny model's 1,024 by default, and ``--max-output-tokens``)::
 
     .venv/bin/python -m bench.traces --out trace.jsonl [--sessions N] [--seed S] [--scale 16] ...
-    .venv/bin/python -m bench.traces --trace trace.jsonl [--scale 16] ...
+    .venv/bin/python -m bench.traces --out trace.jsonl --shape fast25 [--requests 12031] [--seed S] ...
+    .venv/bin/python -m bench.traces --trace trace.jsonl [--scale 16] [--context 1024] ...
 """
 
 from __future__ import annotations
@@ -85,17 +118,22 @@ __all__ = [
     "HASH_BLOCK_TOKENS",
     "BlockTrace",
     "Bound",
+    "Clipping",
+    "SHAPES",
     "ExpandedRequest",
     "TraceFormatError",
     "TraceRequest",
     "belady_bound",
     "block_token_ids",
+    "clip_trace",
     "expand_request",
     "expand_trace",
+    "generate_fast25_trace",
     "generate_trace",
     "infinite_cache_bound",
     "parse_trace",
     "read_trace",
+    "session_sizes",
     "summarize",
     "write_trace",
 ]
@@ -291,6 +329,205 @@ def generate_trace(
         ids = tuple(renumber.setdefault(h, len(renumber)) for h in req.hash_ids)
         out_reqs.append(TraceRequest(t, req.input_length, req.output_length, ids))
     return out_reqs
+
+
+#: Generated shapes: ``sessions`` (``generate_trace``: shared system prompts, multi-turn sessions,
+#: one-offs) and ``fast25`` (``generate_fast25_trace``: the public conversation trace's shape).
+SHAPES = ("sessions", "fast25")
+#: Requests of the public FAST'25 conversation trace (``generate_fast25_trace``'s default).
+FAST25_REQUESTS = 12_031
+
+
+def generate_fast25_trace(
+    *,
+    requests: int = FAST25_REQUESTS,
+    median_input: int = 6_200,
+    min_input: int = 891,
+    max_input: int = 126_000,
+    spread: tuple[float, float] = (1.55, 1.1),
+    reuse_share: float = 0.42,
+    reuse_recency: int = 1_000,
+    multi_turn_share: float = 0.001,
+    output_median: int = 350,
+    max_output: int = 2_000,
+    duration_ms: int | None = None,
+    seed: int = 0,
+) -> list[TraceRequest]:
+    """A trace of ``requests`` requests shaped like the FAST'25 conversation trace (module docstring),
+    in arrival order, deterministic from the arguments. ``median_input``: the median of the prompts
+    that reuse nothing (the whole trace's comes out near 6.9K); ``spread``: the log-normal's sigma below
+    and above it; ``reuse_recency``: the mean distance, in requests, back to a reused request;
+    ``duration_ms`` defaults to 294 ms a request (the public trace's hour). Raises ``ValueError`` for a
+    count below 1, lengths out of order, a share outside [0, 1] or a recency below 1."""
+    if not _is_int(requests) or requests < 1:
+        raise ValueError(f"requests must be an int >= 1, got {requests!r}")
+    if not all(_is_int(v) for v in (median_input, min_input, max_input)) or not (
+        1 <= min_input <= median_input <= max_input
+    ):
+        raise ValueError(
+            f"need ints 1 <= min_input <= median_input <= max_input, got {min_input}, {median_input}, {max_input}"
+        )
+    if not (_is_int(output_median) and _is_int(max_output)) or not 1 <= output_median <= max_output:
+        raise ValueError(f"need ints 1 <= output_median <= max_output, got {output_median}, {max_output}")
+    if not _is_int(reuse_recency) or reuse_recency < 1:
+        raise ValueError(f"reuse_recency must be an int >= 1, got {reuse_recency!r}")
+    for name, share in (("reuse_share", reuse_share), ("multi_turn_share", multi_turn_share)):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{name} must lie in [0, 1], got {share!r}")
+    if len(spread) != 2 or not all(s >= 0 for s in spread):
+        raise ValueError(f"spread must be two sigmas >= 0, got {spread!r}")
+    if duration_ms is None:
+        duration_ms = max(1, 294 * requests)
+    if not _is_int(duration_ms) or duration_ms < 1:
+        raise ValueError(f"duration_ms must be an int >= 1, got {duration_ms!r}")
+
+    rng = random.Random(seed)
+    B = HASH_BLOCK_TOKENS
+    next_id = 1  # id 0: the system block every prompt opens with
+
+    def fresh(n: int) -> list[int]:
+        nonlocal next_id
+        ids = list(range(next_id, next_id + n))
+        next_id += n
+        return ids
+
+    def input_length() -> int:
+        while True:
+            z = rng.gauss(0.0, 1.0)
+            n = round(median_input * math.exp(z * spread[0 if z < 0 else 1]))
+            if n <= max_input:
+                break
+        if n < min_input:  # the floor: a system prompt and a short question
+            n = min(max_input, min_input + int(rng.expovariate(1 / 40)))
+        return max(n, 1)
+
+    def output_length() -> int:
+        return max(1, min(max_output, round(rng.gauss(output_median, output_median / 2))))
+
+    rate = requests / duration_ms
+    t = 0.0
+    follow_ups: list[tuple[float, int, tuple[int, ...], int]] = []  # (due ms, order, ids, length so far)
+    made: list[TraceRequest] = []
+    for _ in range(requests):
+        t += rng.expovariate(rate)
+        ts = int(t)
+        if follow_ups and follow_ups[0][0] <= t:
+            _, _, prev, length = heapq.heappop(follow_ups)  # a session's next turn
+            length = min(max_input, length + input_length() // 8)
+            ids = list(prev) + fresh(max(0, -(-length // B) - len(prev)))
+            ids = ids[: -(-length // B)]
+        else:
+            src: tuple[int, ...] = ()
+            if made and rng.random() < reuse_share:
+                back = int(rng.expovariate(1 / reuse_recency))
+                src = made[-1 - back if back < len(made) else rng.randrange(len(made))].hash_ids
+            if len(src) >= 3:
+                # most of the source's prefix (never all of it: that would be the source's next turn),
+                # then a tail of its own: the shared part is most of the new prompt
+                k = min(len(src) - 1, max(2, round(rng.uniform(0.6, 1.0) * len(src))))
+                length = min(max_input, k * B + max(1, round(k * B * rng.uniform(0.05, 0.5))))
+                ids = list(src[:k]) + fresh(-(-length // B) - k)
+            else:
+                length = input_length()
+                ids = [0] + fresh(-(-length // B) - 1)
+        out = output_length()
+        req = TraceRequest(ts, length, out, tuple(ids))
+        made.append(req)
+        if rng.random() < multi_turn_share:
+            due = t + rng.uniform(30_000, 180_000)
+            heapq.heappush(follow_ups, (due, len(made), req.hash_ids, length + out))
+    # Renumber ids in order of first appearance, as Mooncake's files are.
+    renumber: dict[int, int] = {}
+    return [
+        TraceRequest(r.timestamp, r.input_length, r.output_length,
+                     tuple(renumber.setdefault(h, len(renumber)) for h in r.hash_ids))
+        for r in made
+    ]
+
+
+def session_sizes(requests: Sequence[TraceRequest]) -> list[int]:
+    """Requests per session, sessions in order of their first request: a request continues the
+    session of the latest earlier request of at least two hash ids whose ids are all a prefix of its
+    own (a next turn: the previous prompt, its answer, a new message); else it opens a session."""
+    keys: dict[tuple[int, int], int] = {}  # (parent prefix key, id) -> prefix key
+    ends: dict[int, int] = {}  # prefix key -> session of the latest request whose ids end there
+    sizes: list[int] = []
+    for req in requests:
+        session, key, chain = None, -1, []
+        for h in req.hash_ids:
+            key = keys.setdefault((key, h), len(keys))
+            chain.append(key)
+        for k in reversed(chain[1:-1] if len(chain) > 2 else []):
+            if k in ends:
+                session = ends[k]
+                break
+        if session is None:
+            session = len(sizes)
+            sizes.append(0)
+        sizes[session] += 1
+        if len(chain) >= 2:
+            ends[chain[-1]] = session
+    return sizes
+
+
+# ---------------------------------------------------------------------- clipping
+@dataclass(frozen=True)
+class Clipping:
+    """What ``clip_trace`` did: ``clipped`` of ``requests`` requests lost ``dropped_tokens`` of the
+    trace's ``input_tokens`` prompt tokens (trace scale); kept prompts hold at most ``max_blocks``
+    hash blocks."""
+
+    requests: int
+    clipped: int
+    input_tokens: int
+    dropped_tokens: int
+    max_blocks: int
+
+    @property
+    def token_share(self) -> float:
+        """Share of the trace's prompt tokens dropped."""
+        return self.dropped_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
+def clip_trace(
+    requests: Sequence[TraceRequest],
+    *,
+    context: int,
+    scale: int = 1,
+    max_output_tokens: int | None = None,
+) -> tuple[list[TraceRequest], Clipping]:
+    """Every request fitted to a model of ``context`` tokens at ``scale`` (the module docstring's
+    rule: leading whole hash blocks, as many as fit beside the scaled, capped output) and what was
+    dropped. Requests that fit are returned as they are. Raises ``ValueError`` for a bad scale,
+    context or output cap, or a context with no room for one hash block beside an output."""
+    _check_scale(scale)
+    if not _is_int(context) or context < 1:
+        raise ValueError(f"context must be an int >= 1, got {context!r}")
+    if max_output_tokens is not None and (not _is_int(max_output_tokens) or max_output_tokens < 0):
+        raise ValueError(f"max_output_tokens must be an int >= 0 or None, got {max_output_tokens!r}")
+    per_block = HASH_BLOCK_TOKENS // scale
+    out: list[TraceRequest] = []
+    clipped = dropped = total = 0
+    for req in requests:
+        total += req.input_length
+        n_out = -(-req.output_length // scale)
+        if max_output_tokens is not None:
+            n_out = min(n_out, max_output_tokens)
+        if -(-req.input_length // scale) + n_out <= context:
+            out.append(req)
+            continue
+        keep = (context - n_out) // per_block
+        if keep < 1:
+            raise ValueError(
+                f"a context of {context} tokens has no room for one hash block ({per_block} tokens at scale "
+                f"1/{scale}) beside an output of {n_out}: use a larger scale or a smaller output cap"
+            )
+        length = keep * HASH_BLOCK_TOKENS
+        clipped += 1
+        dropped += req.input_length - length
+        out.append(TraceRequest(req.timestamp, length, req.output_length, req.hash_ids[:keep]))
+    longest = max((len(r.hash_ids) for r in out), default=0)
+    return out, Clipping(len(out), clipped, total, dropped, longest)
 
 
 # ---------------------------------------------------------------------- expansion
@@ -524,23 +761,38 @@ def summarize(
     requests: Sequence[TraceRequest],
     *,
     scale: int = 1,
+    context: int | None = None,
+    max_output_tokens: int | None = None,
     max_input_tokens: int | None = None,
     block_size: int = 16,
     capacity_fracs: Sequence[float] = (),
 ) -> dict[str, float]:
-    """Figures of a trace: requests, full-scale input tokens, unique hash ids, expanded prompt tokens,
-    unique blocks of ``block_size`` expanded tokens, the infinite-cache bound and, for each fraction
-    ``f`` of ``capacity_fracs``, Belady and LRU at ``max(1, round(f * unique_blocks))`` blocks."""
-    expanded = expand_trace(requests, scale=scale, max_input_tokens=max_input_tokens)
-    bt = BlockTrace.from_prompts((e.tokens for e in expanded), block_size=block_size)
+    """Figures of a trace: requests, sessions and the share of single-request ones, full-scale input
+    tokens (median, max), unique hash ids; with a ``context``, what ``clip_trace`` dropped to fit it
+    (requests clipped, share of prompt tokens); expanded prompt tokens (clipped to ``max_input_tokens``
+    too when given), unique blocks of ``block_size`` expanded tokens, the infinite-cache bound and,
+    for each fraction ``f`` of ``capacity_fracs``, Belady and LRU at ``max(1, round(f * unique_blocks))``
+    blocks."""
+    sessions = session_sizes(requests)
+    lengths = sorted(r.input_length for r in requests)
     out: dict[str, float] = {
         "requests": len(requests),
-        "input_tokens": sum(r.input_length for r in requests),
+        "sessions": len(sessions),
+        "single_request_sessions": sum(n == 1 for n in sessions) / len(sessions) if sessions else 0.0,
+        "input_tokens": sum(lengths),
+        "median_input": lengths[len(lengths) // 2] if lengths else 0,
+        "max_input": lengths[-1] if lengths else 0,
         "unique_hash_ids": len({h for r in requests for h in r.hash_ids}),
-        "expanded_tokens": bt.query_tokens,
-        "unique_blocks": bt.unique_blocks,
-        "infinite_hit": bt.infinite().ratio,
     }
+    if context is not None:
+        requests, clip = clip_trace(requests, context=context, scale=scale, max_output_tokens=max_output_tokens)
+        out["clipped_requests"] = clip.clipped
+        out["clipped_token_share"] = clip.token_share
+    expanded = expand_trace(requests, scale=scale, max_input_tokens=max_input_tokens)
+    bt = BlockTrace.from_prompts((e.tokens for e in expanded), block_size=block_size)
+    out["expanded_tokens"] = bt.query_tokens
+    out["unique_blocks"] = bt.unique_blocks
+    out["infinite_hit"] = bt.infinite().ratio
     for frac in capacity_fracs:
         cap = max(1, round(frac * bt.unique_blocks))
         out[f"belady_{frac:g}_blocks"] = cap
@@ -554,6 +806,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--out", help="write a generated trace to this file")
     src.add_argument("--trace", help="summarise this existing trace instead of generating one")
+    ap.add_argument("--shape", choices=SHAPES, default="sessions",
+                    help="generated shape: sessions (generate_trace, the options below) or fast25 (the public "
+                         "conversation trace's shape, generate_fast25_trace)")
+    ap.add_argument("--requests", type=int, default=FAST25_REQUESTS,
+                    help=f"requests of a fast25 trace (default {FAST25_REQUESTS:,}, the public trace's)")
     ap.add_argument("--sessions", type=int, default=32)
     ap.add_argument("--system-prompts", type=int, default=4)
     ap.add_argument("--min-turns", type=int, default=2)
@@ -561,43 +818,51 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--one-offs", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=int, default=16, help="lengths divided by this for the summary (divides 512)")
-    ap.add_argument(
-        "--max-input-tokens", type=int, default=1024 - 16,
-        help="scaled prompts clipped to this many tokens (default: the tiny model's 1,024 minus 16 output)",
-    )
+    ap.add_argument("--context", type=int, default=1024,
+                    help="requests clipped (clip_trace) to this model context for the summary (default: the "
+                         "tiny model's 1,024)")
+    ap.add_argument("--max-output-tokens", type=int, default=16,
+                    help="scaled outputs capped at this when fitting the context (default 16)")
     ap.add_argument("--block-size", type=int, default=16)
     args = ap.parse_args(argv)
 
     try:
         if args.out:
-            reqs = generate_trace(
-                sessions=args.sessions,
-                system_prompts=args.system_prompts,
-                turns=(args.min_turns, args.max_turns),
-                one_offs=args.one_offs,
-                seed=args.seed,
-            )
+            if args.shape == "fast25":
+                reqs = generate_fast25_trace(requests=args.requests, seed=args.seed)
+            else:
+                reqs = generate_trace(
+                    sessions=args.sessions,
+                    system_prompts=args.system_prompts,
+                    turns=(args.min_turns, args.max_turns),
+                    one_offs=args.one_offs,
+                    seed=args.seed,
+                )
             write_trace(args.out, reqs)
             path = args.out
         else:
             path = args.trace
             reqs = read_trace(path)
         summary = summarize(
-            reqs, scale=args.scale, max_input_tokens=args.max_input_tokens, block_size=args.block_size,
-            capacity_fracs=(0.125, 0.5),
+            reqs, scale=args.scale, context=args.context, max_output_tokens=args.max_output_tokens,
+            block_size=args.block_size, capacity_fracs=(0.125, 0.5),
         )
     except (TraceFormatError, ValueError, OSError) as exc:
         ap.exit(2, f"bench.traces: {exc}\n")
 
-    print(f"trace {path}: scale 1/{args.scale}, prompts clipped to {args.max_input_tokens} tokens, "
-          f"block size {args.block_size}")
-    header = f"{'figure':<34} {'value':>12}"
+    print(f"trace {path}: scale 1/{args.scale}, clipped to a context of {args.context} tokens "
+          f"({args.max_output_tokens} of them output), block size {args.block_size}")
+    header = f"{'figure':<36} {'value':>12}"
     print(header)
     print("-" * len(header))
     rows = [
         ("requests", f"{summary['requests']:d}"),
+        ("sessions (single-request share)", f"{summary['sessions']:d} ({summary['single_request_sessions']:.1%})"),
         ("input tokens (trace scale)", f"{summary['input_tokens']:d}"),
+        ("median / max input (trace scale)", f"{summary['median_input']:d} / {summary['max_input']:d}"),
         ("unique hash ids (512-token blocks)", f"{summary['unique_hash_ids']:d}"),
+        ("clipped requests (tokens dropped)",
+         f"{summary['clipped_requests']:d} ({summary['clipped_token_share']:.1%})"),
         ("prompt tokens (expanded)", f"{summary['expanded_tokens']:d}"),
         ("unique blocks (expanded)", f"{summary['unique_blocks']:d}"),
         ("infinite-cache hit", f"{summary['infinite_hit']:.1%}"),
@@ -607,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows.append((f"belady hit @ {cap:d} blocks ({frac:g})", f"{summary[f'belady_{frac:g}_hit']:.1%}"))
         rows.append((f"lru hit @ {cap:d} blocks ({frac:g})", f"{summary[f'lru_{frac:g}_hit']:.1%}"))
     for name, value in rows:
-        print(f"{name:<34} {value:>12}")
+        print(f"{name:<36} {value:>12}")
     print("RESULT " + " ".join(
         f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in summary.items()
     ))

@@ -15,12 +15,15 @@ from bench.traces import (
     TraceRequest,
     belady_bound,
     block_token_ids,
+    clip_trace,
     expand_request,
     expand_trace,
+    generate_fast25_trace,
     generate_trace,
     infinite_cache_bound,
     parse_trace,
     read_trace,
+    session_sizes,
     write_trace,
 )
 
@@ -117,6 +120,129 @@ def test_generator_rejects_bad_arguments():
         generate_trace(turns=(3, 2))
     with pytest.raises(ValueError, match="at least one"):
         generate_trace(sessions=0, one_offs=0)
+
+
+# ---------------------------------------------------------------------- the FAST'25 shape
+@cache
+def _fast25(requests: int = traces.FAST25_REQUESTS, seed: int = 0) -> tuple[TraceRequest, ...]:
+    return tuple(generate_fast25_trace(requests=requests, seed=seed))
+
+
+def test_fast25_shape_matches_the_public_conversation_trace(tmp_path):
+    reqs = list(_fast25())
+    assert len(reqs) == 12_031
+    lengths = sorted(r.input_length for r in reqs)
+    median = lengths[len(lengths) // 2]
+    assert 6_200 <= median <= 7_600  # the public trace: 6,909
+    assert 100_000 <= lengths[-1] <= 126_000  # the public trace: 126,195
+    assert lengths[0] >= 891
+    assert 9_000 <= sum(lengths) / len(lengths) <= 15_000  # the public trace: 12,035
+    outs = [r.output_length for r in reqs]
+    assert max(outs) <= 2_000 and min(outs) >= 1
+    sessions = session_sizes(reqs)
+    assert sum(sessions) == len(reqs)
+    assert sum(n == 1 for n in sessions) / len(sessions) >= 0.99  # almost every session a single request
+    assert max(sessions) >= 2  # and a few follow-up turns
+    assert all(r.hash_ids[0] == 0 for r in reqs)  # one shared system block
+    # Shared prefixes: a good part of the requests reuse more than the system block of an earlier one.
+    seen: set[tuple[int, ...]] = set()
+    reusing = 0
+    for r in reqs:
+        reusing += r.hash_ids[:2] in seen
+        seen.update(r.hash_ids[:k] for k in range(1, len(r.hash_ids) + 1))
+    assert 0.25 <= reusing / len(reqs) <= 0.5  # the public trace: 39%
+    # A valid trace, in arrival order, ids numbered in order of first appearance, about an hour long.
+    path = tmp_path / "fast25.jsonl"
+    write_trace(path, reqs)
+    assert read_trace(path) == reqs
+    first_seen: dict[int, None] = {}
+    for r in reqs:
+        first_seen.update(dict.fromkeys(r.hash_ids))
+    assert list(first_seen) == list(range(len(first_seen)))
+    assert 3_000_000 <= reqs[-1].timestamp <= 4_200_000
+
+
+def test_fast25_generator_is_deterministic_and_sized():
+    assert _fast25(200) == tuple(generate_fast25_trace(requests=200))
+    assert _fast25(200) != _fast25(200, seed=1)
+    assert len(_fast25(17)) == 17
+    for bad in ({"requests": 0}, {"min_input": 10_000, "median_input": 5_000}, {"reuse_share": 1.5},
+                {"reuse_recency": 0}, {"output_median": 3_000}):
+        with pytest.raises(ValueError):
+            generate_fast25_trace(**bad)
+
+
+def test_fast25_bounds_on_the_whole_trace():
+    summary = traces.summarize(list(_fast25()), scale=16, context=1024, max_output_tokens=16)
+    assert summary["requests"] == 12_031
+    assert 0.2 <= summary["infinite_hit"] <= 0.55  # the public trace's hash-level bound: 37%
+    assert summary["clipped_requests"] > 0 and 0 < summary["clipped_token_share"] < 1
+
+
+def test_session_sizes():
+    a = TraceRequest(0, 1100, 10, (0, 1, 2))
+    turn2 = TraceRequest(1, 2000, 10, (0, 1, 2, 3))  # extends all of a: a's next turn
+    other = TraceRequest(2, 1100, 10, (0, 1, 4))  # shares a prefix only: a session of its own
+    dup = TraceRequest(3, 1100, 10, (0, 1, 2))  # the same prompt again: not a next turn
+    turn3 = TraceRequest(4, 2600, 10, (0, 1, 2, 3, 5, 6))
+    assert session_sizes([a, turn2, other, dup, turn3]) == [3, 1, 1]
+    assert session_sizes([TraceRequest(0, 5, 1, (0,)), TraceRequest(1, 600, 1, (0, 1))]) == [1, 1]
+
+
+# ---------------------------------------------------------------------- clipping
+def test_clipping_keeps_whole_leading_blocks_and_shared_prefixes():
+    long_a = TraceRequest(0, 40 * 512 - 100, 900, tuple(range(40)))
+    long_b = TraceRequest(1, 60 * 512, 900, tuple(range(35)) + tuple(range(100, 125)))  # shares 35 blocks
+    short = TraceRequest(2, 3 * 512 - 7, 900, (500, 501, 502))  # fits: left as it is
+    tight = TraceRequest(3, 31 * 512 + 1, 32, tuple(range(300, 332)))  # 993 + 2 output: fits exactly
+    no_out = TraceRequest(4, 33 * 512, 0, tuple(range(400, 433)))  # 1,056 + 0 output: 32 blocks fit
+    reqs = [long_a, long_b, short, tight, no_out]
+    clipped, clip = clip_trace(reqs, context=1024, scale=16, max_output_tokens=16)
+    # (1024 - 16) // 32 = 31 whole hash blocks at scale 1/16
+    assert clipped[0] == TraceRequest(0, 31 * 512, 900, tuple(range(31)))
+    assert clipped[1] == TraceRequest(1, 31 * 512, 900, tuple(range(31)))
+    assert clipped[2] is short and clipped[3] is tight
+    assert clipped[4] == TraceRequest(4, 32 * 512, 0, tuple(range(400, 432)))
+    assert (clip.requests, clip.clipped, clip.max_blocks) == (5, 3, 32)
+    assert clip.input_tokens == sum(r.input_length for r in reqs)
+    assert clip.dropped_tokens == (9 * 512 - 100) + 29 * 512 + 512
+    assert clip.token_share == pytest.approx(clip.dropped_tokens / clip.input_tokens)
+    # Still a valid trace, and every expanded prompt fits the context beside its (capped) output.
+    assert parse_trace(r.to_json() for r in clipped) == clipped
+    expanded = expand_trace(clipped, scale=16, max_output_tokens=16)
+    for ex in expanded:
+        assert len(ex.tokens) + ex.output_length <= 1024
+    # The shared prefix stays shared: both long prompts clip to the same 31 whole blocks.
+    assert expanded[0].tokens == expanded[1].tokens == expand_request(long_a, scale=16)[: 31 * 32]
+    bt = BlockTrace.from_prompts([ex.tokens for ex in expanded])
+    assert bt.infinite().hit_tokens == (31 * 32 - 1) // 16 * 16  # the second hits all but the last block
+
+
+def test_clipping_keeps_common_prefixes_on_generated_traces():
+    reqs = list(_fast25(400))
+    clipped, clip = clip_trace(reqs, context=1024, scale=16, max_output_tokens=16)
+    assert clip.clipped == sum(-(-r.input_length // 16) + min(-(-r.output_length // 16), 16) > 1024 for r in reqs) > 0
+    for before, after in zip(reqs, clipped, strict=True):
+        assert before.hash_ids[: len(after.hash_ids)] == after.hash_ids
+        assert len(after.hash_ids) == -(-after.input_length // 512)
+    rng = random.Random(0)
+    for _ in range(300):
+        (a, ca), (b, cb) = rng.sample(list(zip(reqs, clipped, strict=True)), 2)
+        common = next((i for i, (x, y) in enumerate(zip(a.hash_ids, b.hash_ids)) if x != y),
+                      min(len(a.hash_ids), len(b.hash_ids)))
+        kept = next((i for i, (x, y) in enumerate(zip(ca.hash_ids, cb.hash_ids)) if x != y),
+                    min(len(ca.hash_ids), len(cb.hash_ids)))
+        assert kept == min(common, len(ca.hash_ids), len(cb.hash_ids))
+
+
+def test_clipping_rejects_a_context_without_room_for_a_block():
+    r = TraceRequest(0, 4 * 512, 900, (0, 1, 2, 3))  # output: 57 tokens at 1/16, capped at 16
+    with pytest.raises(ValueError, match="no room for one hash block"):
+        clip_trace([r], context=40, scale=16, max_output_tokens=16)  # 24 tokens left, a block is 32
+    assert clip_trace([r], context=48, scale=16, max_output_tokens=16)[1].clipped == 1
+    for bad in ({"context": 0}, {"context": 1024, "scale": 3}, {"context": 1024, "max_output_tokens": -1}):
+        with pytest.raises(ValueError):
+            clip_trace([r], **bad)
 
 
 # ---------------------------------------------------------------------- expansion
