@@ -9,16 +9,25 @@ head unless ``RAY_ADDRESS`` names a cluster; start a Celery worker and the web s
 (``workers.webserver``: uvicorn serving ``controlplane.asgi:application`` with a connection cap, header
 and body timeouts and no trust in proxy headers; the app also samples the cache counters every 30 s for the
 dashboard's charts: ``STRATA_SAMPLER=1``) on ``127.0.0.1:$PORT`` (default 8000); print the URL and how to
-log in; wait. Ctrl-C, SIGTERM or the death of any child stops every process it started (SIGTERM to
-each child's process group, a grace period, then SIGKILL to the group and to any descendant that
-left it) and the launcher exits.
+log in; wait. Ctrl-C or SIGTERM stops every process it started (SIGTERM to each child's process
+group, a grace period, then SIGKILL to the group and to any descendant that left it) and the
+launcher exits.
+
+Supervision: the Ray head, the Celery worker and the web server are restarted when they die
+(``Launcher.restart_policy``: backoff 1, 2, 4 ... 30 s; each restart logged with the exit code or
+signal and the last lines of the child's log). When the Ray head dies, the web server and the Celery
+worker are stopped with it and started again once the new head listens (their Ray connection, their
+cached actor handles and the replicas themselves died with the old head; a fresh process joins the
+new one). A crash loop (more than 5 deaths of one child within 5 minutes) stops the platform with
+one message. ``$STRATA_HOME/processes.json`` (``workers.process_status``) says what each child is
+doing; ``/readyz`` (operator details) and the console's dashboard show it.
 
 The Ray head runs as ``ray start --head --block`` under the supervisor: on SIGTERM it tears down its
 own daemons (GCS, raylet, workers, detached actors). ``ray stop`` is deliberately not used: it kills
 every Ray process of the machine, including clusters this launcher did not start.
 
 Children's output goes to ``$STRATA_HOME/logs/<name>.log`` (``--verbose``: to this console instead);
-the last lines of a child's log are printed when it dies unexpectedly.
+the last lines of a child's log are printed when it dies.
 
 Private state: the launcher and every child run under umask 0077, ``$STRATA_HOME`` and ``logs/`` are
 0700 and the files in them 0600 (files left by older versions are tightened on start). The demo's
@@ -52,9 +61,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import strata_env
+from workers import process_status
 from workers.actor import WORKER_RESOURCE  # the custom resource worker nodes advertise
 from workers.config import apply_ray_env
-from workers.supervisor import Supervisor, private_dir, private_files, say
+from workers.restarts import RestartPolicy
+from workers.supervisor import Supervisor, private_dir, private_files, say, tail
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PLATFORM_DIR = REPO_ROOT / "platform"
@@ -112,13 +123,6 @@ def join_command(host: str, port: int, auth_file: str = "/path/to/ray_auth_token
             f"ray start --address={host}:{port} --resources='{resources}' --block")
 
 
-def tail(path: Path | None, lines: int = 20) -> str:
-    if path is None or not path.exists():
-        return ""
-    text = path.read_bytes()[-16384:].decode(errors="replace").splitlines()
-    return "\n".join("    " + line for line in text[-lines:])
-
-
 def http_status(url: str, timeout: float = 2.0) -> int | None:
     """The HTTP status of GET ``url`` (any status), or None when nothing answers."""
     try:
@@ -173,9 +177,13 @@ class Config:
 class Launcher:
     """The ``make run`` sequence on top of a :class:`Supervisor`."""
 
+    restart_policy = RestartPolicy()  # for the Ray head, the Celery worker and the web server
+
     def __init__(self, cfg: Config, sup: Supervisor | None = None) -> None:
         self.cfg = cfg
         self.sup = sup or Supervisor(umask=PRIVATE_UMASK)
+        if self.sup.status_path is None:
+            self.sup.status_path = process_status.path_in(cfg.home)
         self.logs = cfg.home / "logs"
         self.env = self._child_env()
         self.ray_port: int | None = None
@@ -288,7 +296,8 @@ class Launcher:
         self.env.update(ray_bind_env(host))  # the head and every driver (web, Celery) agree on the address
         env = {**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # one node: nothing to drain
         say(f"starting a local Ray head on {host}:{port}")
-        child = self.sup.start("ray-head", argv, env=env, cwd=REPO_ROOT, log_path=self._log("ray-head"))
+        child = self.sup.start("ray-head", argv, env=env, cwd=REPO_ROOT, log_path=self._log("ray-head"),
+                               restart=self.restart_policy, ready=lambda: port_open(host, port))
         deadline = time.monotonic() + 120
         while not port_open(host, port):
             if child.proc.poll() is not None:
@@ -323,7 +332,12 @@ class Launcher:
         say("starting the Celery worker")
         argv = [self._bin("celery"), "-A", "controlplane.celery_app", "worker", "-l", "info",
                 "--concurrency", "1", "--pool", "threads", "--hostname", f"strata-{os.getpid()}@%h"]
-        self.sup.start("celery", argv, env=self.env, cwd=REPO_ROOT, log_path=self._log("celery"))
+        self.sup.start("celery", argv, env=self.env, cwd=REPO_ROOT, log_path=self._log("celery"),
+                       restart=self.restart_policy, after=self._after_ray())
+
+    def _after_ray(self) -> str | None:
+        """``"ray-head"`` when this launcher runs the Ray head: its drivers start again after it."""
+        return "ray-head" if self.ray_port else None
 
     def start_web(self) -> None:
         say(f"starting the web server on http://{HOST}:{self.cfg.port}")
@@ -331,8 +345,10 @@ class Launcher:
         # The web process also runs the stats sampler (controlplane.timeseries; STRATA_SAMPLER=0 turns it off).
         # ... and starts a deployment's replicas when it is created or granted (controlplane.runtime.warm).
         env = {strata_env.SAMPLER: "1", strata_env.WARM_REPLICAS: "1", **self.env}
-        child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"))
         url = f"http://{HOST}:{self.cfg.port}/healthz"
+        child = self.sup.start("web", argv, env=env, cwd=REPO_ROOT, log_path=self._log("web"),
+                               restart=self.restart_policy, after=self._after_ray(),
+                               ready=lambda: http_status(url) is not None)
         deadline = time.monotonic() + 120
         while True:
             status = http_status(url)
@@ -400,9 +416,12 @@ class Launcher:
             self.banner()
             dead = self.sup.watch()
             if dead is not None:
-                say(f"{dead.name} exited unexpectedly (code {dead.proc.returncode}); stopping everything")
-                if dead.log_path:
-                    print(tail(dead.log_path), flush=True)
+                if self.sup.failure:
+                    say(f"error: {self.sup.failure}")
+                else:
+                    say(f"{dead.name} exited unexpectedly (code {dead.proc.returncode}); stopping everything")
+                    if dead.log_path:
+                        print(tail(dead.log_path), flush=True)
                 return 1
             say(f"{self.sup.stop_reason}: stopping")
             return 0
