@@ -36,6 +36,7 @@ from cachecore.engine import CacheEngine
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.runner import CompletionRunner, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
+from cachecore.scheduler.settings import SchedulerSettings
 
 SERIAL_CHUNK = 256  # the old generator's default prefill chunk
 THINK = 0.2  # seconds between the steady tenant's requests
@@ -190,8 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         engine = CacheEngine(loaded.layout, num_blocks=max(256, 4 * max_batch * per_req), device=model.device)
         for owner in ("a", "b"):
             engine.set_inflight_limit(owner, engine.pool.num_blocks * bs)
+        # a step under contention keeps room for every running decode plus a chunk (64 streams: 68 requests)
         sched = Scheduler(engine, token_budget=max(budget or args.token_budget, max_batch + 1),
-                          max_batch=max_batch, policy=policy)
+                          max_batch=max_batch, policy=policy,
+                          contended_budget=max(SchedulerSettings().contended_budget, max_batch + 1))
         return CompletionRunner(model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
                          prefill_chunk=args.chunk)
 
