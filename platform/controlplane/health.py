@@ -10,6 +10,10 @@ Anonymous callers (load balancers, probes) learn only ok / not ok: ``{"status": 
 dependency, vendor, transport, worker figures) is for operators only: a valid operator bearer token
 or a logged-in staff session, checked exactly as the admin API checks them. A caller that cannot be
 verified (bad token, or the database needed to check it is down) gets the anonymous answer.
+
+Operators also get ``processes`` when this platform runs under ``make run``: the supervisor's status
+file (``workers.process_status``: each child's state, restarts, last exit and last restart). It is
+information, not a check: a child being restarted shows there, and readiness is what the checks say.
 """
 
 from __future__ import annotations
@@ -62,6 +66,18 @@ def _run(check) -> dict[str, Any]:
         return {"ok": False, "detail": type(exc).__name__}
 
 
+def processes() -> dict[str, Any] | None:
+    """``make run``'s supervised children as its supervisor last wrote them (``running``: whether that
+    supervisor is alive), or None when this platform was not started by ``make run``."""
+    from workers import process_status
+
+    try:
+        return process_status.read(process_status.path_in(settings.STRATA_HOME))
+    except Exception as exc:  # an unreadable status is no status, never a 500
+        logger.info("supervisor status unreadable: %s", type(exc).__name__)
+        return None
+
+
 @require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
@@ -84,13 +100,17 @@ def readyz(request: HttpRequest) -> JsonResponse:
     checks = {"database": _run(_database), "broker": _run(_broker), "workers": _run(_workers)}
     failing = [name for name, result in checks.items() if result["ok"] is False]
     detailed = is_operator(request)
+    extra = {}
+    if detailed and (supervised := processes()) is not None:
+        extra["processes"] = supervised
     if not failing:
-        response = JsonResponse({"status": "ok", "checks": checks} if detailed else {"status": "ok"})
+        response = JsonResponse({"status": "ok", "checks": checks, **extra} if detailed else {"status": "ok"})
     else:
         message = f"not ready: {', '.join(failing)}" if detailed else "not ready"
         body = {"status": "unavailable", **error_body(503, message, code="not_ready")}
         if detailed:
             body["checks"] = checks
+            body.update(extra)
         response = JsonResponse(body, status=503)
         response["Retry-After"] = "5"
     patch_vary_headers(response, ("Authorization", "Cookie"))  # the body depends on who asks

@@ -89,9 +89,11 @@ def _actor(request: HttpRequest):
 # ---------------------------------------------------------------------- dashboard
 def _dashboard() -> dict[str, Any]:
     """The live region's figures (the charts are outside it: charts.js refreshes them)."""
+    from controlplane.health import processes
+
     stats = cluster_stats()
     return {"stats": present.dashboard(stats), "capacity": live_figures.capacity_bars(stats),
-            "decisions": live_figures.decisions(stats)}
+            "decisions": live_figures.decisions(stats), "processes": processes()}
 
 
 @operator_view
