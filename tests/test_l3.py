@@ -169,7 +169,7 @@ class Raw:
         if self.kind == "fs":
             with open(self._path(name), "rb") as f:
                 return f.read()
-        return self.server.client().hget(self._key(name), "d")
+        return self.server.client().get(self._key(name))
 
     def set(self, name: str, data: bytes) -> None:
         """Overwrite in place (no temp file, no rename): what a torn or damaged write leaves."""
@@ -177,7 +177,7 @@ class Raw:
             with open(self._path(name), "wb") as f:
                 f.write(data)
         else:
-            self.server.client().hset(self._key(name), "d", data)
+            self.server.client().set(self._key(name), data)
 
     def move(self, src: str, dst: str, *, copy: bool = False) -> None:
         """Rename the file / copy the Redis value (``copy=True`` keeps the source)."""
@@ -188,10 +188,11 @@ class Raw:
             else:
                 os.rename(self._path(src), self._path(dst))
         else:
-            client = self.server.client()
-            client.copy(self._key(src), self._key(dst), replace=True)
-            if not copy:
-                client.delete(self._key(src))
+            client, meta = self.server.client(), self.backend._mtime_key
+            for a, b in ((self._key(src), self._key(dst)), (meta(self._key(src)), meta(self._key(dst)))):
+                client.copy(a, b, replace=True)
+                if not copy:
+                    client.delete(a)
 
 
 @pytest.fixture(params=["fs", "redis"])
@@ -323,7 +324,7 @@ def test_open_backend_urls(tmp_path, redis_up):
     r = open_backend(f"redis://127.0.0.1:{redis_up.port}/0?timeout=0.3&prefix=x:")
     assert r.socket_timeout == 0.3 and r.connect_timeout == 0.3 and r.prefix == "x:"
     r.put("a/b", b"1")
-    assert redis_up.client().hget(b"x:a/b", "d") == b"1"
+    assert redis_up.client().get(b"x:a/b") == b"1"
     for bad in ("", "ftp://x", "file://relative/path"):
         with pytest.raises(ValueError):
             open_backend(bad)

@@ -130,8 +130,6 @@ def test_objects_of_frame_format_1_are_never_served_and_are_deleted(raw):  # noq
     first, second = _names(store, tag, hashes)
     for name in (first, second):  # what a format-1 writer left: no expiry in its header
         raw.set(name, bytes([1]) + raw.get(name)[1:5] + raw.get(name)[13:])
-        if raw.kind == "redis":  # format-1 writers kept no header copy
-            raw.server.client().hdel(raw._key(name), "h")
     got = store.get(hashes, tokens, tag, 2 * CB)
     assert got.stopped == "miss" and store.stats["expired"] == 1 and store.stats["corrupt"] == 0
     assert not raw.backend.exists(first)

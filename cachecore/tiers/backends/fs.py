@@ -2,7 +2,8 @@
 
 Layout: the object ``a/b/c`` is the file ``<root>/a/b/c``. The root and every directory are created
 mode 0700, files 0600. A ``put`` writes a temporary file ``.<name>.tmp-<random>`` in the final
-directory, fsyncs it, renames it over the final name (atomic on POSIX) and fsyncs the directory, so
+directory, fsyncs it, renames it over the final name (atomic on POSIX) and fsyncs the directory
+(``put_new`` hard-links it to the final name instead, which fails if that exists), so
 a reader sees the old object or the whole new one, and a writer killed mid-write leaves only a
 temporary file that no read or listing ever returns (``sweep_temp`` removes it later).
 
@@ -23,8 +24,9 @@ import time
 from collections.abc import Callable, Iterator
 
 from cachecore.errors import BackendUnavailable
-from cachecore.tiers.backends.base import Backend, ObjectInfo, check_name
+from cachecore.tiers.backends.base import Backend, Data, ObjectInfo, check_name
 
+_NO_HARD_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV)
 _TEMP = re.compile(r"^\..+\.tmp-[0-9a-f]{16}$")
 
 
@@ -44,7 +46,51 @@ class FileBackend(Backend):
             pass  # reported as BackendUnavailable by the first operation, not at start
 
     # ------------------------------------------------------------------ contract
-    def put(self, name: str, data: bytes | bytearray | memoryview) -> None:
+    def put(self, name: str, data: Data) -> None:
+        tmp, path = self._write_temp(name, data)
+        try:
+            os.replace(tmp, path)
+            if self.fsync:
+                _fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
+
+    def put_new(self, name: str, data: Data) -> bool:
+        tmp, path = self._write_temp(name, data)
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name exists: the file system's create-if-absent
+            written = True
+        except FileExistsError:
+            written = False
+        except OSError as exc:
+            if exc.errno not in _NO_HARD_LINKS:
+                _unlink_quietly(tmp)
+                raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
+            written = self._replace_if_absent(tmp, path)
+        finally:
+            _unlink_quietly(tmp)
+        if written and self.fsync:
+            try:
+                _fsync_dir(os.path.dirname(path))
+            except OSError as exc:
+                raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
+        return written
+
+    def _replace_if_absent(self, tmp: str, path: str) -> bool:
+        """``put_new`` on a file system without hard links: a check, then the rename (not one step:
+        two such writers may both write, each object whole)."""
+        try:
+            if os.path.lexists(path):
+                return False
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:
+            raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
+
+    def _write_temp(self, name: str, data: Data) -> tuple[str, str]:
+        """Write ``data`` to a temporary file beside ``name``'s (fsynced unless ``fsync=False``);
+        returns ``(temporary path, final path)``."""
         path = self._path(name)
         directory = os.path.dirname(path)
         tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(8)}")
@@ -67,18 +113,36 @@ class FileBackend(Backend):
                 os.close(fd)
             if self.before_rename is not None:
                 self.before_rename(tmp)
-            os.replace(tmp, path)
-            if self.fsync:
-                _fsync_dir(directory)
         except OSError as exc:
             _unlink_quietly(tmp)
             raise BackendUnavailable(f"l3 fs put failed: {_why(exc)}") from None
+        return tmp, path
 
     def get(self, name: str) -> bytes | None:
         return self._read(name, -1, "get")
 
     def head(self, name: str, n: int) -> bytes | None:
         return self._read(name, n, "head")
+
+    def get_into(self, name: str, out: memoryview) -> int | None:
+        path = self._path(name)
+        try:
+            with open(path, "rb", buffering=0) as f:  # one inode: a concurrent put replaces, never edits it
+                size = os.fstat(f.fileno()).st_size
+                view, got = out[: min(size, len(out))], 0
+                while got < len(view):
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise BackendUnavailable("l3 fs get failed: the file shrank while read")
+                    got += n
+                return size
+        except FileNotFoundError:
+            self._check_root()
+            return None
+        except IsADirectoryError:
+            return None
+        except OSError as exc:
+            raise BackendUnavailable(f"l3 fs get failed: {_why(exc)}") from None
 
     def _read(self, name: str, n: int, op: str) -> bytes | None:
         """The object's first ``n`` bytes (``-1``: all of it); None when it does not exist."""

@@ -99,6 +99,10 @@ class L3Index:
         self.usage[tenant] = self.usage.get(tenant, 0) + size
         self.total += size
 
+    def has(self, tenant: str, name: str) -> bool:
+        """Whether ``name`` is known as an object of ``tenant``."""
+        return self._objects is not None and name in self._objects.get(tenant, ())
+
     def forget(self, tenant: str, name: str, *, evicted: bool = False) -> None:
         """``name`` is gone (deleted, quarantined; ``evicted``: chosen by ``victims``); nothing if it
         was not known."""

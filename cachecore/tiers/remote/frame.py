@@ -110,12 +110,14 @@ class ChunkFrame:
         created: float,
         kv: torch.Tensor,
         expires: int,
+        slot: int = 0,
     ) -> memoryview:
         """The object ``name`` for chunk ``kv`` (``shape``, the layout's dtype) and its token ids
         (``chunk_tokens`` u32), sealed under ``data_key`` (key ``version``). The frame is this
-        thread's reusable buffer: valid until the thread's next ``seal`` (a backend's ``put`` does not
-        keep ``data`` after it returns: the Backend contract)."""
-        pt_buf, frame_buf = self._scratch_buffers()
+        thread's reusable buffer number ``slot``: valid until the thread's next ``seal`` into the same
+        slot (a batch of writes seals each into its own slot; a backend's ``put`` does not keep
+        ``data`` after it returns: the Backend contract)."""
+        pt_buf, frame_buf = self._scratch_buffers(slot)
         plaintext = self._plaintext(tokens, created, kv, pt_buf)
         aad = self.associated_data(name, tag, version, crypto.FORMAT_VERSION, expires)
         return crypto.seal(data_key, version=version, aad=aad, plaintext=plaintext, out=frame_buf, expires=expires)
@@ -136,13 +138,23 @@ class ChunkFrame:
         out[kvb:] = self._trailer_bytes(tok, created)
         return out
 
-    def _scratch_buffers(self) -> tuple[memoryview, memoryview]:
-        """This thread's reusable (plaintext, frame) buffers: fresh multi-MB buffers per write cost
-        more in page faults than the encryption itself."""
+    def _scratch_buffers(self, slot: int) -> tuple[memoryview, memoryview]:
+        """This thread's reusable plaintext buffer and frame buffer number ``slot``: fresh multi-MB
+        buffers per write cost more in page faults than the encryption itself."""
         local = self._local
-        if getattr(local, "buffers", None) is None:
-            local.buffers = (memoryview(bytearray(self.plaintext_bytes)), memoryview(bytearray(self.frame_bytes)))
-        return local.buffers
+        if getattr(local, "plaintext", None) is None:
+            local.plaintext, local.frames = memoryview(bytearray(self.plaintext_bytes)), []
+        while len(local.frames) <= slot:
+            local.frames.append(memoryview(bytearray(self.frame_bytes)))
+        return local.plaintext, local.frames[slot]
+
+    def read_buffer(self) -> memoryview:
+        """This thread's reusable buffer of ``frame_bytes`` that a read fetches an object into
+        (:meth:`cachecore.tiers.backends.base.Backend.get_into`) before :meth:`open` decrypts it."""
+        local = self._local
+        if getattr(local, "read", None) is None:
+            local.read = memoryview(bytearray(self.frame_bytes))
+        return local.read
 
     # ------------------------------------------------------------------ reading
     def open(

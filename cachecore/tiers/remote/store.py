@@ -8,6 +8,7 @@ accounting (:mod:`~cachecore.tiers.remote.capacity`) and a circuit breaker in fr
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from cachecore.eviction.base import EvictionPolicy
 from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
 from cachecore.hashing import token_buffer
 from cachecore.layout import KVLayout
-from cachecore.tiers.backends.base import Backend, ObjectInfo
+from cachecore.tiers.backends.base import Backend, ObjectInfo, PartialWrite
 from cachecore.tiers.base import Fetched, Tag
 from cachecore.tiers.remote.breaker import CircuitBreaker
 from cachecore.tiers.remote.capacity import L3Index, Victim
@@ -40,6 +41,8 @@ from cachecore.tiers.remote.names import (
 __all__ = ["DEFAULT_CHUNK_BLOCKS", "RemoteStore"]
 
 DEFAULT_CHUNK_BLOCKS = 16
+#: Most frame bytes one ``put_new_many`` carries (each writer thread keeps that many sealed frames).
+MAX_BATCH_BYTES = 16 * 2**20
 
 
 # ---------------------------------------------------------------------- the store
@@ -107,8 +110,9 @@ class RemoteStore:
     # ------------------------------------------------------------------ reads
     def probe(self, hashes: Sequence[bytes], tag: Tag) -> int:
         """Leading blocks of ``hashes`` held in L3 (a multiple of ``chunk_blocks``): asks the backend
-        whether the object of each consecutive chunk exists, stopping at the first missing one. A
-        metadata answer only: ``get`` says what really arrives. A backend error is 0 (counted)."""
+        at once whether the object of each chunk exists (``exists_many``), counting up to the first
+        missing one. A metadata answer only: ``get`` says what really arrives. A backend error is 0
+        (counted)."""
         cb = self.chunk_blocks
         versions = self.keyring.versions(tag.owner)
         self._count("probes")
@@ -116,17 +120,19 @@ class RemoteStore:
             return 0
         if not self._available():
             return 0
-        found = 0
+        k = len(versions)
+        names = [self._name(tag, v, key) for key in self.chunk_keys(hashes) for v in versions]
         try:
-            for c in range(len(hashes) // cb):
-                key = hashes[(c + 1) * cb - 1]
-                if not any(self.backend.exists(self._name(tag, v, key)) for v in versions):
-                    break
-                found += cb
+            held = self.backend.exists_many(names)  # one round trip for the whole chain
         except BackendUnavailable:
             self._trip()
             return 0
         self._breaker.record_success()
+        found = 0
+        for c in range(len(held) // k):
+            if not any(held[c * k : (c + 1) * k]):
+                break
+            found += cb
         return found
 
     def get(
@@ -194,26 +200,30 @@ class RemoteStore:
         """Fetch chunk ``c`` and decrypt it into ``dest``; None when it arrived, else why not."""
         cb = self.chunk_blocks
         key = hashes[(c + 1) * cb - 1]
-        frame = name = None
+        buf = self._frame.read_buffer()
+        size = name = None
         try:
             for v in versions:
                 name = self._name(tag, v, key)
-                frame = self.backend.get(name)
-                if frame is not None:
+                size = self.backend.get_into(name, buf)
+                if size is not None:
                     break
         except BackendUnavailable:
             self._trip()
             return "miss"
         self._breaker.record_success()
-        if frame is None or name is None:
+        if size is None or name is None:
             self._count("misses")
             return "miss"
-        self._count("bytes_out", len(frame))
+        self._count("bytes_out", size)
+        frame = buf[: min(size, len(buf))]
         try:
             header = crypto.frame_header(frame)
             if legacy(header.format_version):  # written before objects carried their expiry
                 self._expire(tag, name)
                 return "miss"
+            if size != len(buf):
+                raise DecryptError("object has the wrong length for this layout")
             if name != self._name(tag, header.key_version, key):
                 raise DecryptError("frame key version differs from the object's name")
             want = token_buffer(tokens[c * self.chunk_tokens : (c + 1) * self.chunk_tokens])
@@ -233,7 +243,7 @@ class RemoteStore:
             self._count("misses")
             return "miss"
         self._count("hits")
-        self._seen(tag, name, len(frame), created)
+        self._seen(tag, name, size, created)
         return None
 
     # ------------------------------------------------------------------ writes
@@ -254,9 +264,60 @@ class RemoteStore:
         second; None: no expiry of its own (only the readers' retention and the sweep's apply).
 
         Skipped (False) when ``tag.persist`` is False, the tenant has no active key, the chunk is
-        already stored (under any key version held), it does not fit the tenant's limit or the
+        already stored (under any key version held; the write itself is conditional, so of two
+        concurrent writers of one chunk one writes), it does not fit the tenant's limit or the
         capacity, or the backend is down. True if written. Raises ``ValueError``/``InvalidKV`` only
         for arguments of the wrong size, shape or dtype."""
+        return self.put_chunks([(hashes, tokens, kv)], tag, created=created, retention_seconds=retention_seconds)[0]
+
+    def put_chunks(
+        self,
+        chunks: Sequence[tuple[Sequence[bytes], Sequence[int], torch.Tensor]],
+        tag: Tag,
+        *,
+        created: float | None = None,
+        retention_seconds: float | None = None,
+    ) -> list[bool]:
+        """:meth:`put_chunk` of each ``(hashes, tokens, kv)`` of one request (one ``tag``, one
+        retention), batched: one ``exists_many`` for the set, then the chunks not stored yet are
+        sealed and written together (``put_new_many``, conditional: Redis writes up to
+        :data:`MAX_BATCH_BYTES` of them in one round trip). One result per chunk. A backend failure
+        part way is counted, keeps what was written before it (accounted), and the rest is False."""
+        checked = [self._check_chunk(h, t, kv) for h, t, kv in chunks]
+        results = [False] * len(chunks)
+        if not chunks:
+            return results
+        if not tag.persist or (active := self.keyring.active(tag.owner)) is None:
+            self._count("skipped", len(chunks))
+            return results
+        version, data_key = active
+        if not self._available():
+            return results
+        names = [self._name(tag, version, h[-1]) for h, _, _ in chunks]
+        stamp = self.clock() if created is None else float(created)
+        expires = expiry(stamp, retention_seconds)
+        tenant = self._tenant_key(tag.owner)
+        try:
+            todo = self._not_stored(chunks, tag)
+            self._ensure_index()
+            per_batch = max(1, MAX_BATCH_BYTES // self._frame_bytes)
+            for at in range(0, len(todo), per_batch):
+                batch = todo[at : at + per_batch]
+                frames = [self._frame.seal(data_key, version=version, name=names[i], tag=tag, tokens=checked[i],
+                                           created=stamp, kv=chunks[i][2], expires=expires, slot=j)
+                          for j, i in enumerate(batch)]
+                self._write_batch(tenant, [(i, names[i], frames[j]) for j, i in enumerate(batch)], stamp, results)
+        except BackendUnavailable:
+            self._trip()
+            self._announce_written(chunks, results)
+            return results
+        self._breaker.record_success()
+        self._announce_written(chunks, results)
+        return results
+
+    def _check_chunk(self, hashes: Sequence[bytes], tokens: Sequence[int], kv: torch.Tensor):
+        """The chunk's token ids as the frame stores them; ``ValueError``/``InvalidKV`` for arguments
+        of the wrong size, shape or dtype."""
         cb = self.chunk_blocks
         if len(hashes) != cb:
             raise ValueError(f"put_chunk needs {cb} hashes, got {len(hashes)}")
@@ -266,53 +327,68 @@ class RemoteStore:
             raise InvalidKV(
                 f"chunk KV must be {self._frame.shape} {self.layout.dtype}, got {tuple(kv.shape)} {kv.dtype}"
             )
-        tok = token_buffer(tokens)
-        if not tag.persist:
-            self._count("skipped")
-            return False
-        active = self.keyring.active(tag.owner)
-        if active is None:
-            self._count("skipped")
-            return False
-        version, data_key = active
-        key = hashes[-1]
-        if not self._available():
-            return False
-        try:
-            for v in self.keyring.versions(tag.owner):
-                if self.backend.exists(self._name(tag, v, key)):
-                    self._count("duplicates")
-                    return False
-            name = self._name(tag, version, key)
-            stamp = self.clock() if created is None else float(created)
-            frame = self._frame.seal(data_key, version=version, name=name, tag=tag, tokens=tok, created=stamp, kv=kv,
-                                     expires=expiry(stamp, retention_seconds))
-            tenant = self._tenant_key(tag.owner)
-            self._ensure_index()
-            with self._lock:
-                victims = self._index.victims(tenant, len(frame), self.capacity_bytes, now=self.clock())
-                if victims is None:
+        return token_buffer(tokens)
+
+    def _not_stored(self, chunks, tag: Tag) -> list[int]:
+        """Indexes of ``chunks`` not stored under any key version the keyring holds: one
+        ``exists_many`` for the whole set, so that a chunk already there costs neither its sealing
+        nor its transfer (the write after it is conditional all the same). The others are counted as
+        duplicates."""
+        versions = self.keyring.versions(tag.owner)
+        k = len(versions)
+        held = self.backend.exists_many([self._name(tag, v, h[-1]) for h, _, _ in chunks for v in versions])
+        todo = [i for i in range(len(chunks)) if not any(held[i * k : (i + 1) * k])]
+        self._count("duplicates", len(chunks) - len(todo))
+        return todo
+
+    def _write_batch(self, tenant: str, batch: list[tuple[int, str, memoryview]], stamp: float,
+                     results: list[bool]) -> None:
+        """Reserve room for ``batch`` (``(chunk index, name, frame)``) in the accounting, evict what
+        that takes, write the frames with one ``put_new_many`` and record the results (an object
+        found already there stays accounted: it is there). Raises ``BackendUnavailable``, after
+        releasing the reservations not written."""
+        reserved: list[tuple[int, str, memoryview]] = []
+        victims: list[Victim] = []
+        with self._lock:
+            for i, name, frame in batch:
+                if self._index.has(tenant, name):  # known here already: counted, and the write is conditional
+                    reserved.append((i, name, frame))
+                    continue
+                chosen = self._index.victims(tenant, len(frame), self.capacity_bytes, now=self.clock())
+                if chosen is None:
                     self.stats["rejected"] += 1
-                    return False
-                for t, n, _ in victims:
+                    continue
+                for t, n, _ in chosen:
                     self._index.forget(t, n, evicted=True)
                 self._index.remember(tenant, name, len(frame), stamp)
-            try:
-                self._evict(victims)
-                self.backend.put(name, frame)
-            except BackendUnavailable:
-                with self._lock:
-                    self._index.forget(tenant, name)
-                raise
-        except BackendUnavailable:
-            self._trip()
-            return False
-        self._breaker.record_success()
-        self._count("objects_written")
-        self._count("bytes_in", len(frame))
-        for listener in self.put_listeners:
-            listener(hashes)
-        return True
+                victims.extend(chosen)
+                reserved.append((i, name, frame))
+        try:
+            self._evict(victims)
+            written = self.backend.put_new_many([(name, frame) for _, name, frame in reserved])
+        except BackendUnavailable as exc:
+            done = set(exc.written) if isinstance(exc, PartialWrite) else set()
+            with self._lock:
+                for i, name, frame in reserved:
+                    if name in done:
+                        results[i] = True
+                        self.stats["objects_written"] += 1
+                        self.stats["bytes_in"] += len(frame)
+                    else:
+                        self._index.forget(tenant, name)
+                self._listed_at = -math.inf  # what a lost reply wrote is found by the next listing
+            raise
+        with self._lock:
+            for (i, _, frame), ok in zip(reserved, written, strict=True):
+                results[i] = ok
+                self.stats["objects_written" if ok else "duplicates"] += 1
+                self.stats["bytes_in"] += len(frame) if ok else 0
+
+    def _announce_written(self, chunks, results: list[bool]) -> None:
+        for (hashes, _, _), ok in zip(chunks, results, strict=True):
+            if ok:
+                for listener in self.put_listeners:
+                    listener(hashes)
 
     def set_tenant_limit(self, tenant: str, max_bytes: int | None) -> None:
         """Cap ``tenant``'s L3 bytes (``max_l3_bytes``); None removes the cap. Enforced by the next
