@@ -27,6 +27,21 @@ def _top(top: dict | None) -> dict:
     return {k: round_logprob(v) for k, v in (top or {}).items()}
 
 
+def stream_error(event: dict) -> dict:
+    """The SSE ``error`` object for a worker's ``error`` event in a stream that already answered 200:
+    the API's error shape (status's ``type``, the worker's ``code``) with ``retryable`` and, when it is,
+    ``retry_after`` (seconds; the ``Retry-After`` a response would carry: the header is long sent).
+    Retryable means what it means for whole answers: a 429 or 503 in ``WORKER_ERRORS`` (an unknown code
+    is the worker's failure: 503, retryable)."""
+    code = event.get("code") or "worker_failed"
+    status, retry_after = WORKER_ERRORS.get(code, (503, 2))
+    body = errors.error_body(status, event.get("message") or "the worker failed", code=code)
+    body["error"]["retryable"] = retry_after is not None
+    if retry_after is not None:
+        body["error"]["retry_after"] = retry_after
+    return body
+
+
 def new_id(kind: str) -> str:
     return f"{kind}-{uuid.uuid4().hex[:24]}"
 

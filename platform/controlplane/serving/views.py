@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from controlplane.common.errors import ApplicationError, InvalidInput, WorkerError, error_body, error_response
+from controlplane.common.errors import ApplicationError, InvalidInput, WorkerError, error_response
 from controlplane.runtime import gateway
 from controlplane.serving import accountant, accounting, context, health, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
@@ -108,9 +108,8 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
                     yield _sse({"id": cid, "object": "chat.completion.chunk" if kind == "chat" else
                                 "text_completion", "created": created, "model": prep.model, "choices": [],
                                 "usage": responses.usage(ev)})
-            elif ev["type"] == "error":
-                status = responses.WORKER_ERRORS.get(ev.get("code", ""), (503, 2))[0]
-                yield _sse(error_body(status, ev.get("message", "worker error"), code=ev.get("code")))
+            elif ev["type"] == "error":  # e.g. the replica died mid-stream: retryable, then [DONE]
+                yield _sse(responses.stream_error(ev))
                 break
         yield _sse("[DONE]")
 
