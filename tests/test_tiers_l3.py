@@ -113,13 +113,13 @@ def test_a_slow_l3_backend_means_recompute_within_the_deadline(loaded, tmp_path,
     gen.prefill_logits(ns, tokens, owner="t")
     gen.engine.drain_writes()
     slow = _gen(loaded, tmp_path, keys, load_deadline_s=0.1)
-    real_get = slow.engine.l3.backend.get
+    real_get = slow.engine.l3.backend.get_into
 
-    def crawl(name):
+    def crawl(name, out):
         time.sleep(1.0)
-        return real_get(name)
+        return real_get(name, out)
 
-    monkeypatch.setattr(slow.engine.l3.backend, "get", crawl)
+    monkeypatch.setattr(slow.engine.l3.backend, "get_into", crawl)
     t0 = time.perf_counter()
     logits, hit = slow.prefill_logits(ns, tokens, owner="t")
     assert hit == 0 and time.perf_counter() - t0 < 0.9  # did not wait for the backend
