@@ -1,7 +1,8 @@
 """The serving path stays lean after the admission steps (issue 17, item 1, follow-up), over HTTP:
 ``serving.gate`` looks the key up and counts the request once, before the body is read, and hands its
-``Admission`` to the view (no second lookup); a small completion is then handled whole in the request's
-own thread, while chats and larger bodies are parsed and rendered in the render pool.
+``Admission`` to the view (no second lookup), and a key used again while nothing changed is not looked
+up at all (``access_cache``); a small completion is then handled whole on a serving database thread,
+while chats and larger bodies are parsed and rendered in the render pool.
 
 The key's security properties hold at the gate: a revoked key is 401 and a suspended tenant 403 there,
 without the body being read.
@@ -60,9 +61,10 @@ def test_a_request_through_the_gate_looks_its_key_up_once(server_url, keys, look
     err(post(server_url, keys["acme"], "/v1/completions", OVER_CONTEXT), 400, "context_length_exceeded")
     assert lookups == ["lookup", "mark_used"]
     lookups.clear()
+    # the key again, nothing changed: served from the access cache, no lookup (still marked used)
     err(post(server_url, keys["acme"], "/v1/kv/lookup", {"model": MODEL, "tokens": [1] * 2000}), 413,
         "context_length_exceeded")
-    assert lookups == ["lookup", "mark_used"]
+    assert lookups == ["mark_used"]
 
 
 def test_a_request_the_gate_did_not_admit_is_admitted_by_the_view(keys, lookups, threads):
@@ -95,23 +97,23 @@ def test_the_gate_refuses_a_revoked_key_and_a_suspended_tenant_without_reading_t
     assert "mark_used" not in lookups
 
 
-def test_a_small_completion_is_admitted_in_the_gates_thread_without_the_render_pool(server_url, keys, threads):
+def test_a_small_completion_is_admitted_on_the_database_threads_without_the_render_pool(server_url, keys,
+                                                                                       threads):
     err(post(server_url, keys["acme"], "/v1/completions", OVER_CONTEXT), 400, "context_length_exceeded")
     assert set(threads) == {"admit", "decode", "tokenize", "finish"}
-    assert len(set(threads.values())) == 1, threads  # one thread: the request's own
-    assert not threads["decode"].startswith("strata-render")
+    assert all(name.startswith("strata-serving-db") for name in threads.values()), threads
 
 
 def test_chats_and_larger_bodies_are_parsed_and_rendered_in_the_render_pool(server_url, keys, threads):
     """Paired with the above: a chat (its template may be costly whatever its size) and a completion
-    body over ``INLINE_BODY`` are parsed and tokenized in the render pool, and finished back in the
-    request's thread."""
+    body over ``INLINE_BODY`` are parsed and tokenized in the render pool, and finished on the
+    serving database threads."""
     from controlplane.serving.context import INLINE_BODY
 
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1020}
     err(post(server_url, keys["acme"], "/v1/chat/completions", chat), 400, "context_length_exceeded")
     assert threads["decode"].startswith("strata-render") and threads["tokenize"].startswith("strata-render")
-    assert threads["finish"] == threads["admit"] and not threads["admit"].startswith("strata-render")
+    assert threads["finish"].startswith("strata-serving-db") and threads["admit"].startswith("strata-serving-db")
     threads.clear()
     big = {"model": MODEL, "prompt": "x" * (INLINE_BODY + 1)}  # over the tenant's 256 tokens, known unparsed
     err(post(server_url, keys["acme"], "/v1/completions", big), 413, "prompt_too_long")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from pydantic import BaseModel
 
@@ -30,7 +29,7 @@ from controlplane.common.errors import InvalidInput, NotFound, TooLarge
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
-from controlplane.serving import bounds, intake, ratelimit, render_pool
+from controlplane.serving import bounds, db_threads, intake, ratelimit, render_pool
 from controlplane.serving.admission import Admission, admitted, authenticate, gate_admission
 from controlplane.serving.intake import BadRequest
 from controlplane.serving.model_facts import ModelFacts, model_facts
@@ -111,17 +110,18 @@ async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     here); the body (bounded by ``body_limit_for``) parsed, checked against the model's and tenant's
     bounds, validated and tokenized; the token quotas last.
 
-    A small completion body is handled whole in one call in Django's sync thread of the request
-    (``_prepare``). Chats and larger bodies are parsed, bounded, validated and rendered in the render
-    pool (off the event loop, at most ``STRATA_RENDER_THREADS`` at once and the tenant's share of
-    them), then finished in the request's thread (quotas, data key)."""
+    A small completion body is handled whole in one call on a serving database thread (``_prepare``;
+    ``db_threads.for_request``: Django's thread of the request when it did not come through the gate).
+    Chats and larger bodies are parsed, bounded, validated and rendered in the render pool (off the
+    event loop, at most ``STRATA_RENDER_THREADS`` at once and the tenant's share of them), then finished
+    on a database thread (quotas, data key)."""
     if _inline(request, schema):
-        return await sync_to_async(_prepare, thread_sensitive=True)(request, schema)
-    admission = gate_admission(request) or await sync_to_async(admitted, thread_sensitive=True)(request)
+        return await db_threads.for_request(request, _prepare, request, schema)
+    admission = gate_admission(request) or await db_threads.for_request(request, admitted, request)
     tenant = admission.tenant
     deployment, facts, body, tokens = await render_pool.run(tenant.pk, _parse, request, schema, admission)
-    return await sync_to_async(_finish, thread_sensitive=True)(tenant, deployment, facts, body, tokens,
-                                                               _wants_diagnostics(request, body))
+    return await db_threads.for_request(request, _finish, tenant, deployment, facts, body, tokens,
+                                        _wants_diagnostics(request, body))
 
 
 def _wants_diagnostics(request: HttpRequest, body: BaseModel) -> bool:
@@ -287,7 +287,8 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSp
     }
 
 
-prepare_kv = sync_to_async(_prepare_kv, thread_sensitive=True)
+async def prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSpec, BaseModel, dict]:
+    return await db_threads.for_request(request, _prepare_kv, request, schema)
 
 
 def _layout_spec(request: HttpRequest, model: str) -> WorkerSpec:
@@ -297,7 +298,8 @@ def _layout_spec(request: HttpRequest, model: str) -> WorkerSpec:
     return gateway.spec_for(resolve_model(tenant, model))
 
 
-layout_spec = sync_to_async(_layout_spec, thread_sensitive=True)
+async def layout_spec(request: HttpRequest, model: str) -> WorkerSpec:
+    return await db_threads.for_request(request, _layout_spec, request, model)
 
 
 def _models_for(request: HttpRequest) -> list[ModelDeployment]:
@@ -306,4 +308,5 @@ def _models_for(request: HttpRequest) -> list[ModelDeployment]:
     return [g.deployment for g in grants if g.deployment.active_revision_id is not None]
 
 
-models_for = sync_to_async(_models_for, thread_sensitive=True)
+async def models_for(request: HttpRequest) -> list[ModelDeployment]:
+    return await db_threads.for_request(request, _models_for, request)

@@ -5,7 +5,8 @@ Django's ASGI handler reads a whole request body before any view runs, so a tena
 web process receive and spool every byte (up to the path's limit) just to be refused. For a POST to
 one of the serving API's endpoints with a bearer key, ``RequestGate`` makes the request's
 ``admission.Admission`` first (the key authenticated and marked used, the request counted, the tenant's
-grants and body limit read: one key lookup and one grant query) and answers, with
+grants and body limit read: one read of the access generation for a key used before, else one key
+lookup and one grant query) and answers, with
 ``Connection: close`` and without reading the body,
 
 - 401 / 403 / 429 as the view would (unknown, revoked or suspended key; bad keys from a throttled
@@ -16,8 +17,8 @@ grants and body limit read: one key lookup and one grant query) and answers, wit
 
 What it lets through carries its ``Admission`` in the ASGI scope's ``state`` (only the server writes a
 scope), so the view neither looks the key up nor counts the request again. The gate's database work
-runs in the request's own thread-sensitive context, the thread Django's handler then uses for the
-view's sync steps (no thread shared by every request, and the connection Django closes at the end).
+runs on the serving database threads (``db_threads``: connections kept between requests), and a warm
+key costs one read there (``admission``: ``access_cache``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ import hashlib
 import logging
 import math
 import time
-
-from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.db import connections
 
 from controlplane.common.asgi_limits import (
     ASGIApp,
@@ -42,7 +40,7 @@ from controlplane.common.asgi_limits import (
 )
 from controlplane.common.errors import ApplicationError, TooLarge
 from controlplane.common.sources import request_source
-from controlplane.serving import admission, context, health
+from controlplane.serving import admission, context, db_threads, health
 
 SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
 log = logging.getLogger(__name__)
@@ -75,22 +73,19 @@ def _authorization(scope: Scope) -> str | None:
 
 def _admit(header: str, scope: Scope, declared: int | None) -> admission.Admission:
     """The request's ``Admission``; 413 when ``declared`` is over its body limit (counted, like any
-    refused request). A refused request never reaches Django, which would close this thread's database
-    connection at its end: it is closed here."""
-    try:
-        admitted = admission.admit(header, where=request_source(_ScopeRequest(scope)), method=scope["method"],
-                                   path=scope["path"])
-        if declared is not None and declared > admitted.body_limit:
-            # over the path's own limit too: named as ``BodyLimit`` names it
-            path_limit = body_limit(scope["path"])
-            raise TooLarge(too_large_message(path_limit if declared > path_limit else admitted.body_limit))
-        return admitted
-    except Exception:  # refused, or the database failed: either way Django never sees this request
-        connections.close_all()
-        raise
+    refused request)."""
+    admitted = admission.admit(header, where=request_source(_ScopeRequest(scope)), method=scope["method"],
+                               path=scope["path"])
+    if declared is not None and declared > admitted.body_limit:
+        # over the path's own limit too: named as ``BodyLimit`` names it
+        path_limit = body_limit(scope["path"])
+        raise TooLarge(too_large_message(path_limit if declared > path_limit else admitted.body_limit))
+    return admitted
 
 
-_aadmit = sync_to_async(_admit, thread_sensitive=True)
+async def _aadmit(header: str, scope: Scope, declared: int | None) -> admission.Admission:
+    """``_admit`` on a serving database thread."""
+    return await db_threads.run(_admit, header, scope, declared)
 
 
 class RequestGate:
@@ -127,27 +122,24 @@ class RequestGate:
             declared = declared_length(scope.get("headers", ()))
         except ValueError:
             declared = None  # not a length: ``BodyLimit`` answers it (400)
-        # Django's handler enters a context of its own; nested, it is this one: the view's sync steps
-        # run in the thread (and on the database connection) the admission used.
-        async with ThreadSensitiveContext():
-            note = health.note_of(scope)
-            try:
-                admitted = await _aadmit(header, scope, declared)
-            except ApplicationError as exc:
-                if note is not None:
-                    note.tenant = getattr(exc, "tenant_slug", "")  # a quota refusal knows whose
-                if exc.code == "rate_limit_requests":
-                    self._remember(digest, now, exc)
-                return await send_error(send, exc.status, exc.message, close=True, code=exc.code,
-                                        headers=exc.headers)
-            except Exception:  # the database or cache is down: a retryable JSON error, never a bare 500
-                log.exception("serving admission failed")
-                return await send_error(send, 503, "the service is temporarily unavailable; retry shortly",
-                                        close=True, code="service_unavailable", headers={"Retry-After": "5"})
+        note = health.note_of(scope)
+        try:
+            admitted = await _aadmit(header, scope, declared)
+        except ApplicationError as exc:
             if note is not None:
-                note.tenant = admitted.tenant.slug
-            state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
-            return await self.app({**scope, "state": state}, receive, send)
+                note.tenant = getattr(exc, "tenant_slug", "")  # a quota refusal knows whose
+            if exc.code == "rate_limit_requests":
+                self._remember(digest, now, exc)
+            return await send_error(send, exc.status, exc.message, close=True, code=exc.code,
+                                    headers=exc.headers)
+        except Exception:  # the database or cache is down: a retryable JSON error, never a bare 500
+            log.exception("serving admission failed")
+            return await send_error(send, 503, "the service is temporarily unavailable; retry shortly",
+                                    close=True, code="service_unavailable", headers={"Retry-After": "5"})
+        if note is not None:
+            note.tenant = admitted.tenant.slug
+        state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
+        return await self.app({**scope, "state": state}, receive, send)
 
     def _remember(self, digest: bytes, now: float, exc: ApplicationError) -> None:
         retry = int(exc.headers.get("Retry-After", "1"))

@@ -127,6 +127,9 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": database_config(ENV)}
+# Threads that run the serving API's database work and keep their connections between requests
+# (controlplane.serving.db_threads); a PostgreSQL connection goes back to its pool after each job.
+STRATA_SERVING_DB_THREADS = 8
 envmod.private_dir(STRATA_HOME)
 if not ENV.celery_broker_url:  # the embedded broker's SQLite file (CELERY_BROKER_URL below): 0600 too
     envmod.private_file(STRATA_HOME / "broker.sqlite3", *SQLITE_COMPANIONS)

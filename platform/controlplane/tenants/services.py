@@ -257,9 +257,12 @@ def api_key_revoke(*, actor: Actor, api_key: ApiKey, reason: str = "") -> ApiKey
 
 
 def api_key_mark_used(*, api_key: ApiKey) -> None:
-    """Record use for the serving API; writes at most once per minute per key (not audited)."""
+    """Record use for the serving API; writes at most once per minute per key (not audited). The
+    object's ``last_used`` follows, so a key object the serving path keeps (``serving.access_cache``)
+    writes again only a minute later."""
     now = timezone.now()
     if api_key.last_used is not None and now - api_key.last_used < LAST_USED_RESOLUTION:
         return  # the row just read is recent enough: no UPDATE on the hot path
     stale = Q(last_used__isnull=True) | Q(last_used__lt=now - LAST_USED_RESOLUTION)
     ApiKey.objects.filter(stale, pk=api_key.pk).update(last_used=now)
+    api_key.last_used = now
