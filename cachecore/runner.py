@@ -83,6 +83,7 @@ class CompletionRunner:
         self._allowed = allowed.to(engine.pages.device)
         self._allowed_cpu = allowed
         self._eos = frozenset(getattr(tokenizer, "eos_ids", None) or {tokenizer.eos_id})
+        self._texts: dict[int, str] = {}  # token id -> its text (``decode_token``; decoding one id is pure)
 
     # ------------------------------------------------------------------ validation
     def validate(self, tokens: Sequence[int], max_tokens: int = 0) -> list[int]:
@@ -117,8 +118,22 @@ class CompletionRunner:
             req.generator = torch.Generator().manual_seed(req.params.seed)
         return self._sample(logits, req.params, req.generator)
 
+    def greedy_tokens(self, logits: torch.Tensor, reqs: Sequence[Request]) -> list[int | None]:
+        """The greedy token of each row of ``logits`` whose request samples greedily without logprobs
+        (one masked argmax over the whole batch, one ``tolist``), None for the others (``sample`` picks
+        theirs). The same tokens ``sample`` picks: the same mask, ``argmax`` keeps the first maximum."""
+        greedy = [r.params is not None and r.params.temperature <= 0 and r.params.logprobs is None for r in reqs]
+        if not any(greedy):
+            return [None] * len(reqs)
+        allowed = self._allowed_cpu if logits.device.type == "cpu" else self._allowed
+        picks = torch.argmax(logits.float() + allowed, dim=-1).tolist()
+        return [t if g else None for t, g in zip(picks, greedy, strict=True)]
+
     def decode_token(self, token: int) -> str:
-        return self.tokenizer.decode([token])
+        text = self._texts.get(token)
+        if text is None:
+            text = self._texts[token] = self.tokenizer.decode([token])
+        return text
 
     def stops(self, token: int, req: Request) -> bool:
         return req.params.stop_at_eos and token in self._eos
@@ -221,5 +236,5 @@ class CompletionRunner:
         top = None
         if params.logprobs > 0:
             values, ids = torch.topk(logp, min(params.logprobs, 20))
-            top = {self.tokenizer.decode([int(i)]): float(v) for v, i in zip(values, ids, strict=True)}
+            top = {self.decode_token(int(i)): float(v) for v, i in zip(values.tolist(), ids.tolist(), strict=True)}
         return token, float(logp[token]), top

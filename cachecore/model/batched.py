@@ -12,16 +12,22 @@ Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``
 ``norm``, ``lm_head``, ``cos``/``sin``), so it follows whatever those pieces compute. Each item's logits
 equal what ``model.forward`` returns for it alone, within fp32 rounding (the batched matmuls sum in
 another order).
+
+The step's index tensors (positions, KV slots, the decode rows' page rows and mask) are built once
+per call with tensor arithmetic over a ``[items, blocks]`` table: Python touches each item and each
+block, never each token.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from cachecore.errors import InvalidPrompt, PromptTooLong
+from cachecore.model.llama import gather_kv
 from cachecore.pages import KVPages
 
 
@@ -71,35 +77,25 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
     """
     _check(model, pages, items)
     dev, bs = model.device, pages.layout.block_size
-    lens = [len(it.tokens) for it in items]
-    flat_tokens, flat_pos, flat_slots = [], [], []
-    for it in items:
-        flat_tokens += it.tokens
-        for p in range(it.start, it.start + len(it.tokens)):
-            flat_pos.append(p)
-            flat_slots.append(it.block_table[p // bs] * bs + p % bs)
-    tokens = torch.tensor(flat_tokens, dtype=torch.long).to(dev)
-    pos = torch.tensor(flat_pos, dtype=torch.long).to(dev)
-    slots = torch.tensor(flat_slots, dtype=torch.long).to(dev)
+    idx = _StepIndex(items, bs, len(model.layers))
+    tokens, pos, slots = idx.tokens.to(dev), idx.pos.to(dev), idx.slots.to(dev)
     cos, sin = model.cos[pos], model.sin[pos]
-
-    offsets = [0]
-    for n in lens:
-        offsets.append(offsets[-1] + n)
-    decode = [i for i, n in enumerate(lens) if n == 1]
-    chunks = [i for i, n in enumerate(lens) if n > 1]
-    dec = _decode_index(items, decode, bs, len(model.layers), dev) if decode else None
+    dec = None
+    if idx.decode:
+        rows = idx.decode_rows.to(dev)
+        dec = (None if idx.all_decode else rows, idx.decode_base.to(dev),
+               None if idx.decode_mask is None else idx.decode_mask.to(dev))
     kv_rows = pages.kv.view(-1, pages.layout.num_kv_heads * pages.layout.head_dim)  # one row per token slot
     chunk_meta = []
-    for i in chunks:
+    for i in idx.chunks:
         it = items[i]
-        total = it.start + lens[i]
-        table = torch.tensor(it.block_table, dtype=torch.long).to(dev)
+        total = it.start + len(it.tokens)
+        table = idx.table[i, : -(-total // bs)].to(dev)
         mask = None
         if it.start:
             q_pos = torch.arange(it.start, total, device=dev)
             mask = torch.arange(total, device=dev)[None, :] <= q_pos[:, None]
-        chunk_meta.append((i, table, total, mask))
+        chunk_meta.append((idx.offsets[i], idx.offsets[i + 1], table, total, mask))
 
     x = model.tok_emb[tokens]
     for li, layer in enumerate(model.layers):
@@ -111,14 +107,17 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
             k_rows = base.flatten() + li * 2 * bs  # row of (block, layer li, K, offset); V: bs rows on
             kd = kv_rows.index_select(0, k_rows).view(*base.shape, *k.shape[1:])  # [B, L, kv_heads, hd]
             vd = kv_rows.index_select(0, k_rows + bs).view(*base.shape, *k.shape[1:])
+            qd = q if rows is None else q.index_select(0, rows)
             attn = F.scaled_dot_product_attention(
-                q[rows][:, :, None, :],  # [B, heads, 1, hd]
+                qd[:, :, None, :],  # [B, heads, 1, hd]
                 kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=valid, enable_gqa=True,
             )
-            out[rows] = attn[:, :, 0, :]
-        for i, table, total, mask in chunk_meta:
-            a, b = offsets[i], offsets[i + 1]
-            k_all, v_all = pages.gather_layer(li, table, total)
+            if rows is None:
+                out = attn[:, :, 0, :]
+            else:
+                out[rows] = attn[:, :, 0, :]
+        for a, b, table, total, mask in chunk_meta:
+            k_all, v_all = gather_kv(pages, li, table, total)
             attn = F.scaled_dot_product_attention(
                 q[a:b].transpose(0, 1)[None], k_all.transpose(0, 1)[None], v_all.transpose(0, 1)[None],
                 attn_mask=mask, is_causal=mask is None, enable_gqa=True,
@@ -126,31 +125,47 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
             out[a:b] = attn[0].transpose(0, 1)
         x = x + model._attn_out(layer, out.reshape(x.shape[0], -1))
         x = x + model._mlp(layer, x)
-    last = torch.tensor([o - 1 for o in offsets[1:]], dtype=torch.long).to(dev)
-    return F.linear(model._rms(x[last], model.norm), model.lm_head).float()
+    last = idx.last.to(dev)
+    return F.linear(model._rms(x.index_select(0, last), model.norm), model.lm_head).float()
 
 
-def _decode_index(items: list[BatchItem], decode: list[int], bs: int, layers: int, dev):
-    """Row of each decode item in the flat batch; per item the page-tensor row (layer 0, K) of every
-    position ``0..start``, padded to the longest with the item's own position 0; the validity mask.
+class _StepIndex:
+    """The index tensors of one batch (CPU, long), built from per-item and per-block lists only.
 
-    Rows follow the page layout ``[block, layer, k|v, offset]``: ``((block * layers + layer) * 2 +
-    kv) * block_size + offset``."""
-    width = max(items[i].start + 1 for i in decode)
-    flat_row, row = {}, 0
-    for i, it in enumerate(items):
-        flat_row[i] = row
-        row += len(it.tokens)
-    rows, base, valid = [], [], []
-    for i in decode:
-        it = items[i]
-        n = it.start + 1
-        slots = [(it.block_table[p // bs] * layers * 2) * bs + p % bs for p in range(n)]
-        base.append(slots + [slots[0]] * (width - n))
-        valid.append([True] * n + [False] * (width - n))
-        rows.append(flat_row[i])
-    if all(all(v) for v in valid):
-        mask = None  # no padding: every query sees all its positions (the unmasked kernel)
-    else:
-        mask = torch.tensor(valid, dtype=torch.bool).to(dev)[:, None, None, :]  # [B, 1, 1, L]
-    return torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(base, dtype=torch.long).to(dev), mask
+    ``tokens``, ``pos``, ``slots``: each new token's id, position and KV slot, items concatenated;
+    ``offsets``: where each item's tokens start in that flat batch; ``last``: each item's last row;
+    ``table``: ``[items, blocks]`` block tables (short ones padded with their first block);
+    ``decode`` / ``chunks``: indices of one-token items and of longer ones. For the decode items:
+    ``decode_rows`` (their rows in the flat batch), ``decode_base`` (per item the page-tensor row of
+    layer 0, K, of every position ``0..start``, padded to the longest with the item's own position 0,
+    so padding never reads a block it does not hold) and ``decode_mask`` (``[B, 1, 1, L]`` validity,
+    None when nothing is padded). Page rows follow the layout ``[block, layer, k|v, offset]``:
+    ``((block * layers + layer) * 2 + kv) * block_size + offset``."""
+
+    def __init__(self, items: list[BatchItem], bs: int, layers: int) -> None:
+        lens = [len(it.tokens) for it in items]
+        starts = [it.start for it in items]
+        self.offsets = [0, *itertools.accumulate(lens)]
+        self.decode = [i for i, n in enumerate(lens) if n == 1]
+        self.chunks = [i for i, n in enumerate(lens) if n > 1]
+        self.all_decode = not self.chunks
+        width = max(-(-(s + n) // bs) for s, n in zip(starts, lens, strict=True))
+        self.table = torch.tensor([it.block_table[:width] + [it.block_table[0]] * (width - len(it.block_table[:width]))
+                                   for it in items], dtype=torch.long)
+        self.tokens = torch.tensor(list(itertools.chain.from_iterable(it.tokens for it in items)), dtype=torch.long)
+        lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
+        item_of = torch.repeat_interleave(torch.arange(len(items)), lens_t)  # the item of each flat token
+        self.pos = torch.arange(len(self.tokens)) - torch.tensor(self.offsets[:-1])[item_of] + starts_t[item_of]
+        self.slots = self.table[item_of, self.pos // bs] * bs + self.pos % bs
+        self.last = torch.tensor(self.offsets[1:]) - 1
+        self.decode_mask = None
+        if self.decode:
+            dec = torch.tensor(self.decode)
+            self.decode_rows = torch.tensor([self.offsets[i] for i in self.decode])
+            n = starts_t[dec] + 1  # positions each decode item attends to
+            p = torch.arange(max(starts[i] for i in self.decode) + 1)[None, :]
+            valid = p < n[:, None]
+            p = torch.where(valid, p, 0)
+            self.decode_base = self.table[dec[:, None], p // bs] * (layers * 2 * bs) + p % bs
+            if not bool(valid.all()):
+                self.decode_mask = valid[:, None, None, :]  # [B, 1, 1, L]

@@ -143,7 +143,7 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             pages.write_layer(i, slots, k, v)
-            k_all, v_all = _gather(pages, i, block_table, total)
+            k_all, v_all = gather_kv(pages, i, block_table, total)
             # 4-D [1, heads, seq, hd]: the fused CPU kernel only takes batched 4-D input (3-D falls
             # back to the math path, ~5x slower).
             attn = F.scaled_dot_product_attention(
@@ -227,7 +227,7 @@ class LlamaModel:
         return n
 
 
-def _gather(pages: KVPages, layer: int, block_table: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(pages: KVPages, layer: int, block_table: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V ``[total, kv_heads, hd]`` of ``layer`` for positions ``0..total-1`` read from ``pages``: what
     ``KVPages.gather_layer`` returns, gathered with ``index_select`` (one block-row copy per block; the
     advanced-indexing gather is ~4x slower on CPU, a tenth of a decode step). ``block_table`` is

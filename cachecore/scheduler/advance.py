@@ -2,10 +2,12 @@
 and used by its loop thread only.
 
 ``compute`` runs one plan's forwards, one per runner (revisions being rolled out share the loop), and
-``_advance`` moves each request on by what its item computed: a chunk registers its full blocks so
+``_advance`` moves each request on by what its item computed (greedy requests' tokens are picked for
+the whole batch at once, ``Runner.greedy_tokens``): a chunk registers its full blocks so
 others can hit them; a finished prompt records its prefill, emits ``Prefilled`` (or ``Logits``) and its
 first token; a decode emits ``TokenOut`` until a stop or ``max_tokens``. A forward that raises fails
-the requests in it; a request whose sampling or bookkeeping raises fails alone.
+the requests in it (so does the batch's greedy pick); a request whose sampling or bookkeeping raises
+fails alone.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ class Advance:
         for items in by_runner.values():
             runner = items[0][0].runner
             t0 = time.perf_counter()
+            batch_greedy = getattr(runner, "greedy_tokens", None)
             try:
                 logits = runner.forward_items([(r.seq, s, e) for r, s, e in items])
+                picks = batch_greedy(logits, [r for r, _, _ in items]) if batch_greedy else [None] * len(items)
             except Exception as exc:
                 for req, _, _ in items:
                     self._fail(req, exc)
@@ -55,13 +59,13 @@ class Advance:
             self.counters["step_seconds"] += seconds
             self.last_step_s = seconds
             n = sum(e - s for _, s, e in items)
-            for (req, start, end), row in zip(items, logits, strict=True):
+            for (req, start, end), row, pick in zip(items, logits, picks, strict=True):
                 try:
-                    self._advance(req, start, end, row, seconds * (end - start) / n)
+                    self._advance(req, start, end, row, seconds * (end - start) / n, pick)
                 except Exception as exc:  # sampling or bookkeeping failed for this request only
                     self._fail(req, exc)
 
-    def _advance(self, req: Request, start: int, end: int, row, seconds: float) -> None:
+    def _advance(self, req: Request, start: int, end: int, row, seconds: float, pick: int | None = None) -> None:
         seq = req.seq
         self.engine.mark_computed(seq, end)
         if end - start == 1 and req.prefilled:
@@ -90,7 +94,7 @@ class Advance:
         if req.produced >= req.max_tokens:
             self._finish(req, "length")
             return
-        token, logprob, top = req.runner.sample(row, req)
+        token, logprob, top = (pick, None, None) if pick is not None else req.runner.sample(row, req)
         req.produced += 1
         req.emit(TokenOut(token, req.runner.decode_token(token), logprob, top))
         if req.runner.stops(token, req):

@@ -37,6 +37,9 @@ class Runner(Protocol):
 
     def decode_token(self, token: int) -> str: ...
 
+    # optional: ``greedy_tokens(logits, reqs) -> list[int | None]``, the greedy token of each row whose
+    # request samples greedily, picked for the whole batch at once (``CompletionRunner.greedy_tokens``)
+
     def stops(self, token: int, req: Request) -> bool:
         """Whether ``token`` ends ``req`` (an end-of-sequence id, when its parameters stop there)."""
 
