@@ -62,86 +62,116 @@ def store(url: str, layout: KVLayout, ring: crypto.Keyring, *, chunk_blocks: int
 
 
 def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: int) -> dict:
-    """L3 put/get GB/s: Redis backend (encrypted) vs raw redis-py SET/GET of the same frame sizes; the
-    filesystem backend vs AES-256-GCM alone on the same frames. Each figure is the median of rounds."""
+    """L3 put/get GB/s of KV, each the median of ``rounds``. Filesystem: the store (encrypted) vs
+    AES-256-GCM alone on the same frames. Redis, every row on the same frame size, interleaved round
+    by round (a busy machine slows them alike): raw redis-py SET/GET; the backend alone (its
+    conditional write ``put_new``, its windowed read ``get_into``: what the store asks of Redis);
+    the whole store (sealing, framing and the existence probe on top: ``put_chunks`` of the set, one
+    ``get`` per chunk)."""
     ring = keyring()
     cb = 16
     tag = Tag("bench", "m", "r", b"\x00" * 32)
     kv = torch.randn(cb, *layout.page_shape).to(layout.torch_dtype)
     tokens = list(range(cb * layout.block_size))
     kv_bytes = kv.numel() * kv.element_size()
-    rows: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="strata-bench-l3-"))
 
-    def measure(name: str, fn) -> None:
-        samples = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(chunks * kv_bytes / (time.perf_counter() - t0) / 1e9)
-        rows[name] = statistics.median(samples)
+    def timed(name: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        samples.setdefault(name, []).append(chunks * kv_bytes / (time.perf_counter() - t0) / 1e9)
 
-    def hashes(i: int) -> list[bytes]:
-        return [os.urandom(32) for _ in range(cb - 1)] + [i.to_bytes(32, "little")]
+    def interleaved(rows: dict, untimed: dict | None = None) -> None:
+        """Each round runs every row in turn, ``untimed[name]`` (if any) just before its row."""
+        for _ in range(rounds):
+            for name, fn in rows.items():
+                (untimed or {}).get(name, lambda: None)()
+                timed(name, fn)
 
     # Every timed put must write and every get return the whole chunk: a skipped put or a missed get
     # costs next to nothing, and its GB/s would time that.
-    def stored(written: bool) -> None:
-        if not written:
+    def stored(written) -> None:
+        if not all(written):
             raise SystemExit("an L3 put was skipped, not written: nothing measured")
 
     def fetched(got) -> None:
         if got.stopped is not None or len(got.kv) != cb:
             raise SystemExit(f"an L3 get returned {len(got.kv)} of {cb} blocks ({got.stopped}): nothing measured")
 
-    chains = [hashes(i) for i in range(chunks)]
+    prefixes = [[os.urandom(32) for _ in range(cb - 1)] for _ in range(chunks)]
+    state = {"round": 0}  # each round writes fresh names (a duplicate would be skipped)
+
+    def chain(i: int) -> list[bytes]:
+        return prefixes[i] + [(state["round"] * 100000 + i).to_bytes(32, "little")]
+
+    def put_all(st: RemoteStore) -> None:
+        state["round"] += 1
+        stored(st.put_chunks([(chain(i), tokens, kv) for i in range(chunks)], tag))
+
+    def get_all(st: RemoteStore) -> None:
+        for i in range(chunks):
+            fetched(st.get(chain(i), tokens, tag, cb))
+
     try:
         fs = store(root.as_uri(), layout, ring)
-        state = {"round": 0}  # each round writes fresh names (a duplicate would be skipped)
-
-        def fs_put() -> None:
-            state["round"] += 1
-            for i, chain in enumerate(chains):
-                stored(fs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens,
-                                    tag, kv))
-
-        def fs_get() -> None:
-            for i, chain in enumerate(chains):
-                c = chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")]
-                fetched(fs.get(c, tokens, tag, cb))
-
-        measure("fs put (encrypted)", fs_put)
-        measure("fs get (decrypted)", fs_get)
+        interleaved({"fs put (encrypted)": lambda: put_all(fs), "fs get (decrypted)": lambda: get_all(fs)})
         key = ring.active("bench")[1]
         plain = kv.contiguous().view(torch.uint8).numpy().tobytes()
         frames = [crypto.seal(key, version=1, aad=b"x", plaintext=plain) for _ in range(chunks)]
-        measure("AES-256-GCM seal alone", lambda: [crypto.seal(key, version=1, aad=b"x", plaintext=plain)
-                                                    for _ in range(chunks)])
-        measure("AES-256-GCM open alone", lambda: [crypto.open_frame(key, f, b"x") for f in frames])
+        interleaved({"AES-256-GCM seal alone": lambda: [crypto.seal(key, version=1, aad=b"x", plaintext=plain)
+                                                        for _ in range(chunks)],
+                     "AES-256-GCM open alone": lambda: [crypto.open_frame(key, f, b"x") for f in frames]})
         if redis_url is not None:
             import redis
 
             rs = store(redis_url, layout, ring)
+            backend = rs.backend
             raw = redis.Redis.from_url(redis_url, socket_timeout=5)
-            frame = bytes(frames[0])
-            state["round"] = 0
+            frame = bytes(frames[0])  # a chunk's KV sealed: an object's size but for its token ids
+            buf = memoryview(bytearray(len(frame)))
+            names = {"round": 0}
 
-            def rs_put() -> None:
-                state["round"] += 1
-                for i, chain in enumerate(chains):
-                    stored(rs.put_chunk(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens,
-                                        tag, kv))
+            def backend_put() -> None:
+                names["round"] += 1
+                r = names["round"]
+                stored([backend.put_new(f"bench-backend/{r}/{i}", frame) for i in range(chunks)])
 
-            def rs_get() -> None:
-                for i, chain in enumerate(chains):
-                    fetched(rs.get(chain[:-1] + [(state["round"] * 100000 + i).to_bytes(32, "little")], tokens, tag,
-                                   cb))
+            def backend_get() -> None:
+                r = names["round"]
+                if any(backend.get_into(f"bench-backend/{r}/{i}", buf) != len(frame) for i in range(chunks)):
+                    raise SystemExit("a backend read missed: nothing measured")
 
-            measure("redis put (encrypted)", rs_put)
-            measure("redis get (decrypted)", rs_get)
-            measure("redis-py SET raw", lambda: [raw.set(f"raw:{i}", frame) for i in range(chunks)])
-            measure("redis-py GET raw", lambda: [raw.get(f"raw:{i}") for i in range(chunks)])
+            # A cache writes new names (a conditional write never replaces), and Redis spends about twice the CPU
+            # on a multi-MB SET of a new key as on one replacing a key of the same size (its memory is reused).
+            # So the raw baseline writes new keys too, each round after deleting the previous round's, untimed,
+            # as the backend and the store rows do; the replacing SET is printed beside it for reference.
+            keys = {"round": 0}
+
+            def raw_set() -> None:
+                keys["round"] += 1
+                for i in range(chunks):
+                    raw.set(f"raw:{keys['round']}:{i}", frame)
+
+            def raw_get() -> None:
+                if any(len(raw.get(f"raw:{keys['round']}:{i}") or b"") != len(frame) for i in range(chunks)):
+                    raise SystemExit("a raw GET missed: nothing measured")
+
+            interleaved({
+                "redis-py SET raw": raw_set,
+                "redis-py SET raw, same keys": lambda: [raw.set(f"same:{i}", frame) for i in range(chunks)],
+                "redis backend put": backend_put,
+                "redis put (encrypted)": lambda: put_all(rs),
+                "redis-py GET raw": raw_get,
+                "redis backend get": backend_get,
+                "redis get (decrypted)": lambda: get_all(rs),
+            }, untimed={
+                "redis-py SET raw": lambda: keys["round"] and raw.delete(*[f"raw:{keys['round']}:{i}"
+                                                                          for i in range(chunks)]),
+                "redis backend put": lambda: backend.delete_prefix("bench-backend/"),
+                "redis put (encrypted)": lambda: rs.delete_scope(tenant="bench"),
+            })  # fmt: skip
             raw.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return rows
+    return {name: statistics.median(v) for name, v in samples.items()}
