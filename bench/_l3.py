@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import statistics
@@ -82,12 +83,22 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
         fn()
         samples.setdefault(name, []).append(chunks * kv_bytes / (time.perf_counter() - t0) / 1e9)
 
-    def interleaved(rows: dict, untimed: dict | None = None) -> None:
-        """Each round runs every row in turn, ``untimed[name]`` (if any) just before its row."""
+    order = random.Random(0)
+    state = {"round": 0}  # each round writes fresh names (a duplicate would be skipped)
+
+    def interleaved(*groups: dict, untimed: dict | None = None) -> None:
+        """Each round (``state["round"]`` counts them) runs every group in turn and the rows of a
+        group in a random order (the row right after a switch pays for it: no row always does),
+        ``untimed[name]`` (if any) just before its row."""
+        for group in groups:
+            for name in group:
+                samples.setdefault(name, [])  # the table's order: as written
         for _ in range(rounds):
-            for name, fn in rows.items():
-                (untimed or {}).get(name, lambda: None)()
-                timed(name, fn)
+            state["round"] += 1
+            for group in groups:
+                for name in order.sample(list(group), len(group)):
+                    (untimed or {}).get(name, lambda: None)()
+                    timed(name, group[name])
 
     # Every timed put must write and every get return the whole chunk: a skipped put or a missed get
     # costs next to nothing, and its GB/s would time that.
@@ -100,13 +111,11 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
             raise SystemExit(f"an L3 get returned {len(got.kv)} of {cb} blocks ({got.stopped}): nothing measured")
 
     prefixes = [[os.urandom(32) for _ in range(cb - 1)] for _ in range(chunks)]
-    state = {"round": 0}  # each round writes fresh names (a duplicate would be skipped)
 
     def chain(i: int) -> list[bytes]:
         return prefixes[i] + [(state["round"] * 100000 + i).to_bytes(32, "little")]
 
     def put_all(st: RemoteStore) -> None:
-        state["round"] += 1
         stored(st.put_chunks([(chain(i), tokens, kv) for i in range(chunks)], tag))
 
     def get_all(st: RemoteStore) -> None:
@@ -115,7 +124,7 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
 
     try:
         fs = store(root.as_uri(), layout, ring)
-        interleaved({"fs put (encrypted)": lambda: put_all(fs), "fs get (decrypted)": lambda: get_all(fs)})
+        interleaved({"fs put (encrypted)": lambda: put_all(fs)}, {"fs get (decrypted)": lambda: get_all(fs)})
         key = ring.active("bench")[1]
         plain = kv.contiguous().view(torch.uint8).numpy().tobytes()
         frames = [crypto.seal(key, version=1, aad=b"x", plaintext=plain) for _ in range(chunks)]
@@ -123,38 +132,32 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
                                                         for _ in range(chunks)],
                      "AES-256-GCM open alone": lambda: [crypto.open_frame(key, f, b"x") for f in frames]})
         if redis_url is not None:
-            import redis
+            from cachecore.tiers.backends.redis import connect_client
 
             rs = store(redis_url, layout, ring)
             backend = rs.backend
-            raw = redis.Redis.from_url(redis_url, socket_timeout=5)
+            raw = connect_client(redis_url, timeout=5.0, connect_timeout=5.0)  # redis-py as the backend sets it up
             frame = bytes(frames[0])  # a chunk's KV sealed: an object's size but for its token ids
             buf = memoryview(bytearray(len(frame)))
-            names = {"round": 0}
 
             def backend_put() -> None:
-                names["round"] += 1
-                r = names["round"]
-                stored([backend.put_new(f"bench-backend/{r}/{i}", frame) for i in range(chunks)])
+                stored([backend.put_new(f"bench-backend/{state['round']}/{i}", frame) for i in range(chunks)])
 
             def backend_get() -> None:
-                r = names["round"]
-                if any(backend.get_into(f"bench-backend/{r}/{i}", buf) != len(frame) for i in range(chunks)):
+                if any(backend.get_into(f"bench-backend/{state['round']}/{i}", buf) != len(frame)
+                       for i in range(chunks)):
                     raise SystemExit("a backend read missed: nothing measured")
 
             # A cache writes new names (a conditional write never replaces), and Redis spends about twice the CPU
             # on a multi-MB SET of a new key as on one replacing a key of the same size (its memory is reused).
             # So the raw baseline writes new keys too, each round after deleting the previous round's, untimed,
             # as the backend and the store rows do; the replacing SET is printed beside it for reference.
-            keys = {"round": 0}
-
             def raw_set() -> None:
-                keys["round"] += 1
                 for i in range(chunks):
-                    raw.set(f"raw:{keys['round']}:{i}", frame)
+                    raw.set(f"raw:{state['round']}:{i}", frame)
 
             def raw_get() -> None:
-                if any(len(raw.get(f"raw:{keys['round']}:{i}") or b"") != len(frame) for i in range(chunks)):
+                if any(len(raw.get(f"raw:{state['round']}:{i}") or b"") != len(frame) for i in range(chunks)):
                     raise SystemExit("a raw GET missed: nothing measured")
 
             interleaved({
@@ -162,12 +165,12 @@ def throughput(layout: KVLayout, redis_url: str | None, *, chunks: int, rounds: 
                 "redis-py SET raw, same keys": lambda: [raw.set(f"same:{i}", frame) for i in range(chunks)],
                 "redis backend put": backend_put,
                 "redis put (encrypted)": lambda: put_all(rs),
+            }, {
                 "redis-py GET raw": raw_get,
                 "redis backend get": backend_get,
                 "redis get (decrypted)": lambda: get_all(rs),
             }, untimed={
-                "redis-py SET raw": lambda: keys["round"] and raw.delete(*[f"raw:{keys['round']}:{i}"
-                                                                          for i in range(chunks)]),
+                "redis-py SET raw": lambda: raw.delete(*[f"raw:{state['round'] - 1}:{i}" for i in range(chunks)]),
                 "redis backend put": lambda: backend.delete_prefix("bench-backend/"),
                 "redis put (encrypted)": lambda: rs.delete_scope(tenant="bench"),
             })  # fmt: skip

@@ -61,6 +61,20 @@ def _public_url(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
+def connect_client(url: str, *, timeout: float, connect_timeout: float) -> redis.Redis:
+    """A redis-py client as the backend opens one: these timeouts, no retries, no health checks, no
+    ``CLIENT SETINFO`` round trips on connect (what ``bench.tiers`` compares the backend against)."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=connect_timeout,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+        health_check_interval=0,
+        driver_info=None,
+    )
+
+
 def _wrong_type(exc: BaseException) -> bool:
     """A server's WRONGTYPE reply: the key holds another type (an object of the earlier layout)."""
     return isinstance(exc, redis.ResponseError) and "WRONGTYPE" in str(exc)
@@ -91,20 +105,9 @@ class RedisBackend(Backend):
         self.socket_timeout, self.connect_timeout, self.write_timeout = timeout, connect, writes
         self.url = _public_url(url)
         target = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
-        self._client = self._connect(target, timeout, connect)
-        self._writes = self._connect(target, writes, connect)  # a pool of its own: reads never wait behind writes
-
-    @staticmethod
-    def _connect(url: str, timeout: float, connect: float) -> redis.Redis:
-        return redis.Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=connect,
-            retry=Retry(NoBackoff(), 0),
-            retry_on_timeout=False,
-            health_check_interval=0,
-            driver_info=None,  # no CLIENT SETINFO round trips on connect
-        )
+        self._client = connect_client(target, timeout=timeout, connect_timeout=connect)
+        # a pool of its own: reads never wait behind writes
+        self._writes = connect_client(target, timeout=writes, connect_timeout=connect)
 
     # ------------------------------------------------------------------ contract
     def put(self, name: str, data: Data) -> None:
