@@ -50,7 +50,9 @@ are meant to run off the request path (the engine's writer thread). A set costs 
 for all its chunks (under every key version held; what is there is neither sealed nor sent) and one
 batched conditional write (``Backend.put_new_many``: an object is written only where none is, so of
 two writers of one chunk exactly one writes and neither replaces the other's). Reads fetch each
-chunk into a per-thread buffer (``Backend.get_into``) and decrypt it from there. Capacity (``capacity_bytes``) is shared fairly, by the same eviction policy type as L1 and
+chunk into a per-thread buffer (``Backend.get_into``) and decrypt it from there.
+
+Capacity (``capacity_bytes``) is shared fairly, by the same eviction policy type as L1 and
 L2 (``eviction_policy``, :mod:`cachecore.eviction`; ``fair_lru`` by default): when room is needed, an
 object of a tenant over its share goes first (a tenant that floods L3 evicts its own objects); shares
 are weighted by :meth:`set_weight` (the tenant's ``share_weight``, as in L1 and L2), and a tenant's
