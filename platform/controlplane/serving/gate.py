@@ -18,7 +18,8 @@ lookup and one grant query) and answers, with
 What it lets through carries its ``Admission`` in the ASGI scope's ``state`` (only the server writes a
 scope), so the view neither looks the key up nor counts the request again. The gate's database work
 runs on the serving database threads (``db_threads``: connections kept between requests), and a warm
-key costs one read there (``admission``: ``access_cache``).
+key costs one read there (``admission``: ``access_cache``); Django's own per-request steps then run
+on a long-lived lane thread (``lanes``) rather than a thread started for the request.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from controlplane.common.asgi_limits import (
 )
 from controlplane.common.errors import ApplicationError, TooLarge
 from controlplane.common.sources import request_source
-from controlplane.serving import admission, context, db_threads, health
+from controlplane.serving import admission, context, db_threads, health, lanes
 
 SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
 log = logging.getLogger(__name__)
@@ -139,7 +140,8 @@ class RequestGate:
         if note is not None:
             note.tenant = admitted.tenant.slug
         state = {**scope.get("state", {}), admission.ADMISSION_STATE: admitted}
-        return await self.app({**scope, "state": state}, receive, send)
+        async with lanes.context():  # Django's per-request steps on a long-lived thread
+            return await self.app({**scope, "state": state}, receive, send)
 
     def _remember(self, digest: bytes, now: float, exc: ApplicationError) -> None:
         retry = int(exc.headers.get("Retry-After", "1"))

@@ -14,13 +14,12 @@ import json
 import time
 from collections.abc import AsyncIterator
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from controlplane.common.errors import ApplicationError, InvalidInput, WorkerError, error_response
 from controlplane.runtime import gateway
-from controlplane.serving import accountant, accounting, context, health, responses
+from controlplane.serving import accountant, accounting, context, db_threads, health, responses
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
 from workers.protocol import KVWire
 
@@ -75,7 +74,8 @@ def _sse(data: dict | str) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> StreamingHttpResponse:
+async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_logprobs: bool
+                  ) -> StreamingHttpResponse:
     events = gateway.astream(prep.spec, prep.worker_req).__aiter__()
     # Pull the first event before answering so an unreachable worker is a 503, not a broken stream.
     first = await events.__anext__()
@@ -98,7 +98,7 @@ async def _stream(prep: context.Prepared, kind: str, with_logprobs: bool) -> Str
                                            with_logprobs=with_logprobs))
                 sent_first = True
             elif ev["type"] == "finished":
-                diagnosis = await _account(prep, ev)
+                diagnosis = await _account(request, prep, ev)
                 last = responses.chunk(kind, cid, prep.model, created, finish_reason=ev["finish_reason"],
                                        first=not sent_first)
                 if diagnosis is not None:
@@ -141,11 +141,11 @@ async def _serve(request: HttpRequest, kind: str):
     # completions: logprobs is a count (0 = chosen token only); chat: a flag (+ top_logprobs)
     with_logprobs = prep.body.logprobs is not None and prep.body.logprobs is not False
     if prep.body.stream:
-        return await _stream(prep, kind, with_logprobs)
+        return await _stream(request, prep, kind, with_logprobs)
     tokens, finished = await _collect(prep)
     shape = responses.completion if kind == "text" else responses.chat_completion
     out = shape(prep.model, tokens, finished, with_logprobs=with_logprobs)
-    diagnosis = await _account(prep, finished)
+    diagnosis = await _account(request, prep, finished)
     if diagnosis is not None:
         out["cache_diagnostics"] = diagnosis
     return JsonResponse(out)
@@ -156,14 +156,11 @@ def _account_in_order(prep: context.Prepared, finished: dict) -> dict | None:
     return accounting.account(prep, finished)
 
 
-_account_now = sync_to_async(_account_in_order, thread_sensitive=True)
-
-
-async def _account(prep: context.Prepared, finished: dict) -> dict | None:
+async def _account(request: HttpRequest, prep: context.Prepared, finished: dict) -> dict | None:
     """The request's ledger and history entry: off the response path (``accountant``), or, when the
-    client asked for its diagnosis, here (the answer carries it)."""
+    client asked for its diagnosis, here (the answer carries it), on a serving database thread."""
     if prep.accounting is not None and prep.accounting.diagnostics:
-        return await _account_now(prep, finished)
+        return await db_threads.for_request(request, _account_in_order, prep, finished)
     accountant.submit(prep, finished)
     return None
 
