@@ -58,11 +58,14 @@ thread-safe: the caller holds its lock around every call.
 
 from __future__ import annotations
 
+import array
 import itertools
+import operator
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from cachecore.errors import OutOfBlocks
 from cachecore.eviction.base import EvictionPolicy, share, total_weight
@@ -70,6 +73,14 @@ from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY, make_policy
 from cachecore.free_queue import Block, FreeBlockQueue
 
 __all__ = ["Block", "BlockPool", "FreeBlockQueue", "PoolStats"]
+
+_is_block = partial(operator.is_not, None)  # C-level predicates and getters for whole-table walks
+_token_ids = operator.attrgetter("token_ids")
+_block_hash = operator.attrgetter("block_hash")
+
+#: ``keys(blocks, parent_key)``: the chain keys of token blocks (``hit_prefix``).
+KeyChain = Callable[[Sequence[bytes], "bytes | None"], list[bytes]]
+_owner = operator.attrgetter("owner")
 
 
 @dataclass
@@ -217,6 +228,75 @@ class BlockPool:
         self.stats.collisions += 1
         return None
 
+    def hit_prefix(self, tokens: Sequence[int], blocks: Sequence[bytes], keys: KeyChain, take: int
+                   ) -> tuple[list[Block], int, list[bytes]]:
+        """One walk for a request: the longest prefix of its full blocks that the index holds with the
+        request's token ids, and the keys of all its full blocks. ``blocks[i]`` is block ``i``'s token
+        bytes (``hashing.token_blocks`` of ``tokens``); ``keys(blocks[a:], parent_key)`` returns their
+        chain keys (``parent_key`` None: from the request's first block).
+
+        The first block is looked up by its key and its stored token ids compared; each following one
+        is its predecessor's child under the block's token bytes (a dict compare of the exact bytes:
+        the stored token ids again), so a hit's key is read from the block, not hashed; past the
+        linked part the rest of the chain is hashed (``keys``) and looked up key by key (token ids
+        compared; a hash hit whose tokens differ ends the prefix and counts ``stats.collisions``),
+        linking what it finds. Takes a reference on the first ``take`` blocks, as ``hit`` does.
+        Returns (the blocks held, the length of the prefix found, the keys of every block)."""
+        n_blocks = len(blocks)
+        if not n_blocks:
+            return [], 0, []
+        index, bs = self._index, self.block_size
+        hashes = keys(blocks[:1], None)
+        found: list[Block] = []
+        block = index.get(hashes[0])
+        if block is not None:
+            if block.token_ids == tuple(tokens[:bs]):
+                keep = found.append
+                keep(block)
+                for link in itertools.islice(blocks, 1, None):
+                    kids = block.children
+                    if not kids:
+                        break
+                    block = kids.get(link)
+                    if block is None:
+                        break
+                    keep(block)
+                if len(found) > 1:
+                    hashes = list(map(_block_hash, found))
+            else:
+                self.stats.collisions += 1
+        k = len(found)
+        if k < n_blocks:
+            hashes += keys(blocks[max(k, 1):], hashes[-1])
+        if 0 < k < n_blocks:
+            self._follow_keys(found, tokens, blocks, hashes)
+        held = found[:take] if take < len(found) else found
+        if held:
+            self._hold(held, 1)
+        return held, len(found), hashes
+
+    def _follow_keys(self, found: list[Block], tokens: Sequence[int], blocks: Sequence[bytes],
+                     hashes: Sequence[bytes]) -> None:
+        """Extend ``found`` (the linked prefix) by key lookups, token ids compared, linking each block
+        found to its predecessor."""
+        bs, k = self.block_size, len(found)
+        more = list(itertools.takewhile(_is_block, map(self._index.get, itertools.islice(hashes, k, None))))
+        if not more:
+            return
+        want = list(itertools.islice(zip(*[iter(tokens[k * bs :])] * bs, strict=False), len(more)))
+        stored = list(map(_token_ids, more))
+        if stored != want:
+            n = next((i for i, (s, w) in enumerate(zip(stored, want, strict=False)) if s != w), len(want))
+            if n < len(want):
+                self.stats.collisions += 1
+            del more[n:]
+        prev = found[-1]
+        for block, link in zip(more, itertools.islice(blocks, k, None), strict=False):
+            if block.parent is None:
+                self._link(prev, block, link)
+            prev = block
+        found += more
+
     # ------------------------------------------------------------------ reference counting
     def touch(self, blocks: Sequence[Block]) -> None:
         """Take one reference on each block. A free block leaves the free queue and keeps its hash.
@@ -232,15 +312,20 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0 and block.block_hash is None:
                 raise ValueError(f"touch of plain free {block}: only held or cached blocks can be touched")
+        self._hold(blocks, hits)
+
+    def _hold(self, blocks: Sequence[Block], hits: int) -> None:
+        """One reference more on each held or cached block (``hits`` added to its reuse count)."""
         taken = []
+        keep = taken.append
         for block in blocks:
-            if block.ref_cnt == 0:
+            if not block.ref_cnt:
                 # FreeBlockQueue.remove, inlined (the hot path of every hit)
                 prev, nxt = block.prev_free, block.next_free
                 prev.next_free = nxt
                 nxt.prev_free = prev
                 block.prev_free = block.next_free = None
-                taken.append(block)
+                keep(block)
             block.ref_cnt += 1
             block.hits += hits
         if taken:
@@ -259,22 +344,16 @@ class BlockPool:
         victims = self._plan_evictions(n, owner)
         if victims is None:
             raise OutOfBlocks("not enough cache capacity for this request right now; retry shortly")
-        out = []
-        for _ in range(n - len(victims)):
-            block = self._free.popleft()
-            assert block.block_hash is None, "plain free blocks come first in the free queue"
-            out.append(block)
-        for block in victims:
-            self._free.remove(block)
-            self._count_eviction(block)
-            self._notify(block, "evicted")
-            self._unindex(block, was_free=True, evicted=True)
-            out.append(block)
+        queue = self._free
+        out = queue.popleft_many(n - len(victims))  # plain free blocks: the head of the queue
         if victims:
+            queue.remove_many(victims)
+            self._evict(victims)
+            out += victims
             self._batch_done()
         for block in out:
             block.ref_cnt = 1
-            self._set_owner(block, owner)
+        self._set_owners(out, owner)
         return out
 
     def _plan_evictions(self, n: int, owner: str) -> list[Block] | None:
@@ -297,46 +376,40 @@ class BlockPool:
         enter the free queue deepest first (evicted first), hashed ones at the tail keeping hash and
         data, plain ones at the head. Owners over their cap then evict their own oldest free blocks.
         Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
-        bad = False
-        for block in blocks:
-            if block.ref_cnt <= 0:
-                bad = True
-                break
-        if bad or len({b.block_id for b in blocks}) != len(blocks):
-            seen: dict[int, int] = {}
-            for block in blocks:
-                seen[block.block_id] = count = seen.get(block.block_id, 0) + 1
-                if block.ref_cnt < count:
-                    raise ValueError(f"free of {block}: more frees than references")
-        over_cap: set[str] = set()
-        queue, caps, clock = self._free, self._caps, self._clock  # hot path: bound once
-        tail = queue._tail
-        freed: list[Block] = []
-        for block in reversed(blocks):
-            block.ref_cnt -= 1
-            if block.ref_cnt:
+        hashed: list[Block] = []
+        plain: list[Block] = []
+        keep = hashed.append
+        clock = self._clock
+        for i in range(len(blocks) - 1, -1, -1):  # deepest first
+            block = blocks[i]
+            ref = block.ref_cnt - 1
+            block.ref_cnt = ref
+            if ref > 0:
                 continue
+            if ref < 0:
+                for undo in blocks[i:]:  # every reference dropped so far, this one included
+                    undo.ref_cnt += 1
+                raise ValueError(f"free of {block}: more frees than references")
             if block.block_hash is None:
-                self._set_owner(block, None)
-                queue.appendleft(block)
-                continue
-            clock += 1
-            block.freed_at = clock
-            # FreeBlockQueue.append, inlined (the hot path of every release)
-            last = tail.prev_free
-            block.prev_free, block.next_free = last, tail
-            last.next_free = block
-            tail.prev_free = block
-            queue.num_free += 1
-            freed.append(block)
-            if caps and block.owner in caps:
-                over_cap.add(block.owner)
+                plain.append(block)
+            else:
+                clock += 1
+                block.freed_at = clock
+                keep(block)
         self._clock = clock
-        if freed:
-            self._num_cached_free += len(freed)
-            self.policy.add(freed)
-        for owner in over_cap:
-            self._trim(owner, self._caps[owner])
+        queue = self._free
+        for block in plain:
+            self._set_owner(block, None)
+            queue.appendleft(block)
+        if not hashed:
+            return
+        queue.append_many(hashed)
+        self._num_cached_free += len(hashed)
+        self.policy.add(hashed)
+        caps = self._caps
+        if caps:
+            for owner in {b.owner for b in hashed}.intersection(caps):
+                self._trim(owner, caps[owner])
 
     # ------------------------------------------------------------------ the index
     def cache(
@@ -387,6 +460,62 @@ class BlockPool:
         self._set_owner(block, owner)
         self._owner_cached[owner] += 1
         return block
+
+    def cache_blocks(self, blocks: Sequence[Block], keys: Sequence[bytes], tokens: Sequence[int], owner: str,
+                     tag: object | None = None, *, parent: bytes | None = None,
+                     links: Sequence[bytes] | None = None) -> list[Block]:
+        """``cache`` for a run of held blocks (block ``i`` under ``keys[i]``, holding ``tokens[i *
+        block_size : (i + 1) * block_size]``), in order; returns the blocks newly cached. A block whose
+        key is taken, that is cached already or not held, or whose owner has a cap, goes through
+        ``cache`` with every rule there; the others are indexed in one loop. ``ValueError`` when
+        ``blocks``, ``keys`` and the token blocks differ in number.
+
+        ``links`` (the blocks' token bytes, ``hashing.token_blocks``) also links each block that now
+        serves its key under the one serving the key before it (``parent``: the key before
+        ``keys[0]``), for ``hit_prefix``. Only for keys that continue that chain without extras
+        (``keys[i] = K(ns; keys[i - 1], tokens_i)``), as the engine's own requests' are."""
+        bs = self.block_size
+        if len(tokens) != len(blocks) * bs:
+            raise ValueError(f"cache_blocks needs {len(blocks) * bs} token ids, got {len(tokens)}")
+        index = self._index
+        capped = owner in self._caps
+        new: list[Block] = []
+        keep = new.append
+        indexed = 0
+        up = index.get(parent) if parent is not None and links is not None else None
+        groups = zip(*[iter(tokens)] * bs, strict=False)  # each block's token ids as a tuple, built in C
+        for i, (block, key, toks) in enumerate(zip(blocks, keys, groups, strict=True)):
+            if capped or block.ref_cnt <= 0 or block.block_hash is not None or key in index:
+                if self.cache(block, key, toks, owner, tag) is block and block.block_hash is not None:
+                    keep(block)
+                if links is not None:
+                    served = index.get(key)
+                    if up is not None and served is not None and served.parent is None and served is not up:
+                        self._link(up, served, links[i])
+                    up = served
+                continue
+            index[key] = block
+            block.block_hash = key
+            block.token_ids = toks
+            block.tag = tag
+            block.hits = 0
+            if block.owner != owner:
+                self._set_owner(block, owner)
+            keep(block)
+            indexed += 1
+            if links is not None:
+                if up is not None:  # _link, inlined
+                    link = links[i]
+                    kids = up.children
+                    if kids is None:
+                        up.children = kids = {}
+                    kids[link] = block
+                    block.parent = up
+                    block.link = link
+                up = block
+        if indexed:
+            self._owner_cached[owner] += indexed
+        return new
 
     def set_cap(self, owner: str, max_tokens: int | None) -> None:
         """Limit the tokens ``owner`` keeps in the index (``None``: no cap). Lowering it evicts the
@@ -451,6 +580,71 @@ class BlockPool:
             for listener in self.batch_listeners:
                 listener()
 
+    @staticmethod
+    def _link(parent: Block, child: Block, link: bytes) -> None:
+        kids = parent.children
+        if kids is None:
+            parent.children = kids = {}
+        kids[link] = child
+        child.parent = parent
+        child.link = link
+
+    @staticmethod
+    def _unlink(block: Block) -> None:
+        """Take a block leaving the index out of the chain links, both ways."""
+        parent = block.parent
+        if parent is not None:
+            del parent.children[block.link]
+            block.parent = block.link = None
+        kids = block.children
+        if kids:
+            for child in kids.values():
+                child.parent = child.link = None
+        block.children = None
+
+    def _set_owners(self, blocks: list[Block], owner: str) -> None:
+        """``_set_owner`` for a whole allocation."""
+        usage = self._usage
+        moved = 0
+        for block in blocks:
+            old = block.owner
+            if old != owner:
+                if old is not None:
+                    usage[old] -= 1
+                    if not usage[old]:
+                        del usage[old]
+                block.owner = owner
+                moved += 1
+        if moved:
+            usage[owner] += moved
+
+    def _evict(self, blocks: list[Block]) -> None:
+        """Evict cached ``blocks`` that already left the free queue to be reused: each is announced
+        (``"evicted"``) while it still holds its hash, then they leave the index and the policy."""
+        listeners = self.listeners
+        if listeners:
+            for block in blocks:
+                for listener in listeners:
+                    listener(block, "evicted")
+        self.policy.remove_many(blocks, evicted=True)
+        index, unlink = self._index, self._unlink
+        for block in blocks:
+            del index[block.block_hash]
+            block.block_hash = block.token_ids = block.tag = None
+            if block.parent is not None or block.children:
+                unlink(block)
+        per_owner = Counter(map(_owner, blocks))
+        owner_cached = self._owner_cached
+        for owner, n in per_owner.items():
+            left = owner_cached[owner] - n
+            if left:
+                owner_cached[owner] = left
+            else:
+                del owner_cached[owner]
+        self._num_cached_free -= len(blocks)
+        self.stats.evictions += len(blocks)
+        self.stats.evictions_by_owner.update(per_owner)
+
     def _set_owner(self, block: Block, owner: str | None) -> None:
         if block.owner == owner:
             return
@@ -475,6 +669,8 @@ class BlockPool:
         block.block_hash = None
         block.token_ids = None
         block.tag = None
+        if block.parent is not None or block.children:
+            self._unlink(block)
 
     def _count_eviction(self, block: Block) -> None:
         self.stats.evictions += 1
@@ -565,6 +761,16 @@ class BlockPool:
         for block in self.blocks:
             assert block.owner is not None or (block.ref_cnt == 0 and block.block_hash is None), \
                 f"{block}: held or cached without an owner"
+
+        for block in self.blocks:  # chain links: only between indexed blocks, both ways, under the tokens
+            if block.block_hash is None:
+                assert block.parent is None and not block.children, f"unindexed {block} still linked"
+                continue
+            if block.parent is not None:
+                assert block.parent.children.get(block.link) is block, f"{block}: parent does not link back"
+                assert block.link == array.array("I", block.token_ids).tobytes(), f"{block}: link is not its tokens"
+            for link, child in (block.children or {}).items():
+                assert child.parent is block and child.link == link, f"{block}: child {child} not linked back"
 
         for owner, cap in self._caps.items():
             assert recount[owner] * bs <= cap or owner not in per_owner, f"{owner!r} over cap with evictable blocks"

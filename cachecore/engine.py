@@ -54,7 +54,7 @@ from cachecore.errors import InvalidPrompt
 from cachecore.event_recorders import wire_engine
 from cachecore.events import TIERS, EventLog
 from cachecore.flush_fence import FlushFence
-from cachecore.hashing import chain_hashes
+from cachecore.hashing import block_keys, chain_hashes, token_blocks
 from cachecore.inflight import Inflight
 from cachecore.kv_transfer import KVTransfer
 from cachecore.layout import KVLayout
@@ -168,17 +168,21 @@ class CacheEngine(PrefixCache):
         bs = self.block_size
         tag = Tag(owner, model, revision, ns.digest, persist)
         use_cache = use_cache and not self.fence.retired(model, revision)
-        hashes = chain_hashes(ns, tokens, bs, request_salt=request_salt) if use_cache else []
+        blocks = token_blocks(tokens, bs) if use_cache else []
+
+        def keys(run: Sequence[bytes], parent: bytes | None) -> list[bytes]:
+            return block_keys(ns, run, request_salt=request_salt, parent=parent)
+
         t0 = time.perf_counter()
         with self._lock:
-            index_hits = self.l1.match(hashes, tokens)
             limit = (len(tokens) - int(recompute_last)) // bs
-            usable = index_hits[:limit]
-            plan = self.promoter.plan(hashes, tokens, len(index_hits), limit - len(index_hits))
             total = -(-(len(tokens) + max_new_tokens) // bs)
             self.inflight.check(owner, total)
-            self.pool.hit(usable)
+            # One walk finds the L1 prefix, holds its usable part and gives every block's key: a hit's
+            # is read from its block, the rest hashed (each block's key computed once per request).
+            usable, found, hashes = self.pool.hit_prefix(tokens, blocks, keys, limit)
             try:
+                plan = self.promoter.plan(hashes, tokens, found, limit - found)
                 fresh = self._allocate(total - len(usable), owner)
             except Exception:
                 self.pool.free(usable)
@@ -187,9 +191,9 @@ class CacheEngine(PrefixCache):
             seq = CachedSequence(
                 seq_id=next(self._ids), ns=ns, tag=tag, request_salt=request_salt, tokens=tokens,
                 prompt_len=len(tokens), blocks=usable + fresh, hashes=hashes, num_cached_tokens=hit_tokens,
-                lookup_hit_tokens=(len(index_hits) + plan.lookup) * bs, num_computed=hit_tokens,
+                lookup_hit_tokens=(found + plan.lookup) * bs, num_computed=hit_tokens,
                 num_registered=len(usable), flush_gen=self.fence.enter(), use_cache=use_cache,
-                count_query=count_query,
+                count_query=count_query, token_blocks=blocks,
             )
             seq.retention_seconds = retention_seconds
             seq.tier_tokens["l1"] = hit_tokens
@@ -234,7 +238,7 @@ class CacheEngine(PrefixCache):
         bs = self.block_size
         with self._lock, self.pool.batch():
             full = seq.num_computed // bs
-            if not seq.use_cache or self.fence.stale(seq.flush_gen, seq.tag) or full <= seq.num_registered:
+            if full <= seq.num_registered or not seq.use_cache or self.fence.stale(seq.flush_gen, seq.tag):
                 return 0
             if len(seq.hashes) < full:
                 start = len(seq.hashes)
@@ -243,13 +247,19 @@ class CacheEngine(PrefixCache):
                     parent=seq.hashes[-1] if seq.hashes else None,
                 )
             first = seq.num_registered
+            links = seq.token_blocks
+            if len(links) < full:  # generated tokens filled more blocks
+                links += token_blocks(seq.tokens[len(links) * bs : full * bs], bs)
             new = self.l1.register(seq.blocks[first:full], seq.hashes[first:full], seq.tokens[first * bs : full * bs],
-                                   seq.tag)
+                                   seq.tag, parent=seq.hashes[first - 1] if first else None, links=links[first:full])
             seq.num_registered = full
             prompt_blocks = seq.prompt_len // bs
             if new and first < prompt_blocks:  # its own prompt blocks it added to L1
-                prompt = {b.block_id for b in seq.blocks[first:prompt_blocks]}
-                seq.written_tokens += bs * sum(b.block_id in prompt for b in new)
+                if full <= prompt_blocks:
+                    seq.written_tokens += bs * len(new)
+                else:
+                    prompt = {b.block_id for b in seq.blocks[first:prompt_blocks]}
+                    seq.written_tokens += bs * sum(b.block_id in prompt for b in new)
             self.metrics.usage(seq.tag.owner, seq.tag.model).stored_tokens += len(new) * bs
             for writes in self._writes:
                 writes.committed(seq, new)

@@ -17,11 +17,13 @@ class Block:
     ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
     plain free block. ``freed_at`` orders cached free blocks across owners (least recently freed
     first). ``prev_free``/``next_free`` link the block into the free queue (``None`` when it is not
-    in it).
+    in it). ``parent``/``children``/``link``: the index's chain links (``BlockPool.hit_prefix``): an
+    indexed block's ``children`` maps a following block's token bytes (its ``link``) to that block.
     """
 
     __slots__ = (
         "block_id", "ref_cnt", "block_hash", "token_ids", "owner", "tag", "hits", "freed_at", "prev_free", "next_free",
+        "parent", "children", "link",
     )
 
     def __init__(self, block_id: int) -> None:
@@ -35,6 +37,9 @@ class Block:
         self.freed_at = 0  # pool-wide free order of a cached free block: smaller = less recently used
         self.prev_free: Block | None = None
         self.next_free: Block | None = None
+        self.parent: Block | None = None
+        self.children: dict[bytes, Block] | None = None
+        self.link: bytes | None = None
 
     def __repr__(self) -> str:
         h = self.block_hash.hex()[:8] if self.block_hash is not None else None
@@ -44,7 +49,8 @@ class Block:
 class FreeBlockQueue:
     """Doubly linked list threaded through ``Block.prev_free``/``next_free``, with two sentinels.
 
-    ``popleft``, ``remove``, ``append`` and ``appendleft`` are O(1) and allocate nothing. The queue
+    ``popleft``, ``remove``, ``append`` and ``appendleft`` are O(1) and allocate nothing; their
+    ``_many`` forms are O(blocks) in one call (a request's table at once). The queue
     does not check membership: removing a block that is not in it, or adding one that is, corrupts it
     (``BlockPool.check_integrity`` would catch it).
     """
@@ -84,6 +90,50 @@ class FreeBlockQueue:
         nxt.prev_free = prev
         block.prev_free = block.next_free = None
         self.num_free -= 1
+
+    def remove_many(self, blocks: Iterable[Block]) -> int:
+        """Unlink every block of ``blocks`` (each in the queue, none twice); returns how many."""
+        n = 0
+        for block in blocks:
+            prev, nxt = block.prev_free, block.next_free
+            prev.next_free = nxt
+            nxt.prev_free = prev
+            block.prev_free = block.next_free = None
+            n += 1
+        self.num_free -= n
+        return n
+
+    def popleft_many(self, n: int) -> list[Block]:
+        """Remove and return the ``n`` blocks at the head, in queue order. Raises ``IndexError``
+        (changing nothing) when fewer are queued."""
+        if n > self.num_free:
+            raise IndexError(f"pop of {n} blocks from a FreeBlockQueue of {self.num_free}")
+        out = []
+        keep = out.append
+        block = self._head.next_free
+        for _ in range(n):
+            keep(block)
+            block.prev_free, block = None, block.next_free
+        for taken in out:
+            taken.next_free = None
+        self._head.next_free = block
+        block.prev_free = self._head
+        self.num_free -= n
+        return out
+
+    def append_many(self, blocks: Iterable[Block]) -> None:
+        """Add ``blocks`` at the tail in order (the last one reused last)."""
+        tail = self._tail
+        prev = tail.prev_free
+        n = 0
+        for block in blocks:
+            block.prev_free = prev
+            prev.next_free = block
+            prev = block
+            n += 1
+        prev.next_free = tail
+        tail.prev_free = prev
+        self.num_free += n
 
     def append(self, block: Block) -> None:
         """Add at the tail (reused last)."""

@@ -18,14 +18,15 @@ Message fed to K for one block (every field fixed-width or length-prefixed, so i
     tokens = block_size x u32 LE
 
 Speed: tokens are converted once (in C, via ``array``) to a little-endian uint32 buffer whose
-per-block byte slices ``struct.iter_unpack`` hands out; the keyed state with the constant header
-already absorbed is built once and ``.copy()``-ed per block. ``python -m bench.prefix_index``
-measures it against vLLM's sha256(pickle) chain.
+per-block bytes a numpy void view hands out; the keyed state with the constant header
+already absorbed is built once and ``.copy()``-ed per block, and each block is one ``update`` of its
+link and tokens. ``python -m bench.prefix_index`` measures it against vLLM's sha256(pickle) chain.
 """
 
 from __future__ import annotations
 
 import array
+import functools
 import hashlib
 import struct
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ import numpy as np
 from cachecore.errors import InvalidPrompt
 from cachecore.namespace import Namespace
 
-__all__ = ["HASH_BYTES", "MAX_TOKEN_ID", "chain_hashes", "token_buffer"]
+__all__ = ["HASH_BYTES", "MAX_TOKEN_ID", "block_keys", "chain_hashes", "token_blocks", "token_buffer"]
 
 HASH_BYTES = 32
 #: Token ids are encoded as uint32.
@@ -70,9 +71,9 @@ def token_buffer(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     buf = np.frombuffer(packed, dtype=np.uint32)
     # bool is an int subclass, so array() took True/False as 1/0. Only positions holding 0 or 1 can
     # be bools: check those few in Python instead of the whole prompt.
-    suspects = np.flatnonzero(buf <= 1)
-    if len(suspects):
-        for i in suspects.tolist():
+    # (argmin: the cheapest numpy test of "any id <= 1" on a prompt, usually none)
+    if len(buf) and buf[buf.argmin()] <= 1:
+        for i in np.flatnonzero(buf <= 1).tolist():
             if isinstance(tokens[i], bool | np.bool_):
                 raise InvalidPrompt(f"token {i} is a bool ({tokens[i]!r}), not a token id")
     return buf.astype("<u4", copy=False)
@@ -132,45 +133,83 @@ def chain_hashes(
     if n_full == 0:
         return []
 
+    if extras is None or not any(e is not None for e in extras[:n_full]):
+        return block_keys(ns, _split(buf, block_size, n_full), request_salt=request_salt, parent=parent)
+
     raw = memoryview(buf[: n_full * block_size]).cast("B")  # no copy: one big allocation is enough
     step = block_size * 4
     keyed = hashlib.blake2b(key=ns.digest, digest_size=HASH_BYTES)
     header = _U32.pack(block_size)
     out: list[bytes] = []
-
-    def one(i: int, prev: bytes | None) -> bytes:
-        # General path: any extras, and the first block without a parent.
-        extra = _extras_frame(extras[i] if extras is not None else None)
+    prev = parent
+    for i in range(n_full):  # any extras: every block frames its own
+        extra = _extras_frame(extras[i])
         h = keyed.copy()
         if prev is None:
             h.update(_TAG_FIRST + header + extra + _U64.pack(len(request_salt)) + request_salt)
         else:
             h.update(_TAG_CHAINED + header + extra + prev)
         h.update(raw[i * step : (i + 1) * step])
-        return h.digest()
-
-    if parent is None:
-        prev, start = one(0, None), 1
+        prev = h.digest()
         out.append(prev)
-    else:
-        prev, start = parent, 0
+    return out
 
-    if extras is not None and any(e is not None for e in extras[start:n_full]):
-        for i in range(start, n_full):
-            prev = one(i, prev)
-            out.append(prev)
-        return out
 
-    # Hot path, no extras: the constant header is absorbed once; per block only link + tokens.
-    chained = keyed.copy()
-    chained.update(_TAG_CHAINED + header + _NO_EXTRAS)
-    copy = chained.copy
+def token_blocks(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[bytes]:
+    """Each FULL block of ``tokens`` (a trailing partial block is ignored) as the bytes its key hashes:
+    ``block_size`` x u32 LE. Validated as ``token_buffer`` does (``InvalidPrompt``). Pure. These are
+    also the link keys of :meth:`cachecore.block_pool.BlockPool.hit_prefix`."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    buf = token_buffer(tokens)
+    return _split(buf, block_size, len(buf) // block_size)
+
+
+def _split(buf: np.ndarray, block_size: int, n_full: int) -> list[bytes]:
+    # One void item per block: tolist() hands out each block's bytes from C (a void item keeps
+    # trailing zero bytes, which an "S" item would strip).
+    return buf[: n_full * block_size].view(f"V{block_size * 4}").tolist() if n_full else []
+
+
+def block_keys(ns: Namespace, blocks: Sequence[bytes], *, request_salt: bytes = b"",
+               parent: bytes | None = None) -> list[bytes]:
+    """``chain_hashes`` (no extras) of blocks already split by ``token_blocks`` (all of one block
+    size, not re-checked): one key per entry, the first chained to ``parent`` or, without one, to
+    ``request_salt``. Pure."""
+    if not blocks:
+        return []
+    if not isinstance(request_salt, bytes):
+        raise TypeError(f"request_salt must be bytes, got {type(request_salt).__name__}")
+    first, chained = _keyed_states(ns.digest, len(blocks[0]) // 4)
+    out: list[bytes] = []
     append = out.append
-    # iter_unpack hands out each block's bytes from C: cheaper than slicing in the loop.
-    for (block_bytes,) in struct.iter_unpack(f"{step}s", raw[start * step :]):
+    if parent is None:
+        h = first.copy()
+        h.update(_U64.pack(len(request_salt)) + request_salt + blocks[0])
+        prev = h.digest()
+        append(prev)
+        blocks = blocks[1:]
+    else:
+        if not isinstance(parent, bytes) or len(parent) != HASH_BYTES:
+            raise ValueError(f"parent must be a {HASH_BYTES}-byte block hash")
+        prev = parent
+    # Hot path: the constant header is absorbed once; per block one update of link + tokens.
+    copy = chained.copy
+    for block in blocks:
         h = copy()
-        h.update(prev)
-        h.update(block_bytes)
+        h.update(prev + block)
         prev = h.digest()
         append(prev)
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _keyed_states(digest: bytes, block_size: int) -> tuple[hashlib.blake2b, hashlib.blake2b]:
+    """The keyed states with a first block's and a chained block's constant header absorbed (never
+    updated themselves: callers ``copy`` them)."""
+    keyed = hashlib.blake2b(key=digest, digest_size=HASH_BYTES)
+    header = _U32.pack(block_size)
+    first, chained = keyed.copy(), keyed.copy()
+    first.update(_TAG_FIRST + header + _NO_EXTRAS)
+    chained.update(_TAG_CHAINED + header + _NO_EXTRAS)
+    return first, chained

@@ -43,6 +43,8 @@ class CachedSequence:
     load_stop: str | None = None
     written_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    # Each full block's token bytes (``hashing.token_blocks``): the pool's chain links (commit).
+    token_blocks: list[bytes] = field(default_factory=list, repr=False)
 
     @property
     def block_table(self) -> list[int]:

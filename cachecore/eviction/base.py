@@ -14,7 +14,8 @@ What the policy is told (the store calls these under its own lock, never concurr
 - :meth:`~EvictionPolicy.hit`: an entry was reused and stays evictable (an L3 read): its recency
   and ``hits`` changed.
 - :meth:`~EvictionPolicy.remove`: an entry left the store (``evicted=True`` when the policy's own
-  choice or a cap made room; ``False`` for a flush, a delete, a corrupt or expired object).
+  choice or a cap made room; ``False`` for a flush, a delete, a corrupt or expired object);
+  :meth:`~EvictionPolicy.remove_many` for several at once.
 - ``pins`` (:class:`Pins`): named caches' soft pins, by pin key, lapsing by themselves.
 
 What it answers, given per-owner usage, share weights, the store's capacity and per-owner caps:
@@ -162,6 +163,11 @@ class EvictionPolicy(ABC):
     @abstractmethod
     def remove(self, entry: Evictable, *, evicted: bool = False) -> None:
         """``entry`` is no longer evictable (evicted by a choice of this policy or a cap, or dropped)."""
+
+    def remove_many(self, entries: Iterable[Evictable], *, evicted: bool = False) -> None:
+        """``remove`` for each of ``entries`` (a store evicting several at once)."""
+        for entry in entries:
+            self.remove(entry, evicted=evicted)
 
     def take(self, entries: Iterable[Evictable]) -> None:
         """Evictable ``entries`` were taken by a hit (held again; ``add`` when freed)."""

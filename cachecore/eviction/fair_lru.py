@@ -23,12 +23,16 @@ compare) and the bookkeeping hooks; the fairness rules above stay.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+import itertools
+import operator
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cachecore.eviction.base import Clock, Evictable, EvictionPolicy, total_weight, unpinned_first
 
 __all__ = ["FairLRU"]
+
+_owner = operator.attrgetter("owner")
 
 
 class FairLRU(EvictionPolicy):
@@ -39,17 +43,23 @@ class FairLRU(EvictionPolicy):
         # Per owner: its evictable entries, least recently freed first.
         self._lru: dict[str | None, OrderedDict[Evictable, None]] = {}
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # The batched forms below work on ``_lru`` directly; a subclass that keeps its entries
+        # elsewhere (overrides ``remove``) gets the per-entry forms unless it batches them itself.
+        super().__init_subclass__(**kwargs)
+        if "remove" in cls.__dict__:
+            for name in ("remove_many", "take"):
+                if name not in cls.__dict__:
+                    setattr(cls, name, getattr(EvictionPolicy, name))
+
     # ------------------------------------------------------------------ told
     def add(self, entries: Sequence[Evictable]) -> None:
         lrus = self._lru
-        lru, lru_owner = None, object()
-        for entry in entries:
-            if entry.owner is not lru_owner:
-                lru_owner = entry.owner
-                lru = lrus.get(lru_owner)
-                if lru is None:
-                    lru = lrus[lru_owner] = OrderedDict()
-            lru[entry] = None
+        for owner, run in itertools.groupby(entries, _owner):  # one C-level update per owner's run
+            lru = lrus.get(owner)
+            if lru is None:
+                lru = lrus[owner] = OrderedDict()
+            lru.update(dict.fromkeys(run))
 
     def remove(self, entry: Evictable, *, evicted: bool = False) -> None:
         lru = self._lru[entry.owner]
@@ -57,13 +67,16 @@ class FairLRU(EvictionPolicy):
         if not lru:
             del self._lru[entry.owner]
 
-    def take(self, entries: Sequence[Evictable]) -> None:
+    def remove_many(self, entries: Iterable[Evictable], *, evicted: bool = False) -> None:
         lrus = self._lru
-        for entry in entries:  # the hot path of every hit: remove, inlined
-            lru = lrus[entry.owner]
-            del lru[entry]
+        for owner, run in itertools.groupby(entries, _owner):
+            lru = lrus[owner]
+            deque(map(lru.__delitem__, run), maxlen=0)  # deletes in C
             if not lru:
-                del lrus[entry.owner]
+                del lrus[owner]
+
+    def take(self, entries: Sequence[Evictable]) -> None:
+        self.remove_many(entries)  # the hot path of every hit
 
     def hit(self, entry: Evictable) -> None:
         self._lru[entry.owner].move_to_end(entry)
@@ -88,13 +101,16 @@ class FairLRU(EvictionPolicy):
 
     def victims(self, need: int, owner: str, usage: dict[str, int], weights: Mapping[str, int], capacity: int,
                 clock: Clock) -> tuple[list[Evictable], int]:
+        owners = self.owners()
+        if owners == [owner]:  # only the allocating owner has evictable entries: its own order
+            return list(itertools.islice(self.order(owner, clock), need)), 0
         rank = self.rank
-        cursors = {o: self.order(o, clock) for o in self.owners()}
+        cursors = {o: self.order(o, clock) for o in owners}
         heads: dict[str | None, Evictable] = {o: next(it) for o, it in cursors.items()}
         victims: list[Evictable] = []
         protected = 0
+        total = total_weight(usage, weights, owner)
         while len(victims) < need:
-            total = total_weight(usage, weights, owner)
             best = best_rank = None
             for o, entry in heads.items():
                 if o == owner or o is None:
@@ -112,6 +128,8 @@ class FairLRU(EvictionPolicy):
             victim_owner = best.owner
             usage[victim_owner] -= 1
             usage[owner] += 1
+            if not usage[victim_owner] and victim_owner != owner:  # it left the owners with usage
+                total -= weights.get(victim_owner, 1)
             following = next(cursors[victim_owner], None)
             if following is None:
                 del heads[victim_owner]

@@ -59,20 +59,16 @@ class DeviceStore(PooledStore):
             out.append(block)
         return out
 
-    def register(self, blocks: Sequence[Block], keys: Sequence[bytes], tokens: Sequence[int], tag: Tag
-                 ) -> list[Block]:
+    def register(self, blocks: Sequence[Block], keys: Sequence[bytes], tokens: Sequence[int], tag: Tag, *,
+                 parent: bytes | None = None, links: Sequence[bytes] | None = None) -> list[Block]:
         """Cache held ``blocks`` under ``keys`` (block i holds ``tokens[i * block_size : (i + 1) *
         block_size]``), as one pool operation; returns the blocks newly cached, in order (a key
         already cached, a collision or the owner's cap leaves its block un-hashed, not returned) and
-        announces their keys to ``stored_listeners``."""
-        bs = self.layout.block_size
-        new = []
+        announces their keys to ``stored_listeners``. ``parent``/``links``: see
+        ``BlockPool.cache_blocks``."""
         with self._lock, self.pool.batch():
-            for i, (block, key) in enumerate(zip(blocks, keys, strict=True)):
-                kept = self.pool.cache(block, key, tuple(tokens[i * bs : (i + 1) * bs]), tag.owner, tag)
-                if kept is block and block.block_hash is not None:
-                    new.append(block)
-            if new:
+            new = self.pool.cache_blocks(blocks, keys, tokens, tag.owner, tag, parent=parent, links=links)
+            if new and self.stored_listeners:
                 stored = [b.block_hash for b in new]
                 for listener in self.stored_listeners:
                     listener(stored)
