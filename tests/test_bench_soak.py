@@ -16,7 +16,7 @@ def sample(start: float, end: float, status: int | None = 200, **kw) -> Sample:
 # ---------------------------------------------------------------------- schedule and windows
 def test_schedule_spreads_every_kind_between_warm_up_and_recovery_in_order():
     plan = schedule(10.0, 100.0, quick=False)
-    assert [f.kind for f in plan] == list(KINDS)
+    assert [f.kind for f in plan] == list(KINDS) and plan[0].kind == "celery_kill"
     assert plan[0].at == 25.0 and plan[-1].at == 90.0  # 15% and 80% of the load, after its start
     assert all(a.at < b.at for a, b in zip(plan, plan[1:], strict=False))
     assert {f.kind: f.hold for f in plan if f.hold} == {"redis_stop": 20.0, "redis_pause": 5.0}
@@ -129,3 +129,13 @@ def test_greedy_reruns_must_be_identical():
     assert checks.greedy_invariant([("a", "a"), ("b", "b")]).ok
     assert not checks.greedy_invariant([("a", "a"), ("b", "c")]).ok
     assert not checks.greedy_invariant([]).ok
+
+
+def test_operators_never_see_a_500_and_a_503_only_inside_a_window():
+    wins = [Window("pg_terminate", 10.0, 20.0)]
+    assert checks.operators_invariant([(1.0, "/ui/", 200), (12.0, "/ui/", 503), (13.0, "/ui/", None)],
+                                      [(12.0, 503), (13.0, 200)], wins, 0).ok
+    assert not checks.operators_invariant([(12.0, "/ui/", 500)], [], wins, 0).ok  # a 500, even in a window
+    assert not checks.operators_invariant([], [(12.0, 500)], wins, 0).ok
+    assert not checks.operators_invariant([(30.0, "/ui/", 503)], [], wins, 0).ok  # a 503 outside every window
+    assert not checks.operators_invariant([], [], wins, 1).ok  # an admin write that did not apply

@@ -191,5 +191,24 @@ def canary_invariant(own: list[int], foreign: list[int], kv_own: list[int], kv_f
                      f"{len(foreign)}; KV API owner hits {kv_own}, others max {max(kv_foreign, default=0)}")
 
 
+def operators_invariant(reads: list[tuple[float, str, int | None]], admin: list[tuple[float, int | None]],
+                        windows: list[Window], writes_lost: int) -> Invariant:
+    """The operators' side: console pages and admin API answers never a 500 (a 503 or no connection
+    only inside a fault window; the admin client retries those), and every admin write applied."""
+    def fails(at: float, status: int | None) -> bool:
+        if status is not None and status < 500 and status != 429:
+            return False
+        inside = any(w.covers(at, at) for w in windows)
+        return status not in (503, 429, None) or not inside
+
+    bad_reads = [(round(at, 1), page, status) for at, page, status in reads if fails(at, status)]
+    bad_admin = [(round(at, 1), status) for at, status in admin if fails(at, status)]
+    ok = not bad_reads and not bad_admin and writes_lost == 0
+    detail = f"{len(reads)} console/stats reads, {len(admin)} admin answers; admin writes lost {writes_lost}"
+    detail += f"; failed reads {bad_reads[:4]}" if bad_reads else ""
+    detail += f"; failed admin answers {bad_admin[:4]}" if bad_admin else ""
+    return Invariant("operators", ok, detail)
+
+
 def growth(start: float, end: float) -> float:
     return (end - start) / start if start else 0.0

@@ -15,7 +15,7 @@ Kinds, in schedule order:
 - ``web_restart``: SIGTERM the web process; healed when a new one answers ``/healthz``;
 - ``pg_terminate``: ``pg_terminate_backend`` on the stack's sessions while an operator writes;
 - ``l3_fill``: unique long prompts past L3's capacity (``STRATA_L3_MB``);
-- ``l3_corrupt``: flip a byte in a few L3 objects (their ``d`` field in Redis).
+- ``l3_corrupt``: flip a byte in a few L3 objects (read and rewritten through L3's own backend class).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-KINDS = ("replica_kill", "redis_stop", "redis_pause", "celery_kill", "web_restart", "pg_terminate",
+# The Celery kill first: the job it interrupts is resumed once its heartbeat is stale (60 s), within the load.
+KINDS = ("celery_kill", "replica_kill", "redis_stop", "redis_pause", "web_restart", "pg_terminate",
          "l3_fill", "l3_corrupt")
 HOLD_S = {"redis_stop": (20.0, 8.0), "redis_pause": (5.0, 3.0)}  # (full, quick)
-L3_PREFIX = b"strata:l3:"
 
 
 @dataclass(frozen=True)
@@ -176,15 +176,18 @@ class FaultRunner:
 
     async def _l3_corrupt(self, fault: Fault) -> str:
         def corrupt() -> int:
-            client = self.stack.redis.client(1)
-            names = sorted(client.scan_iter(match=L3_PREFIX + b"*", count=1000))
-            done = 0
-            for name in random.Random(3).sample(names, min(3, len(names))):
-                data = client.hget(name, "d")
-                if data:
-                    mid = len(data) // 2
-                    client.hset(name, "d", data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:])
-                    done += 1
-            return done
+            backend = self.stack.l3_backend()
+            try:
+                names = sorted(info.name for info in backend.list())
+                done = 0
+                for name in random.Random(3).sample(names, min(3, len(names))):
+                    data = backend.get(name)
+                    if data:
+                        mid = len(data) // 2
+                        backend.put(name, data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1:])
+                        done += 1
+                return done
+            finally:
+                backend.close()
 
         return f"{await asyncio.to_thread(corrupt)} L3 objects bit-flipped"

@@ -10,6 +10,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import httpx
+
 from bench._soak.fleet import Admin, Console, job_id
 
 CONSOLE_PAGES = ("/ui/", "/ui/live/", "/ui/charts/cluster.json", "/ui/tenants/")
@@ -78,8 +80,11 @@ class Operators:
     async def read_console(self) -> None:
         for page in CONSOLE_PAGES:
             self.console_reads.append((self.clock(), page, await self.console.read(page)))
-        resp = await self.admin.call("GET", "stats", retry_s=0)
-        self.console_reads.append((self.clock(), "/api/admin/stats", resp.status_code))
+        try:
+            status = (await self.admin.call("GET", "stats", retry_s=0)).status_code
+        except httpx.TransportError:
+            status = None
+        self.console_reads.append((self.clock(), "/api/admin/stats", status))
 
     async def console_loop(self, until: float, every: float) -> None:
         while self.clock() < until:

@@ -15,12 +15,13 @@ from typing import Any
 
 class Replicas:
     def __init__(self, *, ray_port: int, home: Path) -> None:
-        import ray
-
+        # Before Ray is imported: it reads its single-machine switch (keep 127.0.0.1) at import time.
         os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(home / "ray_auth_token"),
                            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+        import ray
+
         ray.init(address=f"127.0.0.1:{ray_port}", namespace="strata", log_to_driver=False,
-                 configure_logging=False, include_dashboard=False)
+                 configure_logging=False, include_dashboard=False, _node_ip_address="127.0.0.1")
         self._ray = ray
 
     def close(self) -> None:

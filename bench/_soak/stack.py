@@ -212,6 +212,12 @@ class Stack:
             return ""
         return "\n".join(path.read_bytes()[-16384:].decode(errors="replace").splitlines()[-lines:])
 
+    def l3_backend(self):
+        """The stack's L3 store as its workers open it (``cachecore.tiers.backends``): what it holds."""
+        from cachecore.tiers.backends import open_backend
+
+        return open_backend(self.env["STRATA_L3_URL"])
+
     # ------------------------------------------------------------------ processes
     def roles(self) -> dict[str, psutil.Process]:
         """The launcher's live children by role: ``web``, ``celery``, ``ray-head``."""
