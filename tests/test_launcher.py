@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from workers.launcher import REPO_ROOT, Config, Launcher, free_port, ray_bind_env
-from workers.supervisor import Supervisor, _alive
+from workers.proc_table import alive
+from workers.supervisor import Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and setsid")
 
@@ -43,7 +44,7 @@ def read_pids(path: Path, count: int) -> list[int]:
 
 
 def all_gone(pids) -> bool:
-    return not any(_alive(p) for p in pids)
+    return not any(alive(p) for p in pids)
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_stop_ends_children_grandchildren_and_escaped_descendants(sup, tmp_path)
     tree = sup.start("tree", ["sh", "-c", f"sleep 300 & echo $! >> {pidfile}; "
                                           f"setsid sleep 300 & echo $! >> {pidfile}; wait"])
     grandchild, escaped = read_pids(pidfile, 2)
-    assert all(_alive(p) for p in (plain.pid, tree.pid, grandchild, escaped))
+    assert all(alive(p) for p in (plain.pid, tree.pid, grandchild, escaped))
     assert os.getpgid(escaped) != tree.pid and os.getpgid(grandchild) == tree.pid
 
     sup.stop()
@@ -77,7 +78,7 @@ def test_a_dying_child_is_reported_and_stop_brings_the_others_down(sup):
     dead = sup.watch(poll=0.05)
 
     assert dead is short and dead.proc.returncode == 3
-    assert _alive(long_a.pid) and _alive(long_b.pid)  # watch only reports; stop() acts
+    assert alive(long_a.pid) and alive(long_b.pid)  # watch only reports; stop() acts
     sup.stop()
     assert all_gone([long_a.pid, long_b.pid])
 
@@ -89,7 +90,7 @@ def test_watch_returns_none_when_a_stop_is_requested(sup):
     sup.request_stop("later reason")
     assert sup.stop_reason == "SIGTERM"  # the first reason wins
     sup.stop()
-    assert not _alive(child.pid)
+    assert not alive(child.pid)
 
 
 def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(sup):
@@ -98,7 +99,7 @@ def test_a_child_ignoring_sigterm_is_killed_after_the_grace_period(sup):
     t0 = time.monotonic()
     sup.stop()
     elapsed = time.monotonic() - t0
-    assert not _alive(stubborn.pid)
+    assert not alive(stubborn.pid)
     assert sup.stop_timeout - 0.5 <= elapsed < sup.stop_timeout + 10
     assert stubborn.proc.returncode == -signal.SIGKILL
 
@@ -184,7 +185,7 @@ def test_signal_to_the_launcher_stops_every_process_it_started(tmp_path, sig):
     proc, pidfile = start_fake(tmp_path)
     pids = fake_pids(proc, pidfile)
     assert len(pids) >= 5  # 3 children + the 2 sleeps of the "ray-head" shell
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
 
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=30)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.test_launcher import all_gone, wait_for
 from workers.launcher import REPO_ROOT, free_port
-from workers.supervisor import _alive
+from workers.proc_table import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and setsid")
 
@@ -89,7 +89,7 @@ def test_a_celery_worker_killed_like_an_oom_kill_is_restarted_and_sigterm_still_
         assert now["web"]["pid"] == first["web"]["pid"] and now["web"]["restarts"] == 0  # the others stay up
         assert proc.poll() is None  # the platform is still there
         pids = [c["pid"] for c in first.values()] + [now["celery"]["pid"]]
-        assert _alive(now["celery"]["pid"])
+        assert alive(now["celery"]["pid"])
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

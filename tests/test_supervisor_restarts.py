@@ -19,8 +19,9 @@ import pytest
 
 from tests.test_launcher import all_gone, wait_for
 from workers import process_status
+from workers.proc_table import alive
 from workers.restarts import RestartHistory, RestartPolicy
-from workers.supervisor import Supervisor, _alive
+from workers.supervisor import Supervisor
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and setsid")
 
@@ -94,21 +95,21 @@ def test_a_killed_child_is_restarted_with_backoff_and_the_restart_is_logged_and_
 
     child.proc.send_signal(signal.SIGKILL)  # as the kernel's OOM killer would
 
-    assert wait_for(lambda: child.restarts == 1 and child.state == "running" and _alive(child.pid))
-    assert child.pid != first and not _alive(first)
+    assert wait_for(lambda: child.restarts == 1 and child.state == "running" and alive(child.pid))
+    assert child.pid != first and not alive(first)
     assert watched.logged(f"worker (pid {first}) killed by SIGKILL")
     assert watched.logged("restarting it in 0.2 s (restart 1)") and watched.logged("worker says hello")
     status = watched.child_status("worker")
     assert status["restarts"] == 1 and status["state"] == "running" and status["pid"] == child.pid
     assert status["last_exit"]["signal"] == "SIGKILL" and status["last_exit"]["code"] == -signal.SIGKILL
     assert status["last_restart"] is not None
-    assert calm.restarts == 0 and _alive(calm.pid)  # the others were left alone
+    assert calm.restarts == 0 and alive(calm.pid)  # the others were left alone
 
     second = child.pid
     child.proc.send_signal(signal.SIGKILL)  # again, soon after: the backoff doubles
     assert wait_for(lambda: child.restarts == 2 and child.state == "running")
     assert watched.logged("restarting it in 0.4 s (restart 2)")
-    assert not _alive(second)
+    assert not alive(second)
     assert watched.result == []  # watch goes on: no crash loop
 
 
@@ -125,7 +126,7 @@ def test_a_crash_loop_ends_watch_with_one_message_naming_the_child_and_its_log(w
     assert failure.startswith("web is crash-looping (4 exits within 60 s, the last exit code 3)")
     assert "cannot bind the port" in failure and "stopping the platform" in failure
     assert watched.child_status("web")["state"] == "crash_loop"
-    assert _alive(other.pid)  # watch reports; stop() acts
+    assert alive(other.pid)  # watch reports; stop() acts
     watched.sup.stop()
     assert all_gone([other.pid]) and json.loads(watched.status.read_text())["stopping"] == failure
 
@@ -142,12 +143,12 @@ def test_dependents_stop_with_the_child_they_need_and_start_again_after_it_is_re
 
         head.proc.send_signal(signal.SIGKILL)
 
-        assert wait_for(lambda: not _alive(old_web))  # stopped at once, not left on a dead head
+        assert wait_for(lambda: not alive(old_web))  # stopped at once, not left on a dead head
         assert wait_for(lambda: head.restarts == 1)
         assert web.state == "waiting" and web.restarts == 0  # the new head is not ready yet
         assert w.child_status("web")["state"] == "waiting"
         ready.set()
-        assert wait_for(lambda: web.restarts == 1 and web.state == "running" and _alive(web.pid))
+        assert wait_for(lambda: web.restarts == 1 and web.state == "running" and alive(web.pid))
         assert web.pid != old_web and loner.restarts == 0
         order = [line for line in w.lines if line.startswith("restarted")]
         assert order[0].startswith("restarted ray-head") and order[1].startswith("restarted web (pid")
@@ -170,7 +171,7 @@ def test_stop_after_restarts_leaves_nothing_running_and_says_so_in_the_status(wa
         seen.append(tree.pid)
     assert wait_for(lambda: len(pidfile.read_text().split()) == 3)
     grandchildren = [int(p) for p in pidfile.read_text().split()]
-    assert not any(_alive(p) for p in grandchildren[:2]) and _alive(grandchildren[2])
+    assert not any(alive(p) for p in grandchildren[:2]) and alive(grandchildren[2])
 
     watched.close()
 

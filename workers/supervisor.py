@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from workers import process_status
+from workers.proc_table import alive, descendants, group_alive, proc_table
 from workers.restarts import RestartHistory, RestartPolicy
 
 
@@ -92,78 +93,6 @@ def _drain(pipe: IO[bytes], into: bytearray) -> None:
     with contextlib.suppress(OSError, ValueError), pipe:
         for chunk in iter(lambda: pipe.read1(65536), b""):
             into.extend(chunk)
-
-
-@dataclass(frozen=True)
-class ProcInfo:
-    ppid: int
-    pgid: int
-    state: str  # "Z" = zombie (exited, not yet reaped)
-    start: int  # start time in clock ticks since boot: tells a reused pid apart
-
-
-def _proc_table() -> dict[int, ProcInfo] | None:
-    """Every process from /proc, or None where /proc is not available (then only groups are used)."""
-    if not os.path.isdir("/proc/self"):
-        return None
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode(errors="replace")
-        except OSError:
-            continue
-        # Fields after the command name (which may contain spaces and parentheses).
-        rest = stat.rpartition(")")[2].split()
-        table[int(entry)] = ProcInfo(ppid=int(rest[1]), pgid=int(rest[2]), state=rest[0], start=int(rest[19]))
-    return table
-
-
-def descendants(pid: int) -> dict[int, int]:
-    """Live descendants of ``pid`` as {pid: start time}; empty where /proc is not available."""
-    table = _proc_table() or {}
-    children: dict[int, list[int]] = {}
-    for p, info in table.items():
-        children.setdefault(info.ppid, []).append(p)
-    found: dict[int, int] = {}
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found and table[child].state != "Z":
-                found[child] = table[child].start
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int, start: int | None = None) -> bool:
-    """Whether ``pid`` runs (not a zombie) and, given ``start``, is still the process seen then."""
-    table = _proc_table()
-    if table is not None:
-        info = table.get(pid)
-        return info is not None and info.state != "Z" and (start is None or info.start == start)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is still in process group ``pgid``."""
-    table = _proc_table()
-    if table is not None:
-        return any(info.pgid == pgid and info.state != "Z" for info in table.values())
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass
@@ -475,7 +404,7 @@ class Supervisor:
     def _running(self, child: Child) -> bool:
         if child.proc.poll() is None:
             return True
-        return group_alive(child.pid) or any(_alive(p, t) for p, t in child.known.items())
+        return group_alive(child.pid) or any(alive(p, t) for p, t in child.known.items())
 
     @staticmethod
     def _signal(child: Child, sig: int) -> None:
@@ -489,7 +418,7 @@ class Supervisor:
                     child.proc.send_signal(sig)
         except PermissionError:
             pass
-        table = _proc_table() or {}  # ``known`` is empty where there is no /proc
+        table = proc_table() or {}  # ``known`` is empty where there is no /proc
         for pid, start in child.known.items():
             info = table.get(pid)
             if info is not None and info.state != "Z" and info.start == start and info.pgid != child.pid:
