@@ -1,0 +1,145 @@
+"""Strata's reference engine against vLLM's CPU build, both in-process: one checkpoint, one workload.
+
+    .venv/bin/python -m bench.vllm_cpu [--quick] [--streams 16] [--output 32] [--l1-mb 256]
+
+The checkpoint of ``bench.engines`` (``bench.engines.build``: a random Llama, head size 64 so that vLLM's
+CPU attention runs it, the end-of-sequence row of the output projection zeroed so that every request
+generates exactly ``--output`` tokens) and its shared-prefix workload: 4 groups, each a shared prefix of
+``--prefix`` tokens (1,024; ``--quick``: 224) plus a fresh 32-token question, ``--streams`` requests
+(16) sent at once, greedy. No HTTP, no platform: what the two engines do with the same requests.
+
+- **strata**: ``CompletionRunner`` on a ``Scheduler`` with the worker's defaults (token budget,
+  ``max_batch``, prefill chunk), its pool sized from ``--l1-mb`` as the worker sizes it; one thread per
+  request reads its stream (``bench.throughput.drive``).
+- **vllm**: ``vllm.LLM`` with the engine arguments Strata's vLLM replica uses on a CPU (fp32, eager,
+  block size 32, prefix caching, ``--l1-mb`` of KV cache, ``max_num_seqs`` = Strata's ``max_batch``,
+  seed 0); every request in one ``generate`` call (its engine batches them as they come). vLLM sets
+  its own threads (``VLLM_CPU_OMP_THREADS_BIND=auto``: on 2 cores one OpenMP thread on core 0, core 1
+  left to its front end); Strata runs torch's default (every core), as each is deployed.
+
+Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
+prefixes in the measured batch), then the batch; output tokens/s is output tokens over that
+batch's wall time, hit the token-weighted cached share of the prompts. The engines run one after the
+other (Strata first, vLLM's engine shut down at the end), never at once. Goal: Strata's output tok/s at
+least level with vLLM's (``strata / vllm`` >= 1.0). Needs the ``vllm-cpu`` package (``make setup``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+FULL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1536, "max_pos": 2048, "prefix": 1024}
+QUICK = {"dim": 128, "layers": 2, "heads": 2, "kv_heads": 1, "ffn": 256, "max_pos": 512, "prefix": 224}
+GROUPS = 4
+QUESTION = 32
+VLLM_BLOCK = 32  # the block size Strata's vLLM replica gives vLLM on a CPU
+
+
+def workload(ids: list[int], prefix: int, n: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The groups' priming prompts (prefix + question) and ``n`` measured prompts, interleaved by group."""
+    rng = random.Random(seed)
+    fresh = lambda k: [rng.choice(ids) for _ in range(k)]  # noqa: E731
+    shared = [fresh(prefix) for _ in range(GROUPS)]
+    return [p + fresh(QUESTION) for p in shared], [shared[i % GROUPS] + fresh(QUESTION) for i in range(n)]
+
+
+def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int) -> dict:
+    from bench.throughput import drive
+    from cachecore.engine import CacheEngine
+    from cachecore.model.loader import RevisionSpec, load_model
+    from cachecore.runner import CompletionRunner, SamplingParams
+    from cachecore.scheduler import Scheduler
+    from workers.config import WorkerConfig
+
+    cfg = WorkerConfig()
+    loaded = load_model("bench-vllm-cpu", "", RevisionSpec(label="r1", checkpoint_path=str(path)), device="cpu")
+    blocks = max(64, cfg.blocks(l1_mb, loaded.layout.bytes_per_block))  # as the worker sizes its pool
+    engine = CacheEngine(loaded.layout, num_blocks=blocks, device="cpu")
+    engine.set_inflight_limit("a", blocks * loaded.block_size)
+    sched = Scheduler(engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch, lean_budget=cfg.lean_budget,
+                      contended_budget=cfg.contended_budget, anticipate_ms=cfg.anticipate_ms)
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
+                           prefill_chunk=cfg.prefill_chunk)
+    ns = loaded.namespace(secrets.token_bytes(32))
+    params = SamplingParams(max_tokens=output, stop_at_eos=False)
+    drive(gen, ns, [(prime[0][:QUESTION], "a")], 1, params)  # warm-up: allocator, kernels
+    drive(gen, ns, [(p, "a") for p in prime], 1, params)
+    run = drive(gen, ns, [(p, "a") for p in batch], len(batch), params)
+    return {"tps": run.tps, "hit": run.hit, "wall": run.wall, "ttft_p50": run.p(0.5), "max_batch": sched.max_batch,
+            "token_budget": sched.token_budget, "chunk": gen.prefill_chunk, "blocks": blocks}
+
+
+def vllm_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int,
+              max_batch: int, max_pos: int) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    t0 = time.perf_counter()
+    llm = LLM(model=str(path), tokenizer=str(path), dtype="float32", seed=0, enable_prefix_caching=True,
+              block_size=VLLM_BLOCK, kv_cache_memory_bytes=l1_mb << 20, max_model_len=max_pos,
+              max_num_seqs=max_batch, enforce_eager=True, disable_log_stats=True)
+    started = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
+
+    def generate(prompts: list[list[int]]) -> tuple[float, list]:
+        t = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return time.perf_counter() - t, outs
+
+    try:
+        generate([prime[0][:QUESTION]])
+        for p in prime:
+            generate([p])
+        wall, outs = generate(batch)
+    finally:
+        llm.llm_engine.engine_core.shutdown()  # its engine-core process, before the next bench runs
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    if tokens != output * len(batch):
+        raise SystemExit(f"vLLM generated {tokens} tokens, not {output * len(batch)}: nothing measured")
+    cached = sum(o.num_cached_tokens or 0 for o in outs)
+    return {"tps": tokens / wall, "hit": cached / sum(len(p) for p in batch), "wall": wall, "start_s": started}
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    ap = argparse.ArgumentParser(description="Strata's reference engine vs vLLM's CPU build, in-process")
+    ap.add_argument("--quick", action="store_true", help="a 2-layer model and 224-token prefixes")
+    ap.add_argument("--streams", type=int, default=16, help="requests sent at once")
+    ap.add_argument("--output", type=int, default=32, help="tokens generated per request")
+    ap.add_argument("--l1-mb", type=int, default=256, help="KV memory of each engine (STRATA_L1_MB)")
+    args = ap.parse_args(argv)
+    if args.streams < 1 or args.output < 1 or args.l1_mb < 1:
+        ap.error("--streams, --output and --l1-mb must be >= 1")
+    cfg = QUICK if args.quick else FULL
+    from bench.engines import build
+
+    with tempfile.TemporaryDirectory(prefix="strata-bench-vllm-cpu-") as tmp:
+        path = Path(tmp)
+        ids = build(path, cfg)
+        prime, batch = workload(ids, cfg["prefix"], args.streams, seed=1)
+        st = strata_side(path, prime, batch, args.output, args.l1_mb)
+        vl = vllm_side(path, prime, batch, args.output, args.l1_mb, st["max_batch"], cfg["max_pos"])
+    import torch
+
+    ratio = st["tps"] / vl["tps"]
+    print(f"in-process: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
+          f"FFN {cfg['ffn']}; cpu float32, {torch.get_num_threads()} threads; {args.streams} requests at once over "
+          f"{GROUPS} shared {cfg['prefix']}-token prefixes + {QUESTION}-token questions, {args.output} output tokens")
+    print(f"strata: token budget {st['token_budget']}, max_batch {st['max_batch']}, chunk {st['chunk']}, "
+          f"{st['blocks']} blocks; vllm: block {VLLM_BLOCK}, eager, started in {vl['start_s']:.1f} s")
+    print(f"{'engine':<8} {'out tok/s':>9} {'wall s':>7} {'hit':>6}")
+    for name, r in (("strata", st), ("vllm", vl)):
+        print(f"{name:<8} {r['tps']:>9.1f} {r['wall']:>7.2f} {r['hit']:>6.1%}")
+    print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x)")
+    result = (f"RESULT strata_vs_vllm={ratio:.2f} strata_tps={st['tps']:.1f} vllm_tps={vl['tps']:.1f} "
+              f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams}")
+    print(result)
+    return dict(kv.split("=") for kv in result.split()[1:])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""bench.vllm_cpu's workload: every measured prompt is one group's shared prefix plus a fresh question,
+the groups interleaved, and the priming prompts carry the same prefixes; bad arguments are refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.vllm_cpu import GROUPS, QUESTION, main, workload
+
+
+def test_the_batch_shares_the_primed_prefixes_group_by_group():
+    ids = list(range(100, 400))
+    prime, batch = workload(ids, 48, 16, seed=1)
+    assert len(prime) == GROUPS and len(batch) == 16
+    assert all(len(p) == 48 + QUESTION for p in prime + batch)
+    for i, p in enumerate(batch):
+        assert p[:48] == prime[i % GROUPS][:48]  # its group's prefix: a hit on both engines
+        assert p[48:] != prime[i % GROUPS][48:]  # and its own question
+    assert len({tuple(p[:48]) for p in prime}) == GROUPS  # the groups' prefixes differ
+    assert workload(ids, 48, 16, seed=1) == (prime, batch) and workload(ids, 48, 16, seed=2) != (prime, batch)
+
+
+@pytest.mark.parametrize("flag", ["--streams", "--output", "--l1-mb"])
+def test_bad_arguments_are_refused_before_anything_runs(flag):
+    with pytest.raises(SystemExit) as exc:
+        main([flag, "0"])
+    assert exc.value.code == 2
