@@ -167,12 +167,15 @@ async def after_run(stack, replicas, traffic, ops, admin, specs, models, names) 
     views = await ops.wait_final(timeout=180)
     invariants.append(checks.jobs_invariant(views, ops.jobs))
 
+    say(f"jobs final ({len(views)}); canaries")
     owner, others = specs["steady"], [specs[p] for p in ("chat", "burst", "kv", "ops")]
     own, foreign = await canaries(traffic, owner, others, names, "end")
-    kv_tokens = traffic.stored_kv.get(f"{specs['kv']}:{names[0]}") or []
-    kv_own = [await traffic.kv_hits(specs["kv"], names[0], kv_tokens) or 0] if kv_tokens else []
-    kv_foreign = [await traffic.kv_hits(o, names[0], kv_tokens) or 0 for o in (owner, specs["chat"])
-                  ] if kv_tokens else []
+    kv_model = names[-1]  # names[0] was rolled out: KV stored under its old revision is gone by design
+    kv_tokens = [secrets.randbelow(250) + 1 for _ in range(2 * 16 + 3)]
+    await traffic.kv_store(specs["kv"], kv_model, kv_tokens)
+    kv_own = [await traffic.kv_hits(specs["kv"], kv_model, kv_tokens) or 0]
+    kv_foreign = [await traffic.kv_hits(o, kv_model, kv_tokens) or 0 for o in others if o != specs["kv"]]
+    say("greedy re-runs")
     invariants.append(checks.canary_invariant(own + traffic_canaries.get("own", []),
                                               foreign + traffic_canaries.get("foreign", []), kv_own, kv_foreign))
 
@@ -184,6 +187,7 @@ async def after_run(stack, replicas, traffic, ops, admin, specs, models, names) 
         if data is not None:
             pairs.append((g.text, data["choices"][0]["text"]))
     invariants.append(checks.greedy_invariant(pairs))
+    say("replicas: drain, integrity, stats")
 
     pools, loads, l3 = {}, {}, {}
     for model in names:
@@ -199,6 +203,7 @@ async def after_run(stack, replicas, traffic, ops, admin, specs, models, names) 
                 pools[name] = f"{type(exc).__name__}: {str(exc)[:200]}"
     invariants += [checks.pools_invariant(pools), checks.quotas_invariant(loads)]
 
+    say("L3 accounting")
     deadline = time.monotonic() + 45  # replicas list the store again when their index is 30 s old
     while True:
         listed = await asyncio.to_thread(l3_listing, stack)
@@ -254,7 +259,7 @@ async def soak(args) -> int:
         await wait_ready(traffic, [specs["steady"]], names, timeout=600 if args.vllm else 240)
         say("every model serves")
         kv_tokens = list(range(10, 10 + 2 * 16 + 3))
-        await traffic.kv_store(specs["kv"], names[0], kv_tokens)
+        await traffic.kv_store(specs["kv"], names[-1], kv_tokens)
         own, foreign = await canaries(traffic, specs["steady"], [specs[p] for p in ("chat", "burst", "kv", "ops")],
                                       names, "start")
         traffic_canaries.update(own=own, foreign=foreign)
@@ -314,6 +319,8 @@ async def soak(args) -> int:
                     invariants=invariants), flush=True)
         print("RSS growth goal < 10% after warm-up (same process; a restarted one is not compared): "
               + ", ".join(f"{k} {v:+.1%}" for k, v in grow.items()), flush=True)
+        if args.samples:
+            args.samples.write_text("".join(json.dumps(vars(s)) + "\n" for s in traffic.samples))
         print(result_line(summary=summary, ttft=ttft, faults=runner.events, invariants=invariants, rss_growth=grow,
                           duration=time.monotonic() - T0), flush=True)
         await asyncio.gather(traffic.close(), admin.close(), console.close())
@@ -339,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", default="strata_soak", help="PostgreSQL database created and dropped by the soak")
     ap.add_argument("--broker-db", type=int, default=12, help="db number of the Celery broker on redis 6379")
     ap.add_argument("--keep", action="store_true", help="keep STRATA_HOME (logs) after the run")
+    ap.add_argument("--samples", type=Path, default=None, help="write every request's sample here (JSON lines)")
     args = ap.parse_args(argv)
     args.duration = args.duration or (60.0 if args.quick else 720.0)
     if args.vllm is None:

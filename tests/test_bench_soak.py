@@ -139,3 +139,10 @@ def test_operators_never_see_a_500_and_a_503_only_inside_a_window():
     assert not checks.operators_invariant([], [(12.0, 500)], wins, 0).ok
     assert not checks.operators_invariant([(30.0, "/ui/", 503)], [], wins, 0).ok  # a 503 outside every window
     assert not checks.operators_invariant([], [], wins, 1).ok  # an admin write that did not apply
+
+
+def test_any_429_with_retry_after_is_throttling_for_a_tenant_meant_to_hit_its_quotas():
+    for code in ("rate_limit_requests", "rate_limit_tokens", "tenant_busy"):
+        assert checks.classify(sample(0, 1, 429, retry_after=True, error=code, profile="quota"), []) == "throttled"
+    assert checks.classify(sample(0, 1, 429, retry_after=False, error="rate_limit_requests", profile="quota"),
+                           []) == "bad"  # a 429 must say when to retry

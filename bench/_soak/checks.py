@@ -6,7 +6,7 @@ A request's outcome (:func:`classify`):
 
 - ``ok``: answered 200 and, when streamed, not ended by an error event;
 - ``throttled``: the tenant's own quota (429 with ``Retry-After``, or a ``tenant_busy`` /
-  ``inflight_limit`` stream end) for a tenant meant to hit it (``burst``, ``quota``);
+  ``inflight_limit`` stream end) for a tenant meant to hit its quotas (``burst``, ``quota``);
 - ``retryable``: a 429/503 with ``Retry-After``, a retryable stream error event, or, inside a
   ``web_restart`` window only, a refused connection or a cut transfer;
 - ``bad``: anything else (a 500, a 503 without ``Retry-After``, a non-retryable stream end...).
@@ -41,7 +41,7 @@ def covering(sample: Sample, windows: list[Window]) -> list[Window]:
 def classify(sample: Sample, windows: list[Window]) -> str:
     if sample.status == 200 and not sample.stream_error:
         return "ok"
-    quota = sample.error in QUOTA_CODES and (sample.retry_after or sample.stream_error)
+    quota = (sample.status == 429 and sample.retry_after) or (sample.stream_error and sample.error in QUOTA_CODES)
     if quota and sample.profile in THROTTLED_PROFILES:
         return "throttled"
     if sample.status in (429, 503) and sample.retry_after:

@@ -154,7 +154,7 @@ class Traffic:
                 await asyncio.sleep(pace / 4)
                 continue
             elif profile == "kv":
-                await self._kv(tenant, model)
+                await self._kv(tenant, self.models[-1])
             else:
                 await self.post(tenant, profile, "complete", "/v1/completions",
                                 self._completion(model, rng.choice(DOCS) + f" ops {turn}"))

@@ -28,6 +28,8 @@ def table(*, setup: str, faults: list[FaultEvent], summary: RequestSummary,
     for name, start, end in resources:
         rss0, rss1 = start.get("rss", 0) / 2**20, end.get("rss", 0) / 2**20
         grow = f"{(rss1 - rss0) / rss0:+.0%}" if rss0 and rss1 else "-"
+        if start.get("pid") != end.get("pid"):
+            grow = "restart"  # another process by the end: not a growth
         lines.append(f"  {name:<18}{rss0:>14.0f}{rss1:>8.0f}{grow:>8}"
                      f"{start.get('fds', '-')!s:>5}->{end.get('fds', '-')!s:<4}"
                      f"{start.get('threads', '-')!s:>6}->{end.get('threads', '-')!s:<4}")
