@@ -185,7 +185,11 @@ class RedisBackend(Backend):
             raise _down("head", exc) from None
 
     def exists(self, name: str) -> bool:
-        return self.exists_many([name])[0]
+        key = self._key(name)
+        try:
+            return bool(self._client.exists(key))
+        except (redis.RedisError, OSError) as exc:
+            raise _down("exists", exc) from None
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         keys = [self._key(name) for name in names]

@@ -348,11 +348,13 @@ class RemoteStore:
         found already there stays accounted: it is there). Raises ``BackendUnavailable``, after
         releasing the reservations not written."""
         reserved: list[tuple[int, str, memoryview]] = []
+        known: set[str] = set()  # accounted before this write: not ours to release
         victims: list[Victim] = []
         with self._lock:
             for i, name, frame in batch:
                 if self._index.has(tenant, name):  # known here already: counted, and the write is conditional
                     reserved.append((i, name, frame))
+                    known.add(name)
                     continue
                 chosen = self._index.victims(tenant, len(frame), self.capacity_bytes, now=self.clock())
                 if chosen is None:
@@ -374,7 +376,7 @@ class RemoteStore:
                         results[i] = True
                         self.stats["objects_written"] += 1
                         self.stats["bytes_in"] += len(frame)
-                    else:
+                    elif name not in known:
                         self._index.forget(tenant, name)
                 self._listed_at = -math.inf  # what a lost reply wrote is found by the next listing
             raise
