@@ -309,3 +309,21 @@ def test_the_engine_writes_a_commits_chunks_with_one_batched_call(tmp_path):
     engine.drain_writes()
     assert calls == [3] and store.stats["objects_written"] == 3  # 6 blocks = 3 chunks, one call
     engine.check_integrity()
+
+
+def test_a_set_larger_than_one_batch_is_written_in_several(raw, monkeypatch):  # noqa: F811
+    """Each batch seals into its own per-thread frame buffers: a set above MAX_BATCH_BYTES goes in
+    several ``put_new_many`` calls, every chunk whole."""
+    from cachecore.tiers.remote import store as store_module
+
+    store = _store(raw, _keyring("t1"))
+    monkeypatch.setattr(store_module, "MAX_BATCH_BYTES", 2 * store._frame.frame_bytes)
+    ns, tokens, hashes, kv = _request(49, 5 * CB)
+    tag = _tag(ns)
+    sizes = []
+    real = store.backend.put_new_many
+    monkeypatch.setattr(store.backend, "put_new_many", lambda items: sizes.append(len(items)) or real(items))
+    assert store.put_chunks(_chunks(hashes, tokens, kv, store), tag) == [True] * 5
+    assert sizes == [2, 2, 1]
+    assert torch.equal(store.get(hashes, tokens, tag, 5 * CB).kv, kv)
+    assert _accounted(store) == _present(store)
