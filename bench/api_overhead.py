@@ -31,7 +31,8 @@ model does the least work it can and the difference between the two paths is the
 3. Throughput: 8 concurrent clients over 4 tenants (2 each, each tenant its own cached prompt) for a
    fixed time, against 8 concurrent direct actor calls (the worker's own ceiling), interleaved.
 
-Goal: HTTP adds at most 5 ms at p50 over the direct actor call. The default model is ``tiny``: its
+Goals (issue 23): HTTP adds at most 3 ms at p50 over the direct actor call, and 8 HTTP clients get at
+least 0.7x the requests per second of 8 in-flight direct actor calls. The default model is ``tiny``: its
 forward is the cheapest, so the actor baseline is small and steady and the difference is the API's
 cost, not model noise (``--preset small`` shows the same overhead on a costlier forward; throughput
 is then bound by the model, not the API).
@@ -53,7 +54,8 @@ from collections import defaultdict
 
 import httpx
 
-GOAL_MS = 5.0
+GOAL_MS = 3.0
+GOAL_RPS_RATIO = 0.7
 PROMPT_TOKENS = 65  # 4 full blocks of 16 cached + the last token recomputed
 
 
@@ -236,7 +238,7 @@ class StageTimer:
         from controlplane.caches import diagnostics
         from controlplane.ledger import services as ledger_services
         from controlplane.runtime import dispatch, gateway
-        from controlplane.serving import accountant, admission, context, gate, render_pool
+        from controlplane.serving import access_cache, accountant, admission, context, gate, render_pool
 
         timer = self
         orig_app = asgi._serving
@@ -291,7 +293,10 @@ class StageTimer:
             try:
                 return await orig_s2a_call(timed, *args, **kwargs)
             finally:
-                timer._hop("hop", time.perf_counter() - t0, spent[0])
+                wall = time.perf_counter() - t0
+                timer._hop("hop", wall, spent[0])
+                # Django's thread-sensitive steps (a lane, or a thread of the request) or a thread pool
+                timer._hop("hop_sensitive" if self._thread_sensitive else "hop_pool", wall, spent[0])
 
         orig_pool_run = render_pool.RenderPool.run
 
@@ -310,6 +315,16 @@ class StageTimer:
                 return await orig_pool_run(self, tenant, work, *args)
             finally:
                 timer._hop("pool", time.perf_counter() - t0, spent[0])
+
+        orig_cache_get = access_cache.get
+
+        def cache_get(key_digest, generation):
+            entry = orig_cache_get(key_digest, generation)
+            rec = timer._current.get()
+            if rec is not None:
+                timer._mark(rec, "cache")
+                rec["cache_hits"] = rec.get("cache_hits", 0) + (entry is not None)
+            return entry
 
         orig_execute = CursorWrapper._execute_with_wrappers
 
@@ -374,7 +389,7 @@ class StageTimer:
             (SyncToAsync, "__call__", s2a_call), (render_pool.RenderPool, "run", pool_run),
             (CursorWrapper, "_execute_with_wrappers", execute),
             (gate, "_aadmit", self._timed(gate._aadmit, "gate")),
-            (admission, "admit", self._timed(admission.admit, "admit")),
+            (admission, "admit", self._timed(admission.admit, "admit")), (access_cache, "get", cache_get),
             (context, "prepare", self._timed(context.prepare, "prep")),
             (context, "_prepare", self._timed(context._prepare, "prepwork")),
             (gateway, "acall", acall),
@@ -436,6 +451,7 @@ STAGES = [  # (label, from, to); an indented row is a part of the row above it
     ("accountant thread: accounting.account (off the response path)", "account_in", "account_out"),
 ]
 CLIENT_KEYS = ("client_in", "client_out")  # from the client process, not a server hook
+COUNTED_KEYS = ("cache",)  # hooks that time nothing but must see one call per request (access_cache.get)
 
 
 def unseen(recs: list[dict], sent: int) -> list[str]:
@@ -444,7 +460,7 @@ def unseen(recs: list[dict], sent: int) -> list[str]:
     problems = []
     if len(recs) != sent:
         problems.append(f"{len(recs)} of {sent} requests entered the serving app")
-    keys = dict.fromkeys(k for _, a, b in STAGES for k in (a, b) if k not in CLIENT_KEYS)
+    keys = dict.fromkeys([*(k for _, a, b in STAGES for k in (a, b) if k not in CLIENT_KEYS), *COUNTED_KEYS])
     for key in keys:
         seen = sum(r["seen"].get(key, 0) for r in recs)
         if seen != sent:
@@ -695,7 +711,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{(med[key] - med['actor']) * 1000:+11.2f}")
     verdict = "MEETS" if overhead50 <= GOAL_MS / 1000 else "MISSES"
     print(f"HTTP overhead: p50 {overhead50 * 1000:+.2f} ms, p99 {overhead99 * 1000:+.2f} ms; "
-          f"goal: at most +{GOAL_MS:.0f} ms at p50 -> {verdict} the goal")
+          f"goal: at most +{GOAL_MS:g} ms at p50 -> {verdict} the goal")
     if queries:
         print(f"DB queries per request in prepare: {statistics.median(queries):.0f}")
 
@@ -720,7 +736,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"per request: {statistics.median([r['queries'] for r in recs]):.0f} DB queries, "
           f"{statistics.median([r['connects'] for r in recs]):.0f} new DB connection(s) opened; "
           f"the accountant thread {statistics.median([r['acct_queries'] for r in recs]):.0f} DB queries")
-    for kind, label in (("hop", "sync_to_async hops"), ("pool", "render-pool jobs")):
+    hits = sum(r.get("cache_hits", 0) for r in recs)
+    print(f"access cache: {hits} of {len(recs)} requests admitted from it (no key lookup, no grant query)")
+    for kind, label in (("hop", "sync_to_async hops"), ("hop_pool", "of those to a thread pool (the serving DB threads)"),
+                        ("hop_sensitive", "of those thread-sensitive (Django's steps, on lanes)"),
+                        ("pool", "render-pool jobs")):
         n = statistics.median([r.get(f"{kind}_n", 0) for r in recs])
         wall = statistics.median([r.get(f"{kind}_wall", 0.0) for r in recs])
         work = statistics.median([r.get(f"{kind}_work", 0.0) for r in recs])
@@ -737,13 +757,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'path':<44} {'req/s':>8} {'p50 ms':>8} {'errors':>7}")
     print(f"{'http (separate client process, asyncio)':<44} {rps_http:8.1f} {ms(p50_http_load)} {err_http:>7}")
     print(f"{'actor (8 in-flight direct calls)':<44} {rps_actor:8.1f} {ms(p50_actor_load)} {err_actor:>7}")
-    print(f"http / actor throughput: {rps_http / rps_actor:.2f}")
+    rps_verdict = "MEETS" if rps_http / rps_actor >= GOAL_RPS_RATIO else "MISSES"
+    print(f"http / actor throughput: {rps_http / rps_actor:.2f}; goal: at least {GOAL_RPS_RATIO:g} -> "
+          f"{rps_verdict} the goal")
     print(f"total {time.perf_counter() - t_start:.0f} s")
+    met = overhead50 <= GOAL_MS / 1000 and rps_http / rps_actor >= GOAL_RPS_RATIO
     print(f"RESULT http_p50_ms={med['http'] * 1000:.2f} http_p99_ms={p99['http'] * 1000:.2f} "
           f"actor_p50_ms={med['actor'] * 1000:.2f} actor_p99_ms={p99['actor'] * 1000:.2f} "
           f"overhead_p50_ms={overhead50 * 1000:.2f} rps_8clients={rps_http:.1f} actor_rps_8={rps_actor:.1f} "
           f"rps_ratio={rps_http / rps_actor:.2f} server_worker_call_ms={worker_call * 1000:.2f} "
-          f"server_without_worker_ms={(in_app - worker_call) * 1000:.2f} goal_met={int(overhead50 <= GOAL_MS / 1000)}")
+          f"server_without_worker_ms={(in_app - worker_call) * 1000:.2f} goal_met={int(met)}")
     sys.stdout.flush()
 
 

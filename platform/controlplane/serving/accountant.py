@@ -3,10 +3,12 @@ takes them in order (``submit``) and runs ``accounting.account`` (the ledger's i
 diagnostics history). A response never waits for it; a request that asked for its diagnosis is
 accounted in its own call instead (``views``), since its answer carries the result.
 
-The thread keeps one database connection for its life (it serves no request, so Django never closes
-it), checked every few seconds and reopened when the database dropped it. ``drain`` waits until
-everything submitted so far is accounted: the ledger's readers in this process (admin API, console)
-call it, so what they show includes every request answered before.
+Requests that wait together (under load) are accounted in one transaction, each in a savepoint of
+its own (one failing request loses only its own figures), so the database commits once per batch
+rather than once per request. The thread keeps one database connection for its life (it serves no
+request, so Django never closes it), checked every few seconds and reopened when the database
+dropped it. ``drain`` waits until everything submitted so far is accounted: the ledger's readers in
+this process (admin API, console) call it, so what they show includes every request answered before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ logger = logging.getLogger("controlplane.serving")
 
 MAX_PENDING = 100_000  # beyond this, submissions wait (the database fell far behind)
 CHECK_EVERY_S = 5.0  # how often the kept connection is checked (a query of its own)
+MAX_BATCH = 32  # requests waiting together are accounted in one transaction (one commit)
 
 
 class Accountant(threading.Thread):
@@ -36,25 +39,45 @@ class Accountant(threading.Thread):
         self._queue.put(done)
         return done.wait(timeout)
 
+    def _batch(self) -> list:
+        """The next item, and those already waiting behind it (at most ``MAX_BATCH``)."""
+        batch = [self._queue.get()]
+        while len(batch) < MAX_BATCH:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
     def run(self) -> None:
-        from django.db import connection
+        from django.db import connection, transaction
 
         from controlplane.serving.accounting import account
 
         checked = 0.0
         while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
+            batch = self._batch()
+            work = [item for item in batch if not isinstance(item, threading.Event)]
             try:
                 if connection.connection is not None and time.monotonic() - checked > CHECK_EVERY_S:
                     checked = time.monotonic()
                     if not connection.is_usable():  # the database dropped it: reconnect on next use
                         connection.close()
-                account(*item)
+                if len(work) == 1:
+                    account(*work[0])
+                elif work:  # one commit for the batch; each request in a savepoint of its own
+                    with transaction.atomic():
+                        for item in work:
+                            try:
+                                with transaction.atomic():
+                                    account(*item)
+                            except Exception:  # its savepoint is rolled back; the batch goes on
+                                logger.exception("accounting failed")
             except Exception:  # account() logs its own failures; this is the last line
                 logger.exception("accounting failed")
+            for item in batch:  # in order: everything submitted before each is accounted now
+                if isinstance(item, threading.Event):
+                    item.set()
 
 
 _lock = threading.Lock()
