@@ -155,9 +155,11 @@ def l3_invariant(figures: dict[str, dict], listed: tuple[int, int]) -> Invariant
     objects, used = listed
     wrong = {name: (f.get("store_objects"), f.get("store_used_bytes")) for name, f in figures.items()
              if (f.get("store_objects"), f.get("store_used_bytes")) != (objects, used)}
-    return Invariant("l3_accounting", bool(figures) and not wrong,
-                     f"store holds {objects} objects, {used} bytes; replicas agreeing {len(figures) - len(wrong)}/"
-                     f"{len(figures)}" + (f"; differing {wrong}" if wrong else ""))
+    capacity = max((int(f.get("capacity_bytes") or 0) for f in figures.values()), default=0)
+    detail = f"store holds {objects} objects, {used} bytes"
+    detail += f" ({used / capacity:.1f}x one worker's capacity)" if capacity else ""
+    detail += f"; replicas agreeing {len(figures) - len(wrong)}/{len(figures)}"
+    return Invariant("l3_accounting", bool(figures) and not wrong, detail + (f"; differing {wrong}" if wrong else ""))
 
 
 def pools_invariant(results: dict[str, str]) -> Invariant:
