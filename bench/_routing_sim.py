@@ -20,7 +20,8 @@ blocks; ``l1`` is the part of it held in L1 from the first block on, the rest co
 prefill in progress plus, for each waiting request, its prompt less the hit it had when it was
 queued; waiting and running counts; cached tokens) and the request's ``Hit`` on every replica from
 the replicas' caches as they are at that instant: the exact knowledge of an index fed without delay
-or loss. The policy's ``observe`` is called after each dispatch.
+or loss. The ``RouteRequest`` carries the request's block keys (its usable ones), as the live router
+passes a request's chain hashes. The policy's ``observe`` is called after each dispatch.
 """
 
 from __future__ import annotations
@@ -221,7 +222,7 @@ def simulate(
                 h = r.hit(req)
                 if h:
                     hits[r.replica_id] = h
-            route = RouteRequest(req.prompt_tokens, req.session)
+            route = RouteRequest(req.prompt_tokens, req.session, req.keys[: req.usable], B)
             rid = policy.choose(route, states, hits)
             policy.observe(route, rid)
             reps[index_of[rid]].enqueue(req, hits.get(rid, {}).get("l2", 0))

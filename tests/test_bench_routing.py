@@ -86,8 +86,34 @@ def test_quick_run_prints_a_table_per_configuration_and_a_result_line(capsys):
     result = out.strip().splitlines()[-1]
     assert result.startswith("RESULT ")
     keys = dict(kv.split("=") for kv in result.split()[1:])
-    assert set(keys) == {"strata_vs_best_mean_ttft", "strata_vs_best_p99", "hit_vs_bound_100", "goal_met"}
+    assert set(keys) == {"strata_vs_best_mean_ttft", "strata_vs_best_p99", "hit_vs_bound_min", "hit_vs_lru_min",
+                         "goal_met"}
     assert keys["goal_met"] in ("True", "False")
+
+
+def test_the_fast25_shape_runs_on_the_real_trace_s_shape(capsys):
+    routing.main(["--quick", "--shape", "fast25", "--requests", "300", "--replicas", "2"])
+    out = capsys.readouterr().out
+    assert "generated fast25 shape (300 requests" in out and "N=2: 300 requests" in out
+    assert out.count("one LRU cache of their total capacity hits") == 3
+    assert out.strip().splitlines()[-1].startswith("RESULT ")
+    with pytest.raises(SystemExit) as exc:
+        routing.main(["--requests", "300"])  # a request count is a fast25 option
+    assert exc.value.code == 2
+    assert "--requests needs --shape fast25" in capsys.readouterr().err
+
+
+def test_the_simulated_router_sees_each_request_s_usable_block_keys():
+    t = prepare(_trace(), replicas=2, prefill_tokens_per_s=10_000.0)
+    seen = []
+
+    class Spy(RoundRobin):
+        def choose(self, request, replicas, hits):
+            seen.append((request.blocks, request.block_tokens))
+            return super().choose(request, replicas, hits)
+
+    simulate(t.requests, Spy(), replicas=2, rates=RATES, l1_blocks=16, l2_blocks=16)
+    assert seen == [(r.keys[: r.usable], 512) for r in t.requests]
 
 
 def test_run_results_stay_within_the_infinite_cache_bound():
@@ -95,6 +121,7 @@ def test_run_results_stay_within_the_infinite_cache_bound():
     assert [c.frac for c in configs] == list(routing.FRACS)
     for c in configs:
         assert [r.policy for r in c.results] == ["round_robin", "least_loaded", "sglang", "strata"]
+        assert 0.0 < c.lru_hit <= c.trace.infinite_hit + 1e-9
         for r in c.results:
             assert 0.0 <= r.hit_ratio <= c.trace.infinite_hit + 1e-9
             assert r.imbalance >= 1.0

@@ -134,7 +134,7 @@ def test_expected_ttft_prefers_the_replica_holding_the_prefix():
 
 
 def test_expected_ttft_leaves_the_prefix_holder_when_its_queue_makes_it_slower():
-    policy = ExpectedTTFT(CostModel(), load_guard=100.0)
+    policy = ExpectedTTFT(CostModel(), work_weight=0.0, load_guard=100.0)  # the request's own TTFT alone
     hits = {"b": {"l1": 800}}
     # b: 0.9 s queue + 0.2 s rest = 1.1 s; a: 1.0 s full prefill -> a
     assert policy.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "a"
@@ -157,12 +157,74 @@ def test_expected_ttft_load_guard_excludes_a_hot_replica_unless_it_is_the_least_
     hits = {"b": {"l1": 999}}
     replicas = [rep("a", 1_000), rep("b", 2_500)]  # b: 2.5 + 0.001 s; a: 1.0 + 1.0 s
     assert ExpectedTTFT(CostModel(), load_guard=1.0).choose(REQ, replicas, hits) == "a"  # b 1.5 s over a
-    assert ExpectedTTFT(CostModel(), load_guard=2.0).choose(REQ, replicas, hits) == "a"  # estimate decides: a
+    assert ExpectedTTFT(CostModel(), work_weight=0.0, load_guard=2.0).choose(REQ, replicas, hits) == "a"  # estimate
     cheap = [rep("a", 1_000), rep("b", 1_800)]  # b: 1.8 + 0.001 s beats a: 2.0 s
     assert ExpectedTTFT(CostModel(), load_guard=0.5).choose(REQ, cheap, hits) == "a"  # guarded out
-    assert ExpectedTTFT(CostModel(), load_guard=1.0).choose(REQ, cheap, hits) == "b"  # within the guard
+    assert ExpectedTTFT(CostModel(), work_weight=0.0, load_guard=1.0).choose(REQ, cheap, hits) == "b"  # in the guard
     alone = [rep("b", 9_000), rep("a", 0, alive=False)]
     assert ExpectedTTFT(CostModel(), load_guard=0.0).choose(REQ, alone, hits) == "b"  # the least loaded alive
+
+
+def test_the_work_weight_keeps_a_prefix_holder_that_the_request_s_own_ttft_would_leave():
+    hits = {"b": {"l1": 800}}  # saves 0.8 s of b's prefill: 0.2 s left there, 1.0 s anywhere else
+    weighted = ExpectedTTFT(CostModel(), work_weight=1.0)
+    alone = ExpectedTTFT(CostModel(), work_weight=0.0)
+    # b: 0.9 s queue. Own TTFT: 1.1 s at b > 1.0 s at a. Weighted: 0.9 + 2 x 0.2 = 1.3 < 0 + 2 x 1.0 = 2.0
+    assert alone.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "a"
+    assert weighted.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "b"
+    # the holder is left once its extra wait passes (1 + w) x the 0.8 s saved: 1.7 + 0.4 = 2.1 > 2.0
+    assert weighted.choose(REQ, [rep("a", 0), rep("b", 1_700)], hits) == "a"
+    assert weighted.choose(REQ, [rep("a", 0), rep("b", 1_500)], hits) == "b"
+
+
+def test_the_default_work_weight_is_the_mean_waiting_requests_with_a_floor():
+    policy = ExpectedTTFT(CostModel())
+    # queued_requests counts the one in prefill: 4 and 2 queued -> 3 and 1 waiting -> mean 2.0
+    assert policy.weight([rep("a", waiting=4), rep("b", waiting=2)]) == 2.0
+    assert policy.weight([rep("a", waiting=1), rep("b")]) == 0.5  # nothing waiting: the floor
+    assert policy.weight([rep("a", waiting=9, alive=False), rep("b", waiting=3)]) == 2.0  # alive ones only
+    assert ExpectedTTFT(CostModel(), min_work_weight=0.0).weight([rep("a", waiting=1)]) == 0.0
+    assert ExpectedTTFT(CostModel(), work_weight=3.0).weight([rep("a", waiting=9)]) == 3.0  # fixed
+    hits = {"b": {"l1": 800}}
+    busy = [rep("a", 0, waiting=1), rep("b", 1_500, waiting=5)]  # 4 waiting on b -> w = 2.0
+    # w = 2: b 1.5 + 3 x 0.2 = 2.1 < a 3 x 1.0 = 3.0 -> b; the request's own TTFT: b 1.7 > a 1.0 -> a
+    assert policy.choose(REQ, busy, hits) == "b"
+    assert ExpectedTTFT(CostModel(), work_weight=0.0).choose(REQ, busy, hits) == "a"
+
+
+def test_a_prefix_in_flight_to_a_replica_counts_as_its_hit_until_its_queue_has_moved_on():
+    policy = ExpectedTTFT(CostModel(), work_weight=0.0)
+    first = RouteRequest(1_000, blocks=("k1", "k2", "k3"), block_tokens=256)
+    policy.observe(first, "b")  # dispatched to b, not yet cached anywhere: the index reports no hit
+    second = RouteRequest(1_000, blocks=("k1", "k2", "k3"), block_tokens=256)
+    other = RouteRequest(1_000, blocks=("x1", "x2", "x3"), block_tokens=256)
+    queued = [rep("a", 0), rep("b", 300, waiting=1)]  # b: the first request still in its queue
+    assert policy.hit(second, queued[1], {}) == {"l1": 768, "l2": 768, "l3": 768}
+    # b: 0.3 s queue + 0.232 s (the 768 in-flight tokens are free) beats a: 1.0 s
+    assert policy.choose(second, queued, {}) == "b"
+    assert policy.choose(other, queued, {}) == "a"  # another prefix: b's queue only costs
+    # b's queue moved on (the first request was prefilled): the index now speaks for b, in-flight is forgotten
+    assert policy.choose(second, [rep("a", 0), rep("b", 300, waiting=0)], {}) == "a"
+    assert policy.inflight.requests("b") == 0
+    # an index hit deeper than the in-flight prefix is kept as reported
+    policy.observe(first, "b")
+    assert policy.hit(second, rep("b", waiting=1), {"b": {"l1": 256, "l2": 1_000}}) == {"l1": 256, "l2": 1_000}
+
+
+def test_ties_go_to_the_replica_sent_the_fewest_uncached_tokens():
+    policy = ExpectedTTFT(CostModel())
+    full = [rep("a", cached=5_000), rep("b", cached=5_000), rep("c", cached=5_000)]  # idle, caches full
+    chosen = []
+    for _ in range(3):
+        rid = policy.choose(REQ, full, {})
+        policy.observe(REQ, rid)
+        chosen.append(rid)
+    assert chosen == ["a", "b", "c"]  # caching the least would have sent all three to "a"
+    assert policy.uncached_tokens("a") == 1_000
+    hit = {"c": {"l1": 600}}
+    assert policy.choose(REQ, full, hit) == "c"  # a hit decides before the tie-break
+    policy.observe(REQ, "c")
+    assert policy.uncached_tokens("c") == 1_000 + 400  # what it had to cache: the prompt less its hit
 
 
 def test_sticky_session_is_not_kept_on_a_guarded_out_replica():
@@ -193,3 +255,11 @@ def test_policy_parameters_are_validated():
         ExpectedTTFT(sticky_bonus_s=-1)
     with pytest.raises(ValueError):
         RouteRequest(-1)
+    with pytest.raises(ValueError):
+        RouteRequest(1_000, blocks=("k1",))  # block keys need their block size
+    with pytest.raises(ValueError):
+        RouteRequest(1_000, blocks=["k1"], block_tokens=16)  # a tuple: the request is frozen
+    with pytest.raises(ValueError):
+        ExpectedTTFT(work_weight=-0.5)
+    with pytest.raises(ValueError):
+        ExpectedTTFT(min_work_weight=-1)

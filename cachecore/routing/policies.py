@@ -17,21 +17,57 @@ An instance is not thread-safe: the caller serialises ``choose`` and the ``obser
   replica's approximate tree when it routes a request there, by the part of the prompt that tree did
   not match; here the tree of a replica is the tokens routed to it less their hit there (the router's
   own count, never shrunk: SGLang evicts its tree only past a size far above these).
-- ``ExpectedTTFT``: Strata's rule: the minimum of ``CostModel.expected_ttft_s`` over the candidates,
-  with session stickiness (a session returns to its last replica unless that replica's estimate is
-  worse than the best by more than ``sticky_bonus_s``) and a load guard (a replica whose queue wait
-  exceeds the least-loaded alive replica's by more than ``load_guard`` is not a candidate, unless
-  every replica is excluded that way, which cannot happen: the least loaded one never is).
+- ``ExpectedTTFT``: Strata's rule, below.
+
+**Strata's rule** (``ExpectedTTFT``). For each alive replica ``r`` the cost model
+(``cost.CostModel``) gives the request's queue wait ``wait_r`` and its prefill time once started
+``busy_r`` (each cached segment loaded or recomputed, whichever is cheaper, the rest prefilled). The
+request goes to the least
+
+    cost_r = wait_r + (1 + w) * busy_r,    w = max(min_work_weight, mean waiting requests per replica)
+
+The request's own TTFT is ``wait_r + busy_r``; the extra ``w * busy_r`` is what its prefill costs the
+requests that will queue behind it: a second of prefill delays each of them by a second, and the
+replicas' current queues (requests waiting, the one in prefill not counted, averaged over the alive
+replicas) are the live estimate of how many that is. Minimising the request's own TTFT alone
+(``w = 0``) gives up a cached prefix whenever another replica's queue is a little shorter: the prefix
+is then recomputed (work the cluster did not need, which delays later requests) and cached twice
+(space the caches did not need to spend). With the weight, a replica holding the prefix is left only
+when its extra wait exceeds ``(1 + w)`` times the prefill time its hit saves, so a request gives up at
+most ``w`` times that saving of its own TTFT, and a long prefix buys proportionally more queue than a
+short one. ``min_work_weight`` (0.5) keeps some of that value when nothing waits yet: recomputing
+still spends prefill time and cache space (on ``bench.routing --shape fast25`` a lower floor drops
+the hit ratio under 90% of the bound at 64 replicas; a higher one lengthens the tail on the default
+shape). ``work_weight`` fixes ``w`` instead. The peers weigh the same trade-off with blunter
+instruments: SGLang's router follows the longest match above a share of the prompt whatever the
+queues, until the pending counts differ by an absolute and a relative threshold; Dynamo's KV router
+minimises ``overlap_score_weight * prefill blocks + decode blocks``, a fixed weight on load counted
+in blocks; vLLM production-stack's prefix router sends a request to its longest match, ignoring load.
+Here both sides are seconds from measured rates, and the weight follows the load.
+
+- **Hits include the router's own in-flight requests** (``inflight.InFlight``): a prefix dispatched to
+  a replica and still in its queue counts as held there in L1 (what SGLang's and production-stack's
+  approximate trees do on insert), when the request carries its block keys (``RouteRequest.blocks``).
+- **Ties** (equal cost: typically several idle replicas and no hit) go to the replica the router has
+  sent the fewest uncached prompt tokens (SGLang's "smallest tree"), then list order: spreading what
+  replicas must cache evens out how long each keeps its blocks. (Tie-breaking by tokens cached, which
+  is equal once caches are full, sent every tie to the first replica.)
+- **Stickiness**: a session returns to its last replica unless that replica's cost exceeds the best
+  by more than ``sticky_bonus_s``.
+- **Load guard** (off by default): a replica whose queue wait exceeds the least-loaded alive
+  replica's by more than ``load_guard`` seconds is not a candidate (the least loaded never is
+  excluded). The weighted cost already bounds the queue a hit can buy; the guard is a hard cap on top.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from cachecore.routing.cost import TIERS, CostModel, Hit, ReplicaState
+from cachecore.routing.inflight import InFlight
 
 __all__ = [
     "ROUTING_POLICIES",
@@ -52,15 +88,24 @@ class NoReplicaError(RuntimeError):
 
 @dataclass(frozen=True)
 class RouteRequest:
-    """What a policy knows of a request: its prompt length and a stickiness key (the request's
-    ``user``, or a digest of the chat's first turn; None: no stickiness)."""
+    """What a policy knows of a request: its prompt length, a stickiness key (the request's
+    ``user``, or a digest of the chat's first turn; None: no stickiness) and, optionally, the keys
+    of its full blocks as the router's index keys them (chain hashes) with the tokens per block:
+    ``ExpectedTTFT`` then counts prefixes it dispatched and no replica cached yet."""
 
     prompt_tokens: int
     session: str | None = None
+    blocks: tuple[Hashable, ...] = ()
+    block_tokens: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 0:
             raise ValueError(f"prompt_tokens must be an int >= 0, got {self.prompt_tokens!r}")
+        if not isinstance(self.blocks, tuple):
+            raise ValueError(f"blocks must be a tuple of block keys, got {type(self.blocks).__name__}")
+        bt = self.block_tokens
+        if isinstance(bt, bool) or not isinstance(bt, int) or bt < 0 or (self.blocks and bt == 0):
+            raise ValueError(f"block_tokens must be an int >= 0, and > 0 when blocks are given; got {bt!r}")
 
 
 class Policy(Protocol):
@@ -172,12 +217,16 @@ class SGLangRule:
 
 
 class ExpectedTTFT:
-    """Strata's rule: the least expected TTFT, with stickiness and a load guard (module docstring).
+    """Strata's rule: the least ``wait + (1 + w) * busy``, with in-flight prefixes, ties to the
+    replica sent the fewest uncached tokens, stickiness and an optional load guard (module docstring).
 
-    ``sticky_bonus_s``: how much worse (seconds) a session's last replica may be than the best before
-    the session moves. ``load_guard``: how much longer (seconds) a replica's queue wait may be than
-    the least-loaded alive replica's before it stops being a candidate. ``max_sessions``: sessions
-    remembered (least recently routed forgotten first). Ties go to the replica caching the least."""
+    ``w`` is how many requests' worth of delay a second of prefill is charged beyond the request's
+    own: ``work_weight`` when given (0: the request's expected TTFT alone), else the mean waiting
+    requests per alive replica, at least ``min_work_weight``. ``sticky_bonus_s``: how much higher
+    (seconds of cost) a session's last replica may be than the best before the session moves.
+    ``load_guard``: seconds of queue wait above the least-loaded alive replica's past which a replica
+    is not a candidate (None: no guard). ``max_sessions``: sessions remembered (least recently routed
+    forgotten first)."""
 
     name = "strata"
 
@@ -185,53 +234,101 @@ class ExpectedTTFT:
         self,
         cost: CostModel | None = None,
         *,
+        work_weight: float | None = None,
+        min_work_weight: float = 0.5,
         sticky_bonus_s: float = 0.05,
-        load_guard: float = 2.0,
+        load_guard: float | None = None,
         max_sessions: int = 100_000,
     ) -> None:
-        if sticky_bonus_s < 0 or load_guard < 0 or max_sessions < 1:
+        if (work_weight is not None and work_weight < 0) or min_work_weight < 0 or sticky_bonus_s < 0 \
+                or (load_guard is not None and load_guard < 0) or max_sessions < 1:
             raise ValueError(
-                f"need sticky_bonus_s >= 0, load_guard >= 0, max_sessions >= 1; got "
-                f"{sticky_bonus_s!r}, {load_guard!r}, {max_sessions!r}"
+                f"need work_weight None or >= 0, min_work_weight >= 0, sticky_bonus_s >= 0, load_guard None or "
+                f">= 0, max_sessions >= 1; got {work_weight!r}, {min_work_weight!r}, {sticky_bonus_s!r}, "
+                f"{load_guard!r}, {max_sessions!r}"
             )
         self.cost = cost or CostModel()
+        self.work_weight = work_weight
+        self.min_work_weight = min_work_weight
         self.sticky_bonus_s = sticky_bonus_s
         self.load_guard = load_guard
         self.max_sessions = max_sessions
+        self.inflight = InFlight()
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._uncached: dict[str, int] = {}  # replica id -> prompt tokens sent there less their hits
+        self._matched: dict[str, int] = {}  # the last choice's hit per replica, for observe
+
+    def hit(self, request: RouteRequest, replica: ReplicaState, hits: Mapping[str, Hit]) -> Hit:
+        """The request's hit on ``replica``: the index's, extended in L1 by the longest prefix of its
+        blocks that the router's in-flight requests to that replica hold."""
+        hit = hits.get(replica.replica_id) or {}
+        pending = self.inflight.match(replica.replica_id, request.blocks) * request.block_tokens
+        if pending <= deepest(hit, request.prompt_tokens):
+            return hit
+        out, reached = {}, 0
+        for tier in TIERS:  # cumulative: every tier reaches at least the in-flight prefix
+            reached = max(hit.get(tier, reached), pending)
+            out[tier] = reached
+        return out
 
     def estimates(
         self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]
-    ) -> dict[str, float]:
-        """Expected TTFT (seconds) of every candidate: alive and not excluded by the load guard."""
+    ) -> dict[str, tuple[float, float]]:
+        """(queue wait, prefill once started), in seconds, of every candidate: alive and within the
+        load guard. Forgets in-flight requests the replicas' queues no longer hold."""
         alive = _alive(replicas)
         waits = {r.replica_id: self.cost.queue_wait_s(r) for r in alive}
-        limit = min(waits.values()) + self.load_guard
+        limit = min(waits.values()) + self.load_guard if self.load_guard is not None else None
         out = {}
-        for r in alive:
-            if waits[r.replica_id] > limit:
+        self._matched = {}
+        for r in replicas:
+            if not r.alive:
+                self.inflight.forget(r.replica_id)
                 continue
-            busy = self.cost.prefill_s(r.rates, request.prompt_tokens, hits.get(r.replica_id) or {})[0]
-            out[r.replica_id] = waits[r.replica_id] + busy  # = cost.expected_ttft_s, the wait computed once
+            self.inflight.trim(r.replica_id, r.queued_requests)
+            if limit is not None and waits[r.replica_id] > limit:
+                continue
+            hit = self.hit(request, r, hits)
+            self._matched[r.replica_id] = deepest(hit, request.prompt_tokens)
+            out[r.replica_id] = (waits[r.replica_id], self.cost.prefill_s(r.rates, request.prompt_tokens, hit)[0])
         return out
+
+    def weight(self, replicas: Sequence[ReplicaState]) -> float:
+        """``w``: ``work_weight`` if fixed, else the mean requests waiting (the one in prefill not
+        counted) per alive replica, at least ``min_work_weight``."""
+        if self.work_weight is not None:
+            return self.work_weight
+        alive = _alive(replicas)
+        waiting = sum(max(0, r.queued_requests - 1) for r in alive) / len(alive)
+        return max(self.min_work_weight, waiting)
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]) -> str:
         est = self.estimates(request, replicas, hits)
-        cached = {r.replica_id: r.cached_tokens for r in replicas}
-        best = min(est, key=lambda rid: (est[rid], cached[rid]))
+        w = self.weight(replicas)
+        cost = {rid: wait + (1.0 + w) * busy for rid, (wait, busy) in est.items()}
+        best = min(cost, key=lambda rid: (cost[rid], self.uncached_tokens(rid)))
         if request.session is not None:
             last = self._sessions.get(request.session)
-            if last is not None and last in est and est[last] <= est[best] + self.sticky_bonus_s:
+            if last is not None and last in cost and cost[last] <= cost[best] + self.sticky_bonus_s:
                 return last
         return best
 
     def observe(self, request: RouteRequest, replica_id: str) -> None:
+        self._uncached[replica_id] = self.uncached_tokens(replica_id) + request.prompt_tokens - self._matched.get(
+            replica_id, 0
+        )
+        if request.blocks:
+            self.inflight.add(replica_id, request.blocks)
         if request.session is None:
             return
         self._sessions[request.session] = replica_id
         self._sessions.move_to_end(request.session)
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
+
+    def uncached_tokens(self, replica_id: str) -> int:
+        """Prompt tokens the router sent ``replica_id`` less the hit each had there (what it had to cache)."""
+        return self._uncached.get(replica_id, 0)
 
     def session_replica(self, session: str) -> str | None:
         """The replica a session was last dispatched to (None: unknown or forgotten)."""
