@@ -23,25 +23,32 @@ the page tensor uses a 1-layer, 1-head, head_dim-1 layout (its bytes are never t
 - ours: that sequence through a fresh ``CacheEngine`` per round (so every round replays the same
   cold-to-warm cache history).
 - base: a minimal vLLM-style prefix cache in plain Python, measured in the same run: sha256(pickle)
-  chain, dict index without token re-check, ref counts, one LRU free list, deepest blocks freed first;
+  chain, dict index without token re-check, ref counts, one LRU free list, deepest blocks freed first
+  (blocks holding no cached hash to the front, as ours, so both caches evict alike);
   no tenants, fair sharing, caps, locks or metrics. It is the yardstick that makes figures from runs
   on a loaded machine comparable (the ratio), not a claim about vLLM's speed.
 - "chain only" rows: the same requests' hash chains alone (the hashing floor of a request).
 
+Both caches must serve exactly the same hit tokens (checked every round), so they did the same work.
 us/req is the median over rounds of (round time / 4,000 requests); Mtok/s is prompt tokens over that
 median; "ratio" is the median over rounds of (base time / this scheme's time); "hit" is the
 token-weighted share of prompt tokens served from cache.
 
-    .venv/bin/python -m bench.prefix_index [--quick] [--rounds N] [--request-rounds N]
+``--profile``: instead of the tables, one round of the per-request workload through ``CacheEngine``
+under cProfile (where the microseconds go), top functions by own time.
+
+    .venv/bin/python -m bench.prefix_index [--quick] [--rounds N] [--request-rounds N] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import hashlib
 import os
 import pickle
+import pstats
 import random
 import statistics
 import time
@@ -211,12 +218,15 @@ class MiniPrefixCache:
                 hash_of[table[i]] = h
 
     def release(self, table: list[int]) -> None:
-        """Drop one reference per block; freed blocks join the LRU end deepest first."""
-        ref, free = self.ref, self.free
+        """Drop one reference per block; freed blocks join the LRU end deepest first, those holding
+        no cached hash (a partial last block, a duplicate) the front (reused first, as ours)."""
+        ref, free, hash_of = self.ref, self.free, self.hash_of
         for block_id in reversed(table):
             ref[block_id] -= 1
             if ref[block_id] == 0:
                 free[block_id] = None
+                if hash_of[block_id] is None:
+                    free.move_to_end(block_id, last=False)
 
 
 def tiny_layout(block_size: int) -> KVLayout:
@@ -309,6 +319,8 @@ def per_request_table(rounds: int, rng: random.Random) -> dict[str, float]:
     prompt_tokens = sum(len(t) for t in requests)
     schemes, reset = make_request_schemes(requests, bs, num_blocks)
     times, outcome = run_request_rounds(schemes, reset, rounds)
+    assert outcome["ours"] == outcome["base"], f"the caches served different hits: {outcome}"
+    assert outcome["ours_chain"] == outcome["base_chain"], f"the chains hashed different blocks: {outcome}"
     n = len(requests)
     print()
     print(
@@ -344,6 +356,21 @@ def per_request_table(rounds: int, rng: random.Random) -> dict[str, float]:
     }
 
 
+def profile_requests(rng: random.Random, top: int = 25) -> None:
+    """One warm-up and one profiled round of the per-request workload through ``CacheEngine``."""
+    requests = shared_prefix_requests(rng)
+    schemes, reset = make_request_schemes(requests, REQ_BLOCK_SIZE, REQ_CAPACITY_TOKENS // REQ_BLOCK_SIZE)
+    reset()
+    schemes["ours"]()
+    reset()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    schemes["ours"]()
+    profiler.disable()
+    print(f"per request, {len(requests)} requests through CacheEngine under cProfile (own time first):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="101 rounds instead of 1001 (seconds)")
@@ -351,7 +378,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--request-rounds", type=int, default=None, help="timed rounds of the per-request table (default 9, quick 3)"
     )
+    parser.add_argument("--profile", action="store_true", help="profile one per-request round instead")
     args = parser.parse_args(argv)
+    if args.profile:
+        profile_requests(random.Random(0))
+        return
     rounds = args.rounds or (101 if args.quick else 1001)
     request_rounds = args.request_rounds or (3 if args.quick else 9)
     rng = random.Random(0)

@@ -24,15 +24,12 @@ compare) and the bookkeeping hooks; the fairness rules above stay.
 from __future__ import annotations
 
 import itertools
-import operator
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cachecore.eviction.base import Clock, Evictable, EvictionPolicy, total_weight, unpinned_first
 
 __all__ = ["FairLRU"]
-
-_owner = operator.attrgetter("owner")
 
 
 class FairLRU(EvictionPolicy):
@@ -55,11 +52,14 @@ class FairLRU(EvictionPolicy):
     # ------------------------------------------------------------------ told
     def add(self, entries: Sequence[Evictable]) -> None:
         lrus = self._lru
-        for owner, run in itertools.groupby(entries, _owner):  # one C-level update per owner's run
-            lru = lrus.get(owner)
-            if lru is None:
-                lru = lrus[owner] = OrderedDict()
-            lru.update(dict.fromkeys(run))
+        lru, lru_owner = None, object()
+        for entry in entries:  # plain loops: cheaper here than groupby and C-level maps
+            if entry.owner is not lru_owner:
+                lru_owner = entry.owner
+                lru = lrus.get(lru_owner)
+                if lru is None:
+                    lru = lrus[lru_owner] = OrderedDict()
+            lru[entry] = None
 
     def remove(self, entry: Evictable, *, evicted: bool = False) -> None:
         lru = self._lru[entry.owner]
@@ -69,11 +69,16 @@ class FairLRU(EvictionPolicy):
 
     def remove_many(self, entries: Iterable[Evictable], *, evicted: bool = False) -> None:
         lrus = self._lru
-        for owner, run in itertools.groupby(entries, _owner):
-            lru = lrus[owner]
-            deque(map(lru.__delitem__, run), maxlen=0)  # deletes in C
-            if not lru:
-                del lrus[owner]
+        lru, lru_owner = None, object()
+        for entry in entries:
+            if entry.owner is not lru_owner:
+                if lru is not None and not lru:
+                    del lrus[lru_owner]
+                lru_owner = entry.owner
+                lru = lrus[lru_owner]
+            del lru[entry]
+        if lru is not None and not lru:
+            del lrus[lru_owner]
 
     def take(self, entries: Sequence[Evictable]) -> None:
         self.remove_many(entries)  # the hot path of every hit
