@@ -4,7 +4,8 @@ Every policy implements ``Policy``: ``choose(request, replicas, hits)`` returns 
 replica (``NoReplicaError`` when none is alive), and ``observe(request, replica_id)`` is called after
 the request was dispatched there. ``hits`` maps a replica id to the request's cached prefix on that
 replica (``cost.Hit``, in tokens, as the router's index reports it); a replica left out has no hit.
-Policies hold only routing bookkeeping (a cursor, session -> replica), never tokens or tenant data.
+Policies hold only routing bookkeeping (a cursor, session -> replica, the block hashes of requests in
+flight), never tokens or tenant data.
 An instance is not thread-safe: the caller serialises ``choose`` and the ``observe`` that follows it
 (one lock per router), and a choice never blocks.
 
