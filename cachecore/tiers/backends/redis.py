@@ -168,7 +168,7 @@ class RedisBackend(Backend):
         at = 0
         for part in windows:
             n = min(len(part), len(out) - at)
-            out[at : at + n] = part[:n]
+            out[at : at + n] = memoryview(part)[:n]
             at += n
         return int(size)
 
