@@ -43,6 +43,16 @@ another owner's allocation once it has no unpinned blocks left, and pins never t
 below its share. With no pins the eviction paths are the plain ones; with pins an eviction also skips
 past the owner's pinned blocks.
 
+**One walk per request** (``hit_prefix``). A request's hit is found in one call: its first block by
+key (stored token ids compared), each following one as its predecessor's child under the block's
+token bytes (the exact bytes its key hashes, so the dict's equality compare is the token compare),
+so a hit block's key is read from the block instead of hashed; only the rest of the chain is hashed
+(by the caller's ``keys``) and looked up key by key. Links exist only between indexed blocks
+(``cache_blocks`` adds them for keys that continue their parent's chain, the walk heals missing
+ones, every unindexing removes a block's links both ways); a link is a shortcut to the block that
+holds the key the chain would give, never a second key, so namespaces, salts and exact-prefix
+matching are the keys' as before.
+
 **Listeners.** Every hash the pool drops is announced first to each callable in ``listeners`` as
 ``listener(block, reason)`` with ``reason`` one of ``"evicted"`` (reused by ``allocate``), ``"capped"``
 (its owner's cap) or ``"flushed"`` (``drop_where``), while the block still holds its hash, tokens, tag
