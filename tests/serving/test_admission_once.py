@@ -11,6 +11,7 @@ without the body being read.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -138,3 +139,37 @@ def test_bad_keys_are_throttled_at_the_gate_and_a_valid_key_from_their_source_is
         err(post(server_url, keys["acme"], "/v1/completions", OVER_CONTEXT), 400, "context_length_exceeded")
     finally:
         cache.clear()  # the lock on this test client's address would outlive the test
+
+
+def test_djangos_per_request_steps_of_an_admitted_request_run_on_a_lane_thread(server_url, keys):
+    """``serving.lanes``: ``request_started`` and ``request_finished`` of a request the gate admitted run
+    on a long-lived lane thread, not on a thread started for the request (paired: a request the gate
+    does not admit, ``GET /v1/models``, still gets Django's own thread)."""
+    import httpx
+    from django.core.signals import request_finished, request_started
+
+    seen: list[str] = []
+
+    def record(**kwargs):
+        seen.append(threading.current_thread().name)
+
+    def both_steps() -> list[str]:
+        deadline = time.monotonic() + 10  # request_finished runs after the response was sent
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(seen)
+
+    request_started.connect(record, dispatch_uid="lane-test-started")
+    request_finished.connect(record, dispatch_uid="lane-test-finished")
+    try:
+        err(post(server_url, keys["acme"], "/v1/completions", OVER_CONTEXT), 400, "context_length_exceeded")
+        steps = both_steps()
+        assert len(steps) == 2 and all(name.startswith("strata-serving-lane") for name in steps), steps
+        seen.clear()
+        assert httpx.get(f"{server_url}/v1/models", headers={"Authorization": f"Bearer {keys['acme']}"},
+                         timeout=60).status_code == 200
+        steps = both_steps()
+        assert len(steps) == 2 and not any(name.startswith("strata-serving-lane") for name in steps), steps
+    finally:
+        request_started.disconnect(dispatch_uid="lane-test-started")
+        request_finished.disconnect(dispatch_uid="lane-test-finished")
