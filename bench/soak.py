@@ -314,7 +314,9 @@ async def soak(args) -> int:
         setup = (f"make run stack (PostgreSQL db {args.db}, own redis-server for REDIS_URL and L3, Celery on "
                  f"redis 6379/{args.broker_db}); models {engines}"
                  f" x{REPLICAS} replicas; {len(spec_list)} tenants; load {args.duration:.0f}s"
-                 + (f"; skipped faults {sorted(set(args.skip))}" if args.skip else ""))
+                 + (f"; skipped faults {sorted(set(args.skip))}" if args.skip else "")
+                 + ("; vLLM installed but left out (--quick: its replicas start too slowly on 2 cores; --vllm "
+                    "forces it)" if not args.vllm and vllm_installed() else ""))
         print(table(setup=setup, faults=runner.events, summary=summary, ttft=ttft, resources=rows,
                     invariants=invariants), flush=True)
         print("RSS growth goal < 10% after warm-up (same process; a restarted one is not compared): "

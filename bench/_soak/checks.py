@@ -127,7 +127,8 @@ def jobs_invariant(views: dict[int, dict], asked: dict[int, str]) -> Invariant:
     """Every requested job final, succeeded and verified (``attempts`` > 1: finished by a retry)."""
     missing = [j for j in asked if j not in views]
     unfinished = [j for j, v in views.items() if v["status"] not in FINAL_JOB_STATES]
-    failed = [j for j, v in views.items() if v["status"] in FINAL_JOB_STATES and
+    failed = [f"{j} {v['status']} verified={v.get('verified')} {str(v.get('error') or '')[:120]}".strip()
+              for j, v in views.items() if v["status"] in FINAL_JOB_STATES and
               (v["status"] != "succeeded" or not v.get("verified"))]
     retried = [j for j, v in views.items() if int(v.get("attempts") or 0) > 1]
     ok = not (missing or unfinished or failed)

@@ -50,7 +50,8 @@ class Admin:
     """The operator's admin API client (bearer token)."""
 
     def __init__(self, url: str, token: str, clock) -> None:
-        self.client = httpx.AsyncClient(base_url=f"{url}/api/admin/", timeout=60,
+        # Creating a vLLM deployment answers after its checkpoint is checked: minutes on a busy 2-core machine.
+        self.client = httpx.AsyncClient(base_url=f"{url}/api/admin/", timeout=300,
                                          headers={"Authorization": f"Bearer {token}"})
         self.clock = clock
         self.answers: list[AdminAnswer] = []
