@@ -372,6 +372,24 @@ def test_the_router_chooses_the_replica_holding_the_prefix_and_only_in_the_tenan
     assert router.decisions["policy"] == 3
 
 
+def test_a_prefix_dispatched_but_not_yet_cached_pulls_its_followers_to_the_same_replica():
+    """The live router hands the policy the request's chain hashes: a request sharing the prefix of
+    one still queued on a replica (nothing cached anywhere yet) follows it there, instead of the
+    tie-break spreading it to the other replica and prefilling the prefix twice."""
+    router = _router_with(["a", "b"])
+    for view in router._views.values():
+        view.router = {"queued_requests": 2}  # both replicas report a queue: their dispatches are waiting
+    prompt = list(range(1, 200))
+    # Different end users (no stickiness between them) sharing one long system prompt.
+    first = router.choose({"tenant": "1", "scope_salt": b"a" * 32, "prompt": prompt + [1], "user": "u1"})
+    for turn in range(2, 5):
+        req = {"tenant": "1", "scope_salt": b"a" * 32, "prompt": prompt + [turn], "user": f"u{turn}"}
+        assert router.choose(req).index == first.index
+    # Another tenant's identical tokens hash differently: no pull, the tie-break sends it elsewhere.
+    other = router.choose({"tenant": "2", "scope_salt": b"g" * 32, "prompt": prompt + [1], "user": "u1"})
+    assert other.index != first.index
+
+
 def test_a_served_miss_corrects_the_index():
     from cachecore.routing.hashes import request_hashes
 

@@ -143,15 +143,22 @@ class Router:
     def _choose_by_policy(self, req: dict, candidates: list[Replica]) -> Replica:
         views = {r.index: self._views.get(r.index) for r in candidates}
         hits: dict = {}
+        blocks: tuple[bytes, ...] = ()
+        block_tokens = 0
         indexed = [views[r.index] for r in candidates if views[r.index] is not None and views[r.index].namespace_fields]
         if self.index is not None and indexed:
             first = indexed[0]  # replicas of a deployment share their namespace fields
             hashes = self._hashes(req, first)
             req["_route_hashes"] = hashes
-            hits = self.index.match(hashes, int(first.namespace_fields.get("block_size") or 16))
+            block_tokens = int(first.namespace_fields.get("block_size") or 16)
+            hits = self.index.match(hashes, block_tokens)
+            # The chain hashes (tenant-scoped: the scope salt is in them) let the policy count a prefix
+            # it dispatched that no replica has reported cached yet (cachecore.routing.inflight).
+            blocks = tuple(hashes)
         states = [self._state(r, views[r.index]) for r in candidates]
         by_id = {s.replica_id: r for s, r in zip(states, candidates, strict=True)}
-        request = policies.RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req))
+        request = policies.RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req),
+                                        blocks=blocks, block_tokens=block_tokens if blocks else 0)
         replica_id = self.policy.choose(request, states, hits)
         self.policy.observe(request, replica_id)
         return by_id[replica_id]
