@@ -308,8 +308,8 @@ async def soak(args) -> int:
         ttft = checks.ttft_by_phase(soak_samples, wins, warmup_end=warm_at)
         rows = [(name, start_res.get(name, {}), end_res.get(name, {}))
                 for name in sorted(set(start_res) | set(end_res))]
-        grow = {name: checks.growth(s["rss"], e["rss"]) for name, s, e in rows
-                if s and e and s.get("pid") == e.get("pid") and name in ("web", "celery")}
+        grow = {name.replace(":", "_").replace("-", "_"): checks.growth(s["rss"], e["rss"]) for name, s, e in rows
+                if s and e and s.get("pid") == e.get("pid")}
         engines = ", ".join(f"{b['name']}:{b.get('engine', 'strata')}" for b in bodies)
         setup = (f"make run stack (PostgreSQL db {args.db}, own redis-server for REDIS_URL and L3, Celery on "
                  f"redis 6379/{args.broker_db}); models {engines}"
@@ -320,7 +320,8 @@ async def soak(args) -> int:
         print(table(setup=setup, faults=runner.events, summary=summary, ttft=ttft, resources=rows,
                     invariants=invariants), flush=True)
         print("RSS growth goal < 10% after warm-up (same process; a restarted one is not compared): "
-              + ", ".join(f"{k} {v:+.1%}" for k, v in grow.items()), flush=True)
+              + (", ".join(f"{k} {v:+.1%}" for k, v in grow.items()) or "no process lived through the run"),
+              flush=True)
         if args.samples:
             args.samples.write_text("".join(json.dumps(vars(s)) + "\n" for s in traffic.samples))
         print(result_line(summary=summary, ttft=ttft, faults=runner.events, invariants=invariants, rss_growth=grow,
