@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -90,7 +91,8 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
         # cancels the request on its worker unless the stream had ended (finalizing this generator
         # would too, via gateway.astream, but only once nothing references it any more).
         sent_first = False
-        async for ev in _chain(first, events):
+        chain = _chain(first, events)
+        async for ev in chain:
             if ev["type"] in ("finished", "error"):
                 ended.append(True)
             if ev["type"] == "token":
@@ -111,6 +113,9 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
             elif ev["type"] == "error":  # e.g. the replica died mid-stream: retryable, then [DONE]
                 yield _sse(responses.stream_error(ev))
                 break
+        # The worker's stream is over: closed now, so its replica's in-flight count is released before
+        # the client reads [DONE] (a stream left suspended after an error is closed only when collected).
+        await _close(chain, events)
         yield _sse("[DONE]")
 
     resp = StreamingHttpResponse(body(), content_type="text/event-stream")
@@ -124,6 +129,13 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
     resp["Cache-Control"] = "no-cache"
     resp["X-Accel-Buffering"] = "no"
     return resp
+
+
+async def _close(*streams) -> None:
+    """``aclose`` each async generator (the one iterating another first); never raises."""
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
 
 
 async def _chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
