@@ -125,3 +125,33 @@ def test_readyz_reports_workers_from_the_runtime(admin_client, monkeypatch):
     monkeypatch.setattr(runtime, "workers_ready", lambda: {"ok": True, "workers": 2})
     response = admin_client.get("/readyz")
     assert response.status_code == 200 and response.json()["checks"]["workers"] == {"ok": True, "workers": 2}
+
+
+def _drop_the_database_connection(**kwargs):
+    from django.db import OperationalError
+
+    raise OperationalError("terminating connection due to administrator command")  # pg_terminate_backend
+
+
+def test_a_dropped_database_connection_is_503_with_retry_after_not_500(admin_client, monkeypatch):
+    from controlplane.adminapi import tenants
+
+    monkeypatch.setattr(tenants.selectors, "tenant_list", _drop_the_database_connection)
+    response = admin_client.get(URL)
+    assert_error(response, 503, "database_unavailable")
+    assert response["Retry-After"] == "2" and "administrator command" not in response.content.decode()
+
+
+def test_a_console_page_whose_database_dropped_is_503_not_500(monkeypatch):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from controlplane.ui import tenant_views
+
+    user = get_user_model().objects.create_superuser("ops", "ops@example.com", "pw-long-enough-1")
+    client = Client()
+    client.force_login(user)
+    monkeypatch.setattr(tenant_views, "_list_page", lambda *a, **k: _drop_the_database_connection())
+    response = client.get("/ui/tenants/")
+    assert response.status_code == 503 and response["Retry-After"] == "2"
+    assert "administrator command" not in response.content.decode()

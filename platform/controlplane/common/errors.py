@@ -16,7 +16,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import IntegrityError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 
 logger = logging.getLogger("controlplane.errors")
@@ -74,6 +74,18 @@ def error_response(
     for key, value in (headers or {}).items():
         response[key] = value
     return response
+
+
+# The database is unreachable or dropped this process's connection (restarted, ``pg_terminate_backend``,
+# network): the request may succeed on a retry, so 503 with Retry-After, never a 500.
+DATABASE_DOWN = (OperationalError, InterfaceError)
+DATABASE_RETRY_AFTER_S = 2
+
+
+def database_unavailable_response() -> JsonResponse:
+    """The JSON answer to a request whose database work failed because the database is unreachable."""
+    return error_response(503, "the database is unavailable; retry shortly", code="database_unavailable",
+                          headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
 
 
 class ApplicationError(Exception):
@@ -237,6 +249,10 @@ def install_ninja_handlers(api: Any) -> None:
     def on_suspicious(request: HttpRequest, exc: SuspiciousOperation) -> JsonResponse:
         return error_response(400, "bad request")
 
+    def on_database_down(request: HttpRequest, exc: Exception) -> JsonResponse:
+        logger.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
+        return database_unavailable_response()
+
     def on_unexpected(request: HttpRequest, exc: Exception) -> JsonResponse:
         logger.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal error")
@@ -251,6 +267,8 @@ def install_ninja_handlers(api: Any) -> None:
         (PermissionDenied, on_denied),
         (DjangoValidationError, on_django_validation),
         (IntegrityError, on_integrity),
+        (OperationalError, on_database_down),
+        (InterfaceError, on_database_down),
         (RequestDataTooBig, on_too_big),
         (SuspiciousOperation, on_suspicious),
         (Exception, on_unexpected),

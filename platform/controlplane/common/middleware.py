@@ -5,7 +5,9 @@ unresolved paths (404), wrong methods, disallowed hosts, bodies over the size li
 ``Content-Length``; under ASGI ``asgi_limits.BodyLimit`` has already refused those, and chunked ones,
 before Django read the body; this check covers other entry points such as the test client) and
 unexpected exceptions (500 without a trace, even with ``DEBUG``). Other paths are left to Django's
-normal handling.
+normal handling, except one: a view that fails because the database is unreachable or dropped the
+connection (``errors.DATABASE_DOWN``) answers 503 with Retry-After on every path (JSON under the API
+prefixes, a short text page in the console), never a 500.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ import logging
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from controlplane.common.asgi_limits import body_limit, too_large_message
-from controlplane.common.errors import error_response
+from controlplane.common.errors import (
+    DATABASE_DOWN,
+    DATABASE_RETRY_AFTER_S,
+    database_unavailable_response,
+    error_response,
+)
 
 logger = logging.getLogger("controlplane.errors")
 
@@ -35,6 +42,13 @@ def _precheck(request: HttpRequest) -> HttpResponseBase | None:
     if length > limit:
         return error_response(413, too_large_message(limit))
     return None
+
+
+def _database_unavailable_page() -> HttpResponse:
+    page = HttpResponse("The database is unavailable for a moment; reload this page shortly.\n", status=503,
+                        content_type="text/plain; charset=utf-8")
+    page["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return page
 
 
 def _jsonify(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
@@ -82,6 +96,9 @@ class ApiErrorMiddleware:
         return _jsonify(request, await self.get_response(request))
 
     def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponseBase | None:
+        if isinstance(exc, DATABASE_DOWN):  # every path: a retry may succeed, so never a 500
+            logger.warning("database unavailable on %s %s: %s", request.method, request.path, exc)
+            return database_unavailable_response() if _is_api(request.path) else _database_unavailable_page()
         if not _is_api(request.path):
             return None
         logger.exception("unhandled error on %s %s", request.method, request.path)
