@@ -4,8 +4,10 @@
 the key marked used), counts the request against the tenant's ``requests_per_minute`` (so a request
 refused later still counts) and reads the tenant's granted deployments, which give its body limit
 (``body_limit_for``) and, later, the request's model. The result, an ``Admission``, is made once per
-request: by ``serving.gate`` before Django reads the body (handed to the view in the ASGI scope), or by
-the view itself (``admitted``) for a request that did not come through the gate.
+request: by ``serving.gate`` before Django reads the body (handed to the view in the ASGI scope), by
+the view's preparation job when the gate read a small body first and left a ``Deferred`` instead (one
+hop to the database threads for both), or by the view itself (``admitted``) for a request that did
+not come through the gate.
 
 What a valid key resolves to (tenant, key, granted deployments) is kept in this process
 (``access_cache``) while the access generation (``access_generation``, moved by database triggers on
@@ -16,6 +18,7 @@ grant or a changed quota still acts on the very next request.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +26,7 @@ from django.db import connection
 from django.http import HttpRequest
 
 from controlplane.common.asgi_limits import KV_STORE_PATH, body_limit
-from controlplane.common.errors import ApplicationError, Forbidden, NotFound, Unauthenticated
+from controlplane.common.errors import ApplicationError, Forbidden, NotFound, Unauthenticated, Unavailable
 from controlplane.common.sources import RequestSource, request_source
 from controlplane.registry.models import ModelDeployment
 from controlplane.serving import access_cache, access_generation, bounds, keyguard, ratelimit
@@ -51,9 +54,23 @@ class Admission:
         return deployment
 
 
-# Where ``serving.gate`` leaves its ``Admission`` in the request's ASGI scope. Only the server writes a
-# scope: nothing a client sends can put an object there.
+@dataclass
+class Deferred:
+    """Left by ``serving.gate`` instead of an ``Admission`` when it read a small body before admitting
+    the request: the view's preparation job admits it (``admitted``), in the same hop to the database
+    threads. ``note``: the request's serving-metrics note (``health.Note``: its tenant is set here);
+    ``refused``: a ``rate_limit_requests`` refusal met, for the gate to remember; ``admission``: the
+    admission made (made once, however often it is asked for)."""
+
+    note: Any = None
+    refused: ApplicationError | None = None
+    admission: Admission | None = None
+
+
+# Where ``serving.gate`` leaves its ``Admission`` (or ``Deferred``) in the request's ASGI scope. Only the
+# server writes a scope: nothing a client sends can put an object there.
 ADMISSION_STATE = "strata.admission"
+log = logging.getLogger(__name__)
 
 
 def authenticate_key(header: str, *, where: RequestSource, target: str):
@@ -113,17 +130,56 @@ def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admis
                      body_limit=body_limit_for(path, tenant, deployments.values()))
 
 
-def gate_admission(request: HttpRequest) -> Admission | None:
-    """The ``Admission`` ``serving.gate`` left in the request's ASGI scope, if it came through the gate."""
+def _gate_state(request: HttpRequest) -> Admission | Deferred | None:
     found = getattr(request, "scope", {}).get("state", {}).get(ADMISSION_STATE)
+    return found if isinstance(found, (Admission, Deferred)) else None
+
+
+def gate_admission(request: HttpRequest) -> Admission | None:
+    """The ``Admission`` ``serving.gate`` left in the request's ASGI scope, if it admitted the request."""
+    found = _gate_state(request)
     return found if isinstance(found, Admission) else None
 
 
+def gated(request: HttpRequest) -> bool:
+    """Did the request come through ``serving.gate`` (admitted there, or its admission deferred to the
+    view)? Its database work then belongs on the serving database threads (``db_threads``)."""
+    return _gate_state(request) is not None
+
+
 def admitted(request: HttpRequest) -> Admission:
-    """The request's ``Admission``: the gate's (one key lookup per request), or, for a request that did
-    not come through it (WSGI, tests), made here."""
-    return gate_admission(request) or admit(request.headers.get("Authorization", ""), where=request_source(request),
-                                            method=request.method, path=request.path)
+    """The request's ``Admission``: the gate's; for a request whose admission the gate deferred, made
+    here, once (``Deferred``; a database failure is a retryable 503, as at the gate); for a request that
+    did not come through the gate (WSGI, tests), made here."""
+    found = _gate_state(request)
+    if isinstance(found, Admission):
+        return found
+    if isinstance(found, Deferred):
+        return found.admission or _admit_deferred(request, found)
+    return _admit_request(request)
+
+
+def _admit_request(request: HttpRequest) -> Admission:
+    return admit(request.headers.get("Authorization", ""), where=request_source(request), method=request.method,
+                 path=request.path)
+
+
+def _admit_deferred(request: HttpRequest, deferred: Deferred) -> Admission:
+    try:
+        deferred.admission = _admit_request(request)
+    except ApplicationError as exc:
+        if deferred.note is not None:
+            deferred.note.tenant = getattr(exc, "tenant_slug", "")  # a quota refusal knows whose
+        if exc.code == "rate_limit_requests":
+            deferred.refused = exc
+        raise
+    except Exception:  # the database or cache is down: a retryable JSON error, never a bare 500
+        log.exception("serving admission failed")
+        raise Unavailable("the service is temporarily unavailable; retry shortly", retry_after=5,
+                          code="service_unavailable") from None
+    if deferred.note is not None:
+        deferred.note.tenant = deferred.admission.tenant.slug
+    return deferred.admission
 
 
 def body_limit_for(path: str, tenant, deployments=None) -> int:

@@ -111,7 +111,8 @@ async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     bounds, validated and tokenized; the token quotas last.
 
     A small completion body is handled whole in one call on a serving database thread (``_prepare``;
-    ``db_threads.for_request``: Django's thread of the request when it did not come through the gate).
+    ``db_threads.for_request``: Django's thread of the request when it did not come through the gate),
+    its admission included when the gate read the body first and deferred it (``admission.Deferred``).
     Chats and larger bodies are parsed, bounded, validated and rendered in the render pool (off the
     event loop, at most ``STRATA_RENDER_THREADS`` at once and the tenant's share of them), then finished
     on a database thread (quotas, data key)."""

@@ -66,10 +66,10 @@ async def run(fn: Callable[..., T], *args: Any) -> T:
 
 async def for_request(request: Any, fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` for ``request``: on the serving database threads when the request came through the
-    ASGI server's gate (``serving.gate``), else in Django's thread for the request (thread-sensitive),
-    where a caller's open transaction is visible."""
-    from controlplane.serving.admission import gate_admission
+    ASGI server's gate (``serving.gate``: admitted there, or its admission deferred to ``fn``), else in
+    Django's thread for the request (thread-sensitive), where a caller's open transaction is visible."""
+    from controlplane.serving.admission import gated
 
-    if gate_admission(request) is not None:
+    if gated(request):
         return await run(fn, *args)
     return await sync_to_async(fn, thread_sensitive=True)(*args)
