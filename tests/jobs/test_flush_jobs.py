@@ -159,3 +159,33 @@ def test_a_model_never_started_is_not_running_with_nothing_to_do(platform, monke
     assert idle["status"] == "not_running" and idle["reason"] == "not running: nothing to do"
     served = job.results[f"cache-worker:{platform.model}:0"]
     assert served["status"] == "ok" and served["bytes"] > 0  # the bytes it freed, not "—"
+
+
+def test_a_job_requested_while_the_broker_is_down_is_kept_queued_and_sent_again(
+        admin_client, monkeypatch, django_capture_on_commit_callbacks):
+    """The broker refusing the message (down, paused) neither fails the operator's request with a 500
+    nor strands the job: it stays queued and the workers' reaper sends it once a window has passed."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+    from kombu.exceptions import OperationalError as BrokerDown
+
+    from controlplane.jobs import services, signals
+    from controlplane.jobs.models import FlushJob
+
+    def broker_down(job_id):
+        raise BrokerDown("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(services, "job_send", broker_down)
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = post(admin_client, "/api/admin/flush-jobs", {"scope": "all", "reason": "model updated"})
+    assert resp.status_code in (201, 202), resp.content
+    job_id = resp.json()["id"]
+    assert _job(admin_client, job_id)["status"] == "queued"
+
+    sent: list[int] = []
+    monkeypatch.setattr(services, "job_send", sent.append)
+    assert signals.resume_stale_jobs() == [] and sent == []  # just requested: its message may be in flight
+    FlushJob.objects.filter(pk=job_id).update(created_at=timezone.now() - timedelta(seconds=10 * 60))
+    assert signals.resume_stale_jobs() == [job_id] and sent == [job_id]
+    assert signals.resume_stale_jobs() == [] and sent == [job_id]  # once per staleness window

@@ -23,6 +23,7 @@ requests (``cancel_tenant``, results ``<actor>:cancel``), so no stream outlives 
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.conf import settings
@@ -42,6 +43,8 @@ from controlplane.tenants.keystore import data_key_destroy
 from controlplane.tenants.models import DataKey, Tenant
 from workers.actor import actor_name
 
+logger = logging.getLogger("controlplane.jobs")
+
 RUN_JOB = "strata.run_job"  # the Celery task that runs a job (``jobs.tasks.run_job``), enqueued by name
 DRAIN_SECONDS = 10.0  # default drain deadline for running requests of a replaced revision
 # Per-worker result states that need no retry. ``not_running``: the replica was never started (or is
@@ -60,9 +63,20 @@ def job_send(job_id: int) -> None:
     celery_app.send_task(RUN_JOB, args=[job_id])
 
 
+def _send_or_leave_queued(job_id: int) -> None:
+    """``job_send``, or, when the broker cannot take the message (down, paused, unreachable), leave the
+    job queued: it is recorded, the operator's request succeeds, and the Celery workers' reaper sends
+    it again once it has waited a staleness window (``signals.resume_stale_jobs``)."""
+    try:
+        job_send(job_id)
+    except Exception as exc:  # kombu's and redis-py's connection errors have no common base
+        logger.warning("job %s stays queued: the broker did not take it (%s: %s); it is sent again later",
+                       job_id, type(exc).__name__, exc)
+
+
 def _enqueue(job: FlushJob) -> None:
-    """Send the job once the transaction commits (``job_send``)."""
-    transaction.on_commit(lambda: job_send(job.pk))
+    """Send the job once the transaction commits (``_send_or_leave_queued``)."""
+    transaction.on_commit(lambda: _send_or_leave_queued(job.pk))
 
 
 def _step(job: FlushJob, step: str, **detail) -> None:
