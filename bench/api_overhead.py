@@ -21,7 +21,8 @@ model does the least work it can and the difference between the two paths is the
      grants, body, bounds, validation, tokens and their DB queries, in this thread with no hop, on a
      warm DB connection).
 2. Server-side split: requests with timers wrapped around the calls the serving path makes (in this
-   process only, after the headline measurement; ``StageTimer``: the gate's admission, the view's
+   process only, after the headline measurement; ``StageTimer``: the gate's read of a small body, the
+   admission (in the view's preparation job once the gate read the body, else at the gate), the view's
    ``context.prepare``, ``gateway.acall`` and inside it ``dispatch._pick`` and ``_acall_on``,
    ``accountant.submit`` and the accountant thread's accounting), to show where the HTTP overhead
    goes, with the thread hops (``sync_to_async`` and render-pool jobs) each request makes. Every hook
@@ -160,21 +161,20 @@ class StageTimer:
     process only (no file is changed): each hook wraps the module attribute the caller looks up at
     call time, so it sees exactly the calls the server makes.
 
-    One record per ``/v1/completions`` request (a context variable follows it into ``sync_to_async``
-    hops): the serving ASGI app (``asgi._serving``: ServingMetrics, gate, body limit, handler), the
-    gate's admission (``gate._aadmit``, the hop, and ``admission.admit`` inside it), entry into
-    Django's handler, the view's ``context.prepare`` (and ``context._prepare``, the inline admission
-    of a small completion in the sync thread), the worker call ``gateway.acall`` (its method, which
-    must be ``BASELINE_METHOD``), inside it ``dispatch._pick`` (the router) and ``dispatch._acall_on``
-    (handle, the Ray call, its await, ``router.served``), the view's ``accountant.submit``, the last
-    body byte handed to uvicorn and the end of the app (after ``response.close``). The accountant
-    thread's ``accounting.account`` of each request (its ``diagnostics.diagnose`` and
-    ``ledger_record``, off the response path) is timed too. Every ``sync_to_async`` call (class-wide,
-    so the module-level ones too) and every render-pool job of the request is counted with its time:
-    the thread hops, and their cost beyond the work they run. DB queries are counted on every cursor
-    (the accountant's apart). Every hook counts its calls per request: ``problems`` names each one that
-    did not see exactly one call per request sent. With ``profile`` the event loop thread also runs
-    under cProfile."""
+    One record per ``/v1/completions`` request (a context variable follows it into ``sync_to_async`` hops): the
+    serving ASGI app (``asgi._serving``: ServingMetrics, gate, body limit, handler), the gate's read of a small body
+    before admission (``gate._prefetch``), ``admission.admit`` (in the view's preparation job when the gate read the
+    body; the requests admitted at the gate instead, ``gate._aadmit``, are counted), entry into Django's handler,
+    the view's ``context.prepare`` (and ``context._prepare``, a small completion handled whole on a serving DB
+    thread), the worker call ``gateway.acall`` (its method, which must be ``BASELINE_METHOD``), inside it
+    ``dispatch._pick`` (the router) and ``dispatch._acall_on`` (handle, the Ray call, its await, ``router.served``),
+    the view's ``accountant.submit``, the last body byte handed to uvicorn and the end of the app (after
+    ``response.close``). The accountant thread's ``accounting.account`` of each request (its
+    ``diagnostics.diagnose`` and ``ledger_record``, off the response path) is timed too. Every ``sync_to_async``
+    call (class-wide, so the module-level ones too) and every render-pool job of the request is counted with its
+    time: the thread hops, and their cost beyond the work they run. DB queries are counted on every cursor (the
+    accountant's apart). Every hook counts its calls per request: ``problems`` names each one that did not see
+    exactly one call per request sent. With ``profile`` the event loop thread also runs under cProfile."""
 
     def __init__(self, *, profile: bool = False) -> None:
         import contextvars
@@ -388,6 +388,7 @@ class StageTimer:
             (asgi, "_serving", timed_app), (handler, "__class__", TimedHandler),
             (SyncToAsync, "__call__", s2a_call), (render_pool.RenderPool, "run", pool_run),
             (CursorWrapper, "_execute_with_wrappers", execute),
+            (gate, "_prefetch", self._timed(gate._prefetch, "body")),
             (gate, "_aadmit", self._timed(gate._aadmit, "gate")),
             (admission, "admit", self._timed(admission.admit, "admit")), (access_cache, "get", cache_get),
             (context, "prepare", self._timed(context.prepare, "prep")),
@@ -433,13 +434,13 @@ class StageTimer:
 
 STAGES = [  # (label, from, to); an indented row is a part of the row above it
     ("client send -> serving app entry (httpx, loopback, uvicorn/h11)", "client_in", "asgi_in"),
-    ("serving app -> gate admits (ServingMetrics, gate, thread context)", "asgi_in", "gate_in"),
-    ("gate: admission (gate._aadmit: sync_to_async hop + work)", "gate_in", "gate_out"),
-    ("  admission.admit in the thread (key, mark used, count, grants)", "admit_in", "admit_out"),
-    ("gate -> Django handler (BodyLimit)", "gate_out", "django_in"),
+    ("serving app -> gate (ServingMetrics, gate)", "asgi_in", "body_in"),
+    ("gate: small body read before admission (gate._prefetch)", "body_in", "body_out"),
+    ("gate -> Django handler (lane context, BodyLimit)", "body_out", "django_in"),
     ("Django entry -> view (read body, request_started, middleware, URL)", "django_in", "prep_in"),
     ("view: context.prepare (sync_to_async hop + work)", "prep_in", "prep_out"),
-    ("  context._prepare in the thread (body, bounds, tokens, quotas)", "prepwork_in", "prepwork_out"),
+    ("  context._prepare in the thread (admission, body, bounds, tokens, quotas)", "prepwork_in", "prepwork_out"),
+    ("    admission.admit (key, mark used, count, grants)", "admit_in", "admit_out"),
     ("view -> worker call", "prep_out", "call_in"),
     (f"worker call: gateway.acall {BASELINE_METHOD!r}", "call_in", "call_out"),
     ("  dispatch._pick (the router's choice)", "pick_in", "pick_out"),
@@ -738,7 +739,11 @@ def main(argv: list[str] | None = None) -> None:
           f"the accountant thread {statistics.median([r['acct_queries'] for r in recs]):.0f} DB queries")
     hits = sum(r.get("cache_hits", 0) for r in recs)
     print(f"access cache: {hits} of {len(recs)} requests admitted from it (no key lookup, no grant query)")
-    for kind, label in (("hop", "sync_to_async hops"), ("hop_pool", "of those to a thread pool (the serving DB threads)"),
+    at_gate = sum(1 for r in recs if "gate_in" in r)
+    print(f"admitted at the gate, a hop of its own (body not in within gate.BODY_WAIT_S): {at_gate} of {len(recs)}; "
+          f"the others in the view's preparation job")
+    for kind, label in (("hop", "sync_to_async hops"),
+                        ("hop_pool", "of those to a thread pool (the serving DB threads)"),
                         ("hop_sensitive", "of those thread-sensitive (Django's steps, on lanes)"),
                         ("pool", "render-pool jobs")):
         n = statistics.median([r.get(f"{kind}_n", 0) for r in recs])
