@@ -165,3 +165,22 @@ def test_test_settings_run_without_debug():
     from django.conf import settings
 
     assert settings.DEBUG is False
+
+
+def test_postgresql_pooled_connections_are_checked_when_handed_out(tmp_path):
+    """A connection dropped by the server (pg_terminate_backend, a restart) is replaced by the pool, not
+    given to a request; the check reaches psycopg_pool through Django (passed twice it is a TypeError
+    at the first query: the launcher's migrate failed on it)."""
+    import dataclasses
+
+    from django.db.utils import ConnectionHandler
+
+    from controlplane import env
+    from controlplane.settings.base import database_config
+
+    base = dataclasses.replace(env.load(), home=tmp_path, database_url="postgres://u@127.0.0.1:1/strata_x")
+    config = database_config(base)
+    assert config["CONN_HEALTH_CHECKS"] is True and "check" not in config["OPTIONS"]["pool"]
+    handler = ConnectionHandler({"default": config})
+    pool = handler["default"].pool  # builds psycopg_pool's ConnectionPool (not opened: no server needed)
+    assert pool is not None and pool._check is not None

@@ -58,13 +58,11 @@ def database_config(env: envmod.StrataEnv) -> dict:
         # connections are never reused: PostgreSQL gets a connection pool instead.
         config = dj_database_url.parse(env.database_url, conn_max_age=0)
         if config["ENGINE"].endswith("postgresql"):
-            from psycopg_pool import ConnectionPool
-
-            # ``check``: a pooled connection is tested (an empty query) when it is handed out, and a dead
-            # one (the server restarted, ``pg_terminate_backend``) is replaced instead of failing the
-            # request that drew it.
-            config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 20, "timeout": 10,
-                                                        "check": ConnectionPool.check_connection}
+            config.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 20, "timeout": 10}
+            # With a pool, Django passes psycopg_pool's ``check``: a pooled connection is tested (an
+            # empty query) when it is handed out, and a dead one (the server restarted,
+            # ``pg_terminate_backend``) is replaced instead of failing the request that drew it.
+            config["CONN_HEALTH_CHECKS"] = True
     else:
         database = envmod.private_file(env.home / "db.sqlite3", *SQLITE_COMPANIONS)  # 0600 in a 0700 home
         config = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(database)}
