@@ -137,6 +137,26 @@ def test_a_dead_replica_is_revived_and_put_back(fleet, monkeypatch):
     assert rs.cached(0).name == "r0-new"
 
 
+def test_a_replica_found_dead_by_a_stats_call_is_revived_by_the_next_serving_call(fleet, monkeypatch):
+    """A caller that may not launch replicas (stats, the console, jobs) takes a dead replica out of
+    routing without reviving it; the next serving request starts its revival, so it comes back."""
+    spec, rs, ray = fleet
+    monkeypatch.setattr("controlplane.runtime.replicas.REVIVE_BACKOFF_S", (0.05, 0.05))
+    monkeypatch.setattr(gateway, "_ray", lambda: ray)
+    dead = FakeHandle("r0", dies=True)
+    dead.info = _Method(lambda: (_ for _ in ()).throw(rex.ActorDiedError()))
+    rs.install(0, dead)
+    rs.install(1, FakeHandle("r1"))
+    with pytest.raises(Unavailable):
+        gateway.call(spec, "info", create=False, replica=0)
+    assert rs.replica(0).dead and not rs.replica(0).reviving  # out of routing, nobody reviving it
+    served = asyncio.run(gateway.acall(spec, "collect", {"request_id": "q", "prompt": [1, 2, 3]}))
+    assert served[-1]["by"] == "r1"  # this request is served by the live replica, at once
+    _wait_for(lambda: not rs.replica(0).dead)
+    assert rs._actor.launched == [0] and rs.replica(0).revivals == 1
+    assert [r.index for r in rs.routable()] == [0, 1]
+
+
 def test_a_replica_revived_after_a_rollout_comes_back_on_the_registrys_revision(fleet, monkeypatch):
     spec, rs, _ = fleet
     monkeypatch.setattr("controlplane.runtime.replicas.REVIVE_BACKOFF_S", (0.05, 0.05))

@@ -101,6 +101,7 @@ async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIME
     this coroutine is cancelled or times out. A replica found dead before answering is replaced by
     another routable one, once."""
     rs = replica_set(spec)
+    rs.revive_dead()
     tried: set[int] = set()
     while True:
         rep = _pick(spec, rs, method, args, frozenset(tried))
@@ -162,6 +163,7 @@ async def astream(spec: WorkerSpec, req: dict) -> AsyncIterator[dict]:
     event. Closing the generator early, or cancelling the task iterating it, cancels the request on
     the worker."""
     rs = replica_set(spec)
+    rs.revive_dead()
     tried: set[int] = set()
     while True:
         rep = _pick(spec, rs, "stream", (req,), frozenset(tried))

@@ -172,6 +172,22 @@ class ReplicaSet:
         if start:
             threading.Thread(target=self._revive, args=(rep,), name=f"revive-{rep.name}", daemon=True).start()
 
+    def revive_dead(self) -> None:
+        """Start reviving every configured replica that is dead with no revival running: one that a
+        caller which may not launch replicas (stats, the console, jobs: ``mark_dead(revive=False)``)
+        took out of routing, where nothing else would bring it back. The serving paths call this:
+        they are the callers that launch replicas."""
+        with self._lock:
+            if self.closed or self.spec is None:
+                return
+            todo = [rep for i, rep in self._replicas.items()
+                    if i < self.count and rep.dead and not rep.reviving and not rep.draining]
+            for rep in todo:
+                rep.reviving = True
+        for rep in todo:
+            logger.warning("replica %s is dead with no revival running; reviving it", rep.name)
+            threading.Thread(target=self._revive, args=(rep,), name=f"revive-{rep.name}", daemon=True).start()
+
     def describe(self, index: int) -> dict:
         """Plain data for stats: replica ``index``'s routing state as this process sees it (``ready``,
         ``dead``, ``draining`` or ``unknown``: not called yet), its requests in flight from here,
