@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.proc_table import alive
+
 FILE_NAME = "processes.json"
 
 
@@ -64,15 +66,7 @@ def write(path: Path, children: list[dict[str, Any]], *, stopping: str | None = 
 
 
 def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 and alive(pid)
 
 
 def read(path: Path) -> dict[str, Any] | None:
