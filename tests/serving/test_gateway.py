@@ -282,6 +282,44 @@ def test_an_already_initialised_ray_is_joined(ray_cluster, monkeypatch, settings
     assert gateway._ray().is_initialized()
 
 
+def test_threads_joining_ray_at_once_initialise_it_once(monkeypatch, settings):
+    """The first requests after a start join Ray from several threads together: one ray.init, no
+    AssertionError ("Perhaps you called ray.init twice by accident?") answered as a 503."""
+    import threading as th
+
+    settings.STRATA_RAY_ADDRESS = "127.0.0.1:1"
+    state = {"up": False, "inits": 0}
+    entered = th.Barrier(4)
+
+    def is_initialized():
+        return state["up"]
+
+    def init(*args, **kwargs):
+        state["inits"] += 1
+        if state["inits"] > 1:
+            raise AssertionError("Perhaps you called ray.init twice by accident?")
+        time.sleep(0.2)  # connecting takes a while: the other threads arrive meanwhile
+        state["up"] = True
+
+    monkeypatch.setattr("ray.is_initialized", is_initialized)
+    monkeypatch.setattr("ray.init", init)
+    errors: list[BaseException] = []
+
+    def join():
+        entered.wait()
+        try:
+            gateway._ray()
+        except BaseException as exc:  # noqa: BLE001  (recorded for the assertion)
+            errors.append(exc)
+
+    threads = [th.Thread(target=join) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and state["inits"] == 1
+
+
 # ------------------------------------------------------------------------- over HTTP, real worker
 def _kv(platform, path, tokens):
     return httpx.post(f"{platform.url}{path}", json={"model": platform.model, "tokens": tokens}, timeout=60,

@@ -26,6 +26,7 @@ from controlplane.runtime.replicas import ReplicaSet
 from controlplane.runtime.router import Router, drop_router, router_for
 
 logger = logging.getLogger("controlplane.runtime")
+_JOIN_LOCK = threading.Lock()  # join(): one ray.init per process
 
 CALL_TIMEOUT_S = 30.0
 GENERATION_TIMEOUT_S = 600.0  # a whole non-streamed generation (long outputs on a CPU)
@@ -78,7 +79,11 @@ def join():
         if not address:
             raise Unavailable("cache workers unavailable: no Ray cluster configured (RAY_ADDRESS unset)",
                               retry_after=5)
-        ray.init(address=address, namespace="strata", ignore_reinit_error=True, log_to_driver=False)
+        # One thread joins: ray.init from two threads at once fails in the second ("Perhaps you called
+        # ray.init twice by accident?"), which the first requests after a start would answer with 503.
+        with _JOIN_LOCK:
+            if not ray.is_initialized():
+                ray.init(address=address, namespace="strata", ignore_reinit_error=True, log_to_driver=False)
     return ray
 
 
