@@ -273,3 +273,29 @@ def test_real_workers_drop_the_key_and_its_objects_then_the_probe_is_clean(platf
     # globex's key and cache are untouched; acme keeps serving under v2
     assert _cached(platform, "globex", prompt) > 0
     assert _cached(platform, "acme", prompt) >= 0
+
+
+def test_a_replica_that_started_during_a_flush_is_flushed_on_the_retry(setup, actor, monkeypatch):
+    """tiny-b was down when the flush reached it (nothing to flush: not running), then came up and
+    served the tenant before the verification: the job retries and flushes it, never ends partial."""
+    from controlplane.jobs import services
+
+    class StartsDuringTheFlush(FakeWorkers):
+        def __call__(self, spec, method, *args, **kwargs):
+            if spec.deployment == "tiny-b" and not self.of("probe"):
+                self.calls.append((spec.deployment, method, args))
+                return None  # not running yet (gateway.call without create)
+            if spec.deployment == "tiny-b" and method == "probe" and len(self.of("probe")) < 3:
+                self.calls.append((spec.deployment, method, args))
+                return {"remaining_blocks": 5, "ok": False}  # it came up and cached the tenant's prompts
+            return super().__call__(spec, method, *args, **kwargs)
+
+    fake = StartsDuringTheFlush()
+    monkeypatch.setattr("controlplane.runtime.gateway.call", fake)
+    job = services.flush_job_request(actor=actor, scope="tenant", tenant=setup, reason="model updated")
+    with pytest.raises(services.RetryLater, match="started during the flush"):
+        services.job_execute(job_id=job.pk)
+    job = services.job_execute(job_id=job.pk)
+    assert job.status == "succeeded" and job.verified and job.attempts == 2
+    assert [d for d, _ in fake.of("flush")] == ["tiny-a", "tiny-b", "tiny-b"]  # tiny-a flushed once
+    assert "replicas_started" in [s["step"] for s in job.steps]

@@ -382,10 +382,28 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
         raise RetryLater(f"{len(failed)} worker(s) unreachable")
     verified, per_replica = _verify(job, scope)
     _step(job, "verified" if verified else "verify_failed", replicas=per_replica)
+    if not verified and not final_attempt:
+        _flush_again_where_started(job, per_replica)
     if job.kind == FlushJob.Kind.OFFBOARD:
         shred_failed, shred_verified = _shred(job, final_attempt)
         failed, verified = failed + shred_failed, verified and shred_verified
     return _finish(job, failed, verified)
+
+
+def _flush_again_where_started(job: FlushJob, per_replica: dict[str, dict]) -> None:
+    """A replica that was not running when the flush reached it (killed, being revived: nothing to
+    flush then) but answers the verification with blocks of the scope started meanwhile and served
+    since: its result is cleared and the job retried (``RetryLater``), which flushes it now, rather
+    than ending ``partial`` with a replica that never flushed."""
+    started = [name for name, probe in per_replica.items()
+               if not probe.get("ok") and not probe.get("absent")
+               and job.results.get(name, {}).get("status") == NOT_RUNNING]
+    if not started:
+        return
+    job.results = {name: r for name, r in job.results.items() if name not in started}
+    _step(job, "replicas_started", replicas=started)
+    _save(job, "results", "steps")
+    raise RetryLater(f"{len(started)} replica(s) started during the flush: flushing them")
 
 
 def _destroy_keys(job: FlushJob, versions: list[int]) -> None:
