@@ -188,11 +188,12 @@ class CacheEngine(PrefixCache):
                 self.pool.free(usable)
                 raise
             hit_tokens = len(usable) * bs
+            gen = self.fence.enter()
             seq = CachedSequence(
-                seq_id=next(self._ids), ns=ns, tag=tag, request_salt=request_salt, tokens=tokens,
+                seq_id=next(self._ids), ns=ns, tag=tag._replace(gen=gen), request_salt=request_salt, tokens=tokens,
                 prompt_len=len(tokens), blocks=usable + fresh, hashes=hashes, num_cached_tokens=hit_tokens,
                 lookup_hit_tokens=(found + plan.lookup) * bs, num_computed=hit_tokens,
-                num_registered=len(usable), flush_gen=self.fence.enter(), use_cache=use_cache,
+                num_registered=len(usable), flush_gen=gen, use_cache=use_cache,
                 count_query=count_query, token_blocks=blocks,
             )
             seq.retention_seconds = retention_seconds
@@ -331,9 +332,10 @@ class CacheEngine(PrefixCache):
         requests admitted before the flush and matching it register nothing, and an L3 write of such
         a request that lands later is deleted. Returns ``{"blocks_freed", "tokens_dropped", "tiers":
         {"l1", "l2", "l3"}, "l3_bytes"}``. Raises ``BackendUnavailable`` when L3 could not be reached
-        (L1 and L2 are flushed by then; retry the flush)."""
+        (L1 and L2 are flushed by then; retry the flush). ``"generation"``: the fence's generation the flush
+        opened (blocks cached from then on carry it or a later one: ``Tag.gen``)."""
         with self._lock:
-            self.fence.flush(match)
+            generation = self.fence.flush(match)
             done = {t.name: t.flush(match, l3_scope) for t in self.tiers if t.local}
             dropped = sum(f.blocks for f in done.values())
             self.metrics.flushed_blocks += dropped
@@ -342,7 +344,7 @@ class CacheEngine(PrefixCache):
                 done[t.name] = t.flush(match, l3_scope)
         return {"blocks_freed": sum(f.blocks for f in done.values()), "tokens_dropped": dropped * self.block_size,
                 "tiers": {**dict.fromkeys(TIERS, 0), **{name: f.entries for name, f in done.items()}},
-                "l3_bytes": sum(f.nbytes for f in done.values())}
+                "l3_bytes": sum(f.nbytes for f in done.values()), "generation": generation}
 
     def count_cached(self, match: Callable[[Tag], bool], *, l3_scope: dict | None = None) -> int:
         """Cached blocks (every tier; L3 objects of ``l3_scope`` count a chunk each) whose tag

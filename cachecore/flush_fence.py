@@ -55,12 +55,14 @@ class FlushFence:
                 self._flushes = [(g, m) for g, m in self._flushes if g > oldest]
 
     # ------------------------------------------------------------------ flushes and rollouts
-    def flush(self, match: Callable[[Tag], bool]) -> None:
-        """A new generation: whatever entered before it and matches ``match`` is stale from now on."""
+    def flush(self, match: Callable[[Tag], bool]) -> int:
+        """A new generation: whatever entered before it and matches ``match`` is stale from now on.
+        Returns the new generation."""
         with self._lock:
             self._gen += 1
             if self._holders:
                 self._flushes.append((self._gen, match))
+            return self._gen
 
     def retire(self, model: str, revision: str) -> None:
         with self._lock:

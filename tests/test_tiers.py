@@ -205,3 +205,27 @@ def test_engine_config_is_validated_when_built():
                 {"load_deadline_s": 0}, {"selective_min_hits": 0}):
         with pytest.raises(ValueError):
             EngineConfig(**bad)
+
+
+def test_a_probe_after_a_flush_counts_what_the_flush_left_not_the_tenants_later_traffic(loaded):
+    """The flush job's verification runs while the tenant keeps sending requests: blocks its requests
+    cache after the flush (L1 and, evicted, L2) are not leftovers; blocks admitted before it are."""
+    from workers.operations import Operations
+
+    gen = _gen(loaded)
+    ops = Operations(gen.engine, l3=None, deployment="tier-llama")
+    ns = loaded.namespace(secrets.token_bytes(32))
+    gen.prefill_logits(ns, _prompt(64, 20), owner="7")
+    flushed = ops.flush({"scope": "tenant", "tenant": "7"})
+    since = flushed["since"]
+    assert since["instance"] == ops.instance and since["generation"] >= 1
+    gen.prefill_logits(ns, _prompt(64, 21), owner="7")  # the tenant's traffic right after the flush
+    _evict_l1(gen, ns, owner="7")
+    assert ops.probe({"scope": "tenant", "tenant": "7"})["ok"] is False  # counts everything it holds
+    assert ops.probe({"scope": "tenant", "tenant": "7", "since": since}) == {"remaining_blocks": 0, "ok": True}
+    # A block cached before the flush that survived it would count (here: the flush's generation is
+    # newer than everything cached: a probe against a later generation sees the tenant's blocks).
+    later = {**since, "generation": since["generation"] + 1}
+    assert ops.probe({"scope": "tenant", "tenant": "7", "since": later})["ok"] is False
+    # Another engine (the replica restarted after the flush) holds nothing from before it.
+    assert ops.probe({"scope": "tenant", "tenant": "7", "since": {**later, "instance": "other"}})["ok"] is True

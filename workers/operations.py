@@ -9,6 +9,7 @@ whether test hooks are on.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,11 @@ def _matcher(scope: dict) -> Callable:
     raise ValueError(f"unknown flush scope {kind!r}")
 
 
+def _older_than(match: Callable, generation: int) -> Callable:
+    """``match`` narrowed to blocks admitted before flush generation ``generation`` (``Tag.gen``)."""
+    return lambda t: t.gen < generation and match(t)
+
+
 def l3_scope(scope: dict, deployment: str) -> dict:
     """The L3 objects (``RemoteStore.delete_scope`` / ``count_scope`` filters) of ``scope``."""
     kind = scope.get("scope")
@@ -47,6 +53,7 @@ class Operations:
 
     def __init__(self, engine, *, l3: WorkerL3 | None, deployment: str, test_hooks: bool = False) -> None:
         self.engine, self.l3, self.deployment, self.test_hooks = engine, l3, deployment, test_hooks
+        self.instance = secrets.token_hex(8)  # this process's engine: a flush's generation is its own
 
     def flush(self, scope: dict) -> dict:
         """Drop cached blocks in ``scope`` (``{"scope": "tenant", "tenant": id}``, revision, model, all)
@@ -56,6 +63,7 @@ class Operations:
         applies on this worker from now on, and what is now too old is deleted). Idempotent: a second
         call frees nothing more."""
         t0 = time.perf_counter()
+        started = time.time()
         kind = scope.get("scope")
         if kind == "l3_expire" or kind in _L3_ONLY:
             result = {"blocks_freed": 0, "tokens_dropped": 0, "tiers": {"l1": 0, "l2": 0, "l3": 0}, "l3_bytes": 0}
@@ -67,6 +75,8 @@ class Operations:
                 result["tiers"]["l3"], result["l3_bytes"] = n, b
         else:
             result = self.engine.flush(_matcher(scope), l3_scope=l3_scope(scope, self.deployment))
+            # What its probe needs to tell what the flush left from what traffic cached since.
+            result["since"] = {"instance": self.instance, "generation": result.pop("generation"), "at": started}
         result["seconds"] = round(time.perf_counter() - t0, 6)
         result["bytes"] = (result["tiers"]["l1"] + result["tiers"]["l2"]) * self.engine.layout.bytes_per_block \
             + result.get("l3_bytes", 0)
@@ -74,7 +84,10 @@ class Operations:
 
     def probe(self, scope: dict) -> dict:
         """Verification after a flush or shred: cached blocks (L3: objects) left in ``scope`` in any
-        tier (0 means it misses everywhere)."""
+        tier (0 means it misses everywhere). With the flush's ``"since"`` (its result's), only what was
+        cached before that flush counts: blocks of requests admitted at an older generation (none if
+        this engine started after the flush: a new instance) and L3 objects written before it, so the
+        scope's own traffic after the flush does not fail the verification."""
         kind = scope.get("scope")
         if kind == "l3_expire":
             remaining = (self.l3.store.count_expired(tenant=str(scope["tenant"]),
@@ -83,7 +96,13 @@ class Operations:
         elif kind in _L3_ONLY:
             remaining = self.l3.store.count_scope(**l3_scope(scope, self.deployment))[0] if self.l3 is not None else 0
         else:
-            remaining = self.engine.count_cached(_matcher(scope), l3_scope=l3_scope(scope, self.deployment))
+            match, l3 = _matcher(scope), l3_scope(scope, self.deployment)
+            since = scope.get("since")
+            if isinstance(since, dict):
+                before = int(since["generation"]) if since.get("instance") == self.instance else 0
+                match = _older_than(match, before)
+                l3 = {**l3, "written_before": float(since["at"])}
+            remaining = self.engine.count_cached(match, l3_scope=l3)
         return {"remaining_blocks": remaining, "ok": remaining == 0}
 
     def drop_data_key(self, req: dict) -> dict:

@@ -26,13 +26,16 @@ from cachecore.namespace import Namespace
 
 class Tag(NamedTuple):
     """What a cached block belongs to; flushes select blocks by it. ``persist``: the request allowed
-    the block beyond host memory (``prompt_cache_retention``), read by the tiers below L2."""
+    the block beyond host memory (``prompt_cache_retention``), read by the tiers below L2. ``gen``:
+    the flush generation (``FlushFence``) its request was admitted at, so a probe after a flush at
+    generation G counts only what was cached before it (``gen < G``), not later traffic."""
 
     owner: str
     model: str
     revision: str
     ns_digest: bytes
     persist: bool = True
+    gen: int = 0
 
 
 class Retrieved(NamedTuple):

@@ -518,14 +518,16 @@ class RemoteStore:
         model: str | None = None,
         revision: str | None = None,
         key_version: int | None = None,
+        written_before: float | None = None,
     ) -> tuple[int, int]:
-        """``(objects, bytes)`` the backend holds in the scope (the probe after a flush). Raises
+        """``(objects, bytes)`` the backend holds in the scope (the probe after a flush); with
+        ``written_before`` (epoch seconds) only the objects written before then. Raises
         ``BackendUnavailable``."""
         prefix = scope_prefix(tenant, model, revision, key_version)
         match = scope_matcher(tenant, model, revision, key_version)
         objects = n_bytes = 0
         for info in self.backend.list(prefix):
-            if match(info.name):
+            if match(info.name) and (written_before is None or info.mtime < written_before):
                 objects += 1
                 n_bytes += info.size
         return objects, n_bytes

@@ -326,17 +326,22 @@ def _run_on_workers(job: FlushJob, method: str, args_for, *, key: str = "", **kw
 
 def _verify(job: FlushJob, scope: dict) -> tuple[bool, dict[str, dict]]:
     """Probe ``scope`` on every target replica: (all clean, per-replica ``{"ok", ...}``). A replica
-    that does not exist holds nothing (``absent``, ok); one that does not answer is not ok."""
+    that does not exist holds nothing (``absent``, ok); one that does not answer is not ok. A replica
+    whose flush result says ``since`` (when and at which generation it flushed) is asked about what
+    was cached before its flush only: the scope's traffic since then is not a failed flush."""
     ok, per_replica = True, {}
     for deployment, spec, replica in _workers(job):
+        name = actor_name(deployment.name, replica)
+        since = job.results.get(name, {}).get("since")
+        asked = {**scope, "since": since} if isinstance(since, dict) else scope
         try:
-            probe = gateway.call(spec, "probe", scope, create=False, replica=replica)
+            probe = gateway.call(spec, "probe", asked, create=False, replica=replica)
         except Unavailable:
             probe = {"ok": False, "reason": "unreachable"}
         if probe is None:
             probe = {"ok": True, "absent": True}
         ok = ok and bool(probe.get("ok"))
-        per_replica[actor_name(deployment.name, replica)] = probe
+        per_replica[name] = probe
     return ok, per_replica
 
 
