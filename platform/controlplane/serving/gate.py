@@ -192,12 +192,10 @@ class RequestGate:
         note = health.note_of(scope)
         read, receive = await _prefetch(scope, receive, declared)
         if read:  # the view's preparation job admits it (one hop to the database threads for both)
-            deferred = admission.Deferred(note=note)
+            deferred = admission.Deferred(note=note, on_refused=lambda exc: self._remember(digest, now, exc))
             async with lanes.context():  # Django's per-request steps on a long-lived thread
                 await self.app({**scope, "state": {**scope.get("state", {}), admission.ADMISSION_STATE: deferred}},
                                receive, send)
-            if deferred.refused is not None:
-                self._remember(digest, now, deferred.refused)
             return None
         try:
             admitted = await _aadmit(header, scope, declared)
