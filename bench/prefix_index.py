@@ -353,8 +353,22 @@ def per_request_table(rounds: int, rng: random.Random) -> dict[str, float]:
         hit = f"{outcome[name] / prompt_tokens:>6.1%}" if not name.endswith("_chain") else f"{'-':>6}"
         mtok = prompt_tokens / (us[name] * n / 1e6) / 1e6
         print(f"{labels[name]:<40} {bs:>5} {us[name]:>8.1f} {mtok:>8.2f} {ratio[name]:>5.2f}x {hit}")
+    # The goal measured against its floor: what the baseline spends beside its hashing is the least
+    # per-block Python work a prefix cache does (one dict lookup or insert, a ref count and a free-list
+    # move per block; no tenants, shares, caps, listeners or locks). Ours at 0.5x the baseline must fit
+    # its own hashing (of the blocks it misses) and all of its bookkeeping into this budget.
+    goal_us = 0.5 * us["base"]
+    floor_us = us["base"] - us["base_chain"]
+    print(
+        f"goal 0.5x: ours <= {goal_us:.1f} us/req. The baseline's work beside its hashing (base - base chain) is "
+        f"{floor_us:.1f} us/req, so the goal leaves ours {goal_us / floor_us:.2f}x of that bare per-block floor "
+        f"for all of its bookkeeping, before any hashing; ours spends {us['ours'] / floor_us:.2f}x it, hashing "
+        f"included."
+    )
     return {
         "per_request_us": us["ours"],
+        "goal_per_request_us": goal_us,
+        "base_bookkeeping_us": floor_us,
         "base_per_request_us": us["base"],
         "per_request_speedup": ratio["ours"],
         "per_request_chain_us": us["ours_chain"],
