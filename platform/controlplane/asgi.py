@@ -12,19 +12,39 @@ into a temporary file before any middleware runs, so bodies over the limit are r
 ASGI layer, from ``Content-Length`` or as a chunked body passes the limit, before anything is buffered.
 The serving API's :class:`~controlplane.serving.gate.RequestGate` also answers 429, unread, to a
 tenant that has used this minute's requests.
+
+Django's per-request signals of a request the gate let through (``request_started`` before the view,
+``request_finished`` in ``response.close`` after the answer) run on the event loop, without a thread
+hop, when their receivers are Django's own (``LOOP_SAFE_RECEIVERS``): on the loop they find no
+database connection to close (the loop thread never holds one; the request's database work runs on
+the serving database threads, ``serving.db_threads``, which keep theirs), and the rest only resets
+per-thread state. Any other receiver sends them the Django way, through a thread (``serving.lanes``).
+Those two hops were most of what Django added to a request (``bench.api_overhead``).
 """
 
+import asyncio
+import contextlib
 import os
 
 import django
+from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings.local")
 django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402
+from django.core import signals  # noqa: E402
+from django.core.cache import close_caches  # noqa: E402
+from django.core.exceptions import RequestAborted  # noqa: E402
+from django.core.handlers.asgi import ASGIRequest, get_script_prefix  # noqa: E402
+from django.core.handlers.base import reset_urlconf  # noqa: E402
+from django.db import close_old_connections, reset_queries  # noqa: E402
+from django.http import HttpResponseBase  # noqa: E402
+from django.urls import set_script_prefix  # noqa: E402
 
 from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
+from controlplane.serving import admission  # noqa: E402
 from controlplane.serving.gate import RequestGate  # noqa: E402
 from controlplane.serving.health import ServingMetrics  # noqa: E402
 
@@ -32,8 +52,48 @@ SERVING_PREFIX = "/v1/"
 SERVING_MIDDLEWARE = ["controlplane.common.middleware.ApiErrorMiddleware"]
 
 
+# Django's own receivers of request_started / request_finished: on the event loop thread they close no
+# connection (it has none), clear its query log, leave its caches (close() of Django's cache backends
+# does not block) and reset its urlconf. Any other receiver makes the signal go through a thread.
+LOOP_SAFE_RECEIVERS = frozenset({reset_queries, close_old_connections, close_caches, reset_urlconf})
+# the source of django.core.handlers.asgi.ASGIHandler.handle that ServingASGIHandler.handle follows
+DJANGO_HANDLE_SOURCE_SHA256 = "98faeb5bef800331e6a8002fbc96b30e4122a23438ae45a047190a531ea11323"
+
+
+def _gated(scope) -> bool:
+    """Did ``serving.gate`` let this request through (its ``Admission`` or ``Deferred`` in the scope)?"""
+    found = (scope.get("state") or {}).get(admission.ADMISSION_STATE)
+    return isinstance(found, (admission.Admission, admission.Deferred))
+
+
+def _inline(signal, sender) -> bool:
+    """May ``signal`` be sent on the event loop: all its receivers for ``sender`` are ``LOOP_SAFE_RECEIVERS``."""
+    sync_receivers, async_receivers = signal._live_receivers(sender)
+    return not async_receivers and all(r in LOOP_SAFE_RECEIVERS for r in sync_receivers)
+
+
+async def _send(signal, sender, gated: bool, **named) -> None:
+    """``signal.asend``, on the loop for a gated request whose receivers allow it (``_inline``)."""
+    if gated and _inline(signal, sender):
+        signal.send(sender=sender, **named)
+    else:
+        await signal.asend(sender=sender, **named)
+
+
+async def _close(response: HttpResponseBase, gated: bool) -> None:
+    """``response.close()`` (its resource closers, then ``request_finished``), on the loop for a gated
+    request whose ``request_finished`` receivers allow it. The closers of the serving views' responses
+    never block (a fire-and-forget cancel on the worker, ``views._stream``)."""
+    if gated and _inline(signals.request_finished, response._handler_class):
+        response.close()
+    else:
+        await sync_to_async(response.close)()
+
+
 class ServingASGIHandler(ASGIHandler):
-    """The standard handler with the serving API's middleware chain instead of ``MIDDLEWARE``."""
+    """The standard handler with the serving API's middleware chain instead of ``MIDDLEWARE``, and
+    for the requests the gate let through, Django's per-request signals on the event loop (``_send``,
+    ``_close``)."""
 
     def load_middleware(self, is_async: bool = False) -> None:
         full = settings.MIDDLEWARE
@@ -42,6 +102,55 @@ class ServingASGIHandler(ASGIHandler):
             super().load_middleware(is_async=is_async)
         finally:
             settings.MIDDLEWARE = full
+
+    async def handle(self, scope, receive, send):
+        """Django 5.2's ``ASGIHandler.handle`` (``DJANGO_HANDLE_SOURCE_SHA256``: a test notices when
+        Django's changes), with its two per-request signal steps through ``_send`` and ``_close``."""
+        gated = _gated(scope)
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        await _send(signals.request_started, self.__class__, gated, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            await _close(error_response, gated)
+            return
+
+        async def process_request(request: ASGIRequest, send):
+            response = await self.run_get_response(request)
+            with contextlib.suppress(asyncio.CancelledError):  # the client disconnected during send_response
+                await self.send_response(response, send)
+            return response
+
+        # the disconnect listener first: it raises nothing unexpected that would keep the view's task
+        # from being cancelled
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)),
+                 asyncio.create_task(process_request(request, send))]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()  # views may handle their cancellation
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            response = tasks[1].result()
+        except asyncio.CancelledError:
+            await _send(signals.request_finished, self.__class__, gated)
+        else:
+            await _close(response, gated)
+        body_file.close()
 
 
 _site = BodyLimit(ASGIHandler())
