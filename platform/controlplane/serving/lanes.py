@@ -8,7 +8,9 @@ then tears it down after ``response.close``. The gate's requests run instead in 
 ``ThreadSensitiveContext(executor=...)``; Django's own context, nested, is then a no-op).
 
 What runs there is Django's per-request bookkeeping (``request_started``, ``response.close`` with
-``request_finished``), none of the serving path's database work (``db_threads``), so one request's
+``request_finished``) when a receiver other than Django's own is connected (otherwise
+``controlplane.asgi.ServingASGIHandler`` runs those on the event loop, with no hop), and any other
+thread-sensitive step; none of the serving path's database work (``db_threads``), so one request's
 step never waits long behind another's in its lane. Requests take the lanes in turn.
 """
 
