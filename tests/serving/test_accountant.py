@@ -18,7 +18,7 @@ def fake_account(monkeypatch):
 
     seen: dict[str, bool] = {}
 
-    def account(prep, finished):
+    def account(prep, finished, ledger=None):
         if finished == "close":
             connection.close()
             return None
@@ -49,3 +49,47 @@ def test_waiting_requests_are_accounted_in_one_transaction_and_a_failure_loses_o
     assert fake_account["d1"] is False and Tenant.objects.filter(slug="d1").exists()
     accountant.submit("-", "close")
     assert accountant.drain()
+
+
+def test_a_batch_writes_its_ledger_records_together_and_a_drain_ends_the_gathering(transactional_db, monkeypatch):
+    """Requests accounted together hand their ledger records to one ``ledger_record_many`` call; the
+    batch gathers what arrives behind its first request, and a ``drain`` ends that wait at once."""
+    from controlplane.ledger import services as ledger_services
+    from controlplane.serving import accountant as accountant_module
+    from controlplane.serving import accounting
+    from controlplane.serving.accountant import Accountant
+
+    calls: list[list[dict]] = []
+    monkeypatch.setattr(accounting, "account", lambda prep, finished, ledger=None: ledger.append({"prep": prep}))
+    monkeypatch.setattr(ledger_services, "ledger_record_many", lambda records: calls.append(list(records)))
+    monkeypatch.setattr(accountant_module, "GATHER_S", 60.0)  # only the drain can end this batch's wait
+    accountant = Accountant()
+    accountant.start()
+    accountant.submit("a", {})
+    accountant.submit("b", {})
+    assert accountant.drain(timeout=30)
+    assert calls == [[{"prep": "a"}, {"prep": "b"}]]
+
+
+def test_ledger_record_many_adds_up_per_tenant_and_model_in_one_update_each(transactional_db):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from controlplane.common.actor import Actor
+    from controlplane.ledger.models import LedgerHour
+    from controlplane.ledger.services import ledger_record_many
+    from controlplane.tenants.services import tenant_create
+
+    a, b = (tenant_create(actor=Actor.system("test"), slug=s, name=s) for s in ("ta", "tb"))
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
+    ledger_record_many([{"tenant_id": a.pk, "model": "m", "usage": usage}])  # the hour's row exists now
+    records = [{"tenant_id": a.pk, "model": "m", "usage": usage, "misses": {"evicted": 2}},
+               {"tenant_id": a.pk, "model": "m", "usage": usage},
+               {"tenant_id": b.pk, "model": "m", "usage": usage}]
+    with CaptureQueriesContext(connection) as queries:
+        ledger_record_many(records)
+    updates = [q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 2  # one per tenant and model (tenant b then inserts its first row of the hour)
+    row = LedgerHour.objects.get(tenant=a, model="m")
+    assert (row.requests, row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (3, 30, 24, 6)
+    assert LedgerHour.objects.get(tenant=b, model="m").requests == 1

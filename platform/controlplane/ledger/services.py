@@ -1,5 +1,5 @@
-"""Writes to the ledger: one finished request (:func:`ledger_record`) and one stats sample's L3
-storage (:func:`ledger_accrue_sample`).
+"""Writes to the ledger: one finished request (:func:`ledger_record`; several at once,
+:func:`ledger_record_many`) and one stats sample's L3 storage (:func:`ledger_accrue_sample`).
 
 Both increment the hour's row with ``F()`` updates (``UPDATE ... SET n = n + k``: the database adds,
 so concurrent callers never lose each other's increments, on PostgreSQL and SQLite alike). The first
@@ -96,6 +96,21 @@ def ledger_record(*, tenant_id: int, model: str, usage: Mapping[str, Any],
     many threads and processes at once; never loses an increment. Malformed counts count 0."""
     _increment(tenant_id=tenant_id, model=model, hour=hour_of(at or timezone.now()),
                amounts=usage_increments(usage, misses))
+
+
+def ledger_record_many(records: Iterable[Mapping[str, Any]], at: datetime | None = None) -> None:
+    """``ledger_record`` for several finished requests of the same hour at once (each record: its
+    ``tenant_id``, ``model``, ``usage`` and optional ``misses``): their increments are added up per
+    tenant and model first, so each row of the hour takes one update, however many requests it counts
+    (the serving accountant's batches)."""
+    sums: dict[tuple[int, str], dict[str, int]] = {}
+    for record in records:
+        into = sums.setdefault((record["tenant_id"], record["model"]), {})
+        for name, value in usage_increments(record["usage"], record.get("misses")).items():
+            into[name] = min(into.get(name, 0) + value, COUNT_MAX)
+    hour = hour_of(at or timezone.now())
+    for (tenant_id, model), amounts in sums.items():
+        _increment(tenant_id=tenant_id, model=model, hour=hour, amounts=amounts)
 
 
 def l3_bytes_by_tenant(workers: Iterable[Mapping[str, Any]]) -> dict[int, int]:

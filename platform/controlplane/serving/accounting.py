@@ -35,8 +35,10 @@ def _flushes(tenant_id: int, deployment_name: str):
     return newest
 
 
-def account(prep, finished: dict) -> dict | None:
-    """Ledger and history for ``prep``'s finished event; the diagnosis when it was asked for."""
+def account(prep, finished: dict, ledger: list[dict] | None = None) -> dict | None:
+    """Ledger and history for ``prep``'s finished event; the diagnosis when it was asked for. With
+    ``ledger`` the ledger's record is appended there instead of written (the accountant writes a
+    batch's records together: ``ledger.services.ledger_record_many``)."""
     acc = prep.accounting
     if acc is None:
         return None
@@ -54,8 +56,12 @@ def account(prep, finished: dict) -> dict | None:
     try:
         from controlplane.ledger.services import ledger_record
 
-        ledger_record(tenant_id=acc.tenant_id, model=prep.model, usage=responses.usage(finished),
-                      misses=diagnostics.misses(diagnosis) if diagnosis else None)
+        record = {"tenant_id": acc.tenant_id, "model": prep.model, "usage": responses.usage(finished),
+                  "misses": diagnostics.misses(diagnosis) if diagnosis else None}
+        if ledger is not None:
+            ledger.append(record)
+        else:
+            ledger_record(**record)
     except Exception:
         logger.exception("ledger record failed")
     return diagnosis if acc.diagnostics else None
