@@ -30,7 +30,13 @@ model does the least work it can and the difference between the two paths is the
    not (exit status 1, no RESULT line), since a hook on a call the server no longer makes would
    silently time nothing. ``--profile`` adds cProfile of the server's event loop thread.
 3. Throughput: 8 concurrent clients over 4 tenants (2 each, each tenant its own cached prompt) for a
-   fixed time, against 8 concurrent direct actor calls (the worker's own ceiling), interleaved.
+   fixed time, against 8 concurrent direct actor calls (the worker's own ceiling), interleaved; the
+   clients are a minimal HTTP/1.1 client (``_raw_load``; ``--load-client httpx``: httpx's, which costs
+   the shared cores several times more CPU per request than the client of the direct calls). The CPU
+   each process spends per answered request over those runs (``CpuMeter``: this web process, the
+   worker actor, the HTTP client; net of each one's idle rate, measured for 1 s before) says what
+   the machine's cores allow each path at most: where the cores are few (2 here, shared by the web
+   process, the worker and the clients), the ratio of the two ceilings bounds the throughput ratio.
 
 Goals (issue 23): HTTP adds at most 3 ms at p50 over the direct actor call, and 8 HTTP clients get at
 least 0.7x the requests per second of 8 in-flight direct actor calls. The default model is ``tiny``: its
@@ -43,12 +49,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import inspect
+import json
 import multiprocessing as mp
+import os
 import random
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -85,7 +95,8 @@ def _client_main(conn, url: str) -> None:
                 r = client.get(msg[1])
                 conn.send((t0, time.perf_counter(), r.status_code, None))
             elif msg[0] == "load":
-                conn.send(asyncio.run(_load(url, msg[1], msg[2], msg[3])))
+                runner = _raw_load if len(msg) < 5 or msg[4] == "raw" else _load
+                conn.send(asyncio.run(runner(url, msg[1], msg[2], msg[3])))
 
 
 async def _load(url: str, jobs: list[tuple[dict, dict]], duration: float, expect_cached: int) -> dict:
@@ -110,6 +121,75 @@ async def _load(url: str, jobs: list[tuple[dict, dict]], duration: float, expect
 
         results = await asyncio.gather(*(one(h, b) for h, b in jobs))
         elapsed = time.perf_counter() - start
+    return {"latencies": [x for lat, _ in results for x in lat], "errors": sum(b for _, b in results),
+            "elapsed": elapsed}
+
+
+async def _raw_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
+                        ) -> tuple[int, bytes, bool]:
+    """One request on a kept-alive HTTP/1.1 connection: (status, body, the server closes it)."""
+    writer.write(request)
+    status = int((await reader.readline()).split()[1])
+    length, chunked, close = None, False, False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value
+        elif name == b"connection":
+            close = value == b"close"
+    if not chunked:
+        return status, await reader.readexactly(length or 0), close
+    parts = []
+    while size := int((await reader.readline()).split(b";")[0], 16):
+        parts.append(await reader.readexactly(size))
+        await reader.readexactly(2)
+    await reader.readline()  # the empty trailer
+    return status, b"".join(parts), close
+
+
+async def _raw_load(url: str, jobs: list[tuple[dict, dict]], duration: float, expect_cached: int) -> dict:
+    """``_load`` with a minimal HTTP/1.1 client (asyncio streams, each request's bytes built once): the
+    same requests and checks for a fraction of httpx's CPU, which shares the machine's cores with the
+    server and the worker (the table of CPU per request shows what the client still costs)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    def request_bytes(headers: dict, body: dict) -> bytes:
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        return (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(payload)}\r\n{head}\r\n").encode() + payload
+
+    def cached(status: int, body: bytes) -> int:
+        return json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] if status == 200 else -1
+
+    requests = [request_bytes(h, b) for h, b in jobs]
+    conns = [await asyncio.open_connection(host, int(port)) for _ in requests]
+    for (reader, writer), request in zip(conns, requests, strict=True):  # warm every connection (not timed)
+        await _raw_exchange(reader, writer, request)
+    start = time.perf_counter()
+    end = start + duration
+
+    async def one(i: int) -> tuple[list[float], int]:
+        lat, bad = [], 0
+        reader, writer = conns[i]
+        while (t := time.perf_counter()) < end:
+            status, body, close = await _raw_exchange(reader, writer, requests[i])
+            if cached(status, body) == expect_cached:
+                lat.append(time.perf_counter() - t)
+            else:
+                bad += 1
+            if close:
+                writer.close()
+                reader, writer = conns[i] = await asyncio.open_connection(host, int(port))
+        return lat, bad
+
+    results = await asyncio.gather(*(one(i) for i in range(len(requests))))
+    elapsed = time.perf_counter() - start
+    for _, writer in conns:
+        writer.close()
     return {"latencies": [x for lat, _ in results for x in lat], "errors": sum(b for _, b in results),
             "elapsed": elapsed}
 
@@ -367,21 +447,29 @@ class StageTimer:
 
         orig_diagnose, orig_ledger_record = diagnostics.diagnose, ledger_services.ledger_record
 
+        orig_ledger_record_many = ledger_services.ledger_record_many
+
         def diagnose(req, *args, **kwargs):  # accounting.account's first step
             found = timer._submitted.pop(id(req.tokens), None)
             if found is not None and found[0] is req.tokens:
                 timer._accounting.rec = found[1]
+                timer._accounting.pending = [*getattr(timer._accounting, "pending", []), found[1]]
                 timer._mark(found[1], "account_in")
             return orig_diagnose(req, *args, **kwargs)
 
-        def ledger_record(*args, **kwargs):  # accounting.account's last step
-            rec = getattr(timer._accounting, "rec", None)
-            try:
-                return orig_ledger_record(*args, **kwargs)
-            finally:
-                if rec is not None:
-                    timer._mark(rec, "account_out")
-                    timer._accounting.rec = None
+        def ledger_write(orig):
+            def write(*args, **kwargs):  # the last step: one request's (ledger_record) or a batch's (_many)
+                recs = getattr(timer._accounting, "pending", [])
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    for rec in recs:
+                        timer._mark(rec, "account_out")
+                    timer._accounting.pending, timer._accounting.rec = [], None
+            return write
+
+        ledger_record = ledger_write(orig_ledger_record)
+        ledger_record_many = ledger_write(orig_ledger_record_many)
 
         connection_created.connect(on_connect, weak=False, dispatch_uid="bench-api-overhead")
         hooks = [
@@ -398,6 +486,7 @@ class StageTimer:
             (dispatch, "_acall_on", self._timed(dispatch._acall_on, "ray")),
             (accountant, "submit", submit),
             (diagnostics, "diagnose", diagnose), (ledger_services, "ledger_record", ledger_record),
+            (ledger_services, "ledger_record_many", ledger_record_many),
         ]
         self._undo = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in hooks]
         for obj, attr, value in hooks:
@@ -449,7 +538,8 @@ STAGES = [  # (label, from, to); an indented row is a part of the row above it
     ("accountant.submit -> last byte handed to uvicorn", "acct", "sent"),
     ("last byte handed to uvicorn -> client has the parsed response", "sent", "client_out"),
     ("after the response: response.close, thread teardown (not waited on)", "sent", "asgi_out"),
-    ("accountant thread: accounting.account (off the response path)", "account_in", "account_out"),
+    ("accountant thread: accounting.account (off the response path; a batch writes its ledger at its end)",
+     "account_in", "account_out"),
 ]
 CLIENT_KEYS = ("client_in", "client_out")  # from the client process, not a server hook
 COUNTED_KEYS = ("cache",)  # hooks that time nothing but must see one call per request (access_cache.get)
@@ -484,6 +574,55 @@ def serving_handler():
         app = app.app
     return app
 
+# ---------------------------------------------------------------------- CPU per request (throughput runs)
+class CpuMeter:
+    """CPU seconds (user + system, every thread) that each process spent over a block: ``web`` (this
+    process: uvicorn, the serving threads, the accountant, and the Ray driver of the direct calls),
+    ``worker`` (the deployment's actor) and ``client`` (the HTTP client process)."""
+
+    def __init__(self, **pids: int) -> None:
+        import psutil
+
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+
+    def _now(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self.procs.items():
+            t = proc.cpu_times()
+            out[name] = t.user + t.system
+        out.update(self._threads())
+        return out
+
+    @staticmethod
+    def _threads() -> dict[str, float]:
+        """This process's CPU seconds by thread kind (``thread:<name>``, numbered names grouped): the
+        event loop is uvicorn's thread, threads Python did not start are Ray's and gRPC's."""
+        import psutil
+
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        out: dict[str, float] = defaultdict(float)
+        for t in psutil.Process().threads():
+            name = names.get(t.id, "other (Ray core worker, gRPC: not Python threads)")
+            out["thread:" + name.rstrip("0123456789").rstrip("_-")] += t.user_time + t.system_time
+        return out
+
+    @contextlib.contextmanager
+    def measure(self, into: dict[str, float]):
+        """Add each process's CPU seconds over the block to ``into``, and the block's wall time as ``wall``."""
+        before, t0 = self._now(), time.perf_counter()
+        yield
+        after = self._now()
+        for name in after:
+            into[name] += after[name] - before.get(name, 0.0)
+        into["wall"] += time.perf_counter() - t0
+
+
+def actor_pid(handle) -> int:
+    import ray
+
+    return ray.get(handle.__ray_call__.remote(lambda self: os.getpid()), timeout=30)
+
+
 # ---------------------------------------------------------------------- the benchmark
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="HTTP serving API overhead over a direct actor call")
@@ -492,6 +631,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=None, help="latency samples per path (300; quick 60)")
     ap.add_argument("--duration", type=float, default=None, help="seconds of load per path (8; quick 3)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--load-client", default="raw", choices=["raw", "httpx"],
+                    help="the throughput run's HTTP client: a minimal HTTP/1.1 one (default) or httpx's AsyncClient")
     ap.add_argument("--profile", action="store_true",
                     help="also run cProfile on the server's event loop thread (instrumented requests + 2 s of load)")
     args = ap.parse_args(argv)
@@ -669,9 +810,16 @@ def main(argv: list[str] | None = None) -> None:
                 return {"latencies": lat_a, "errors": errors, "elapsed": time.perf_counter() - start}
 
             load: dict[str, list[dict]] = {"http": [], "actor": []}
+            meter = CpuMeter(web=os.getpid(), worker=actor_pid(handle), client=client.proc.pid)
+            cpu: dict[str, dict[str, float]] = {"http": defaultdict(float), "actor": defaultdict(float),
+                                                "idle": defaultdict(float)}
+            with meter.measure(cpu["idle"]):  # what the processes spend doing nothing (Ray's threads...)
+                time.sleep(1.0)
             for _ in range(2):
-                load["http"].append(client.call("load", jobs, duration / 2, expect))
-                load["actor"].append(actor_load(duration / 2))
+                with meter.measure(cpu["http"]):
+                    load["http"].append(client.call("load", jobs, duration / 2, expect, args.load_client))
+                with meter.measure(cpu["actor"]):
+                    load["actor"].append(actor_load(duration / 2))
             for path, runs in load.items():
                 if any(not r["latencies"] for r in runs):
                     raise SystemExit(f"bench.api_overhead: a {path} load run had no answered request "
@@ -760,18 +908,60 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(f"Throughput: 8 concurrent clients over 4 tenants, {duration:.0f} s per path in 2 interleaved halves")
     print(f"{'path':<44} {'req/s':>8} {'p50 ms':>8} {'errors':>7}")
-    print(f"{'http (separate client process, asyncio)':<44} {rps_http:8.1f} {ms(p50_http_load)} {err_http:>7}")
+    print(f"{'http (client process: ' + args.load_client + ', asyncio)':<44} {rps_http:8.1f} {ms(p50_http_load)} "
+          f"{err_http:>7}")
     print(f"{'actor (8 in-flight direct calls)':<44} {rps_actor:8.1f} {ms(p50_actor_load)} {err_actor:>7}")
     rps_verdict = "MEETS" if rps_http / rps_actor >= GOAL_RPS_RATIO else "MISSES"
     print(f"http / actor throughput: {rps_http / rps_actor:.2f}; goal: at least {GOAL_RPS_RATIO:g} -> "
           f"{rps_verdict} the goal")
+
+    # What each answered request cost in CPU, per process, over the same runs: on a machine with few cores
+    # the HTTP path's ceiling is the cores over the CPU all its processes spend per request.
+    cores = os.cpu_count() or 1
+    served = {"http": sum(len(r["latencies"]) + r["errors"] for r in load["http"]),
+              "actor": sum(len(r["latencies"]) + r["errors"] for r in load["actor"])}
+    names = ("web", "worker", "client")
+    idle_rate = {name: cpu["idle"][name] / max(1e-9, cpu["idle"]["wall"]) for name in names}
+    # per request, net of what each process spends while idle over the same wall time
+    per = {path: {name: max(0.0, cpu[path][name] - idle_rate[name] * cpu[path]["wall"]) / max(1, served[path])
+                  for name in names} for path in served}
+    total = {path: sum(v.values()) for path, v in per.items()}
+    ceiling = {path: cores / total[path] if total[path] else float("inf") for path in per}
+    busy = {path: sum(cpu[path][n] for n in names) / max(1e-9, cpu[path]["wall"]) for path in served}
+    load1 = os.getloadavg()[0]
+    print()
+    print(f"CPU per answered request over the throughput runs (user + system, all threads, net of each "
+          f"process's idle rate; {cores} cores, load average {load1:.2f})")
+    print("idle rate (cores busy doing nothing, 1 s): "
+          + ", ".join(f"{name} {idle_rate[name]:.3f}" for name in names))
+    print(f"{'path':<44} {'web ms':>8} {'worker ms':>9} {'client ms':>9} {'total ms':>8} {'cores busy':>10} "
+          f"{'ceiling req/s':>13}")  # cores busy: gross, all three processes over the run
+    for path, label in (("http", "http (web process: uvicorn + serving)"),
+                        ("actor", "actor (web process: the Ray driver)")):
+        print(f"{label:<44} {ms(per[path]['web'])} {ms(per[path]['worker']):>9} {ms(per[path]['client']):>9} "
+              f"{ms(total[path])} {busy[path]:10.2f} {ceiling[path]:13.1f}")
+    threads = sorted((k for k in cpu["http"] if k.startswith("thread:")), key=lambda k: -cpu["http"][k])
+    print("  the web process's CPU per HTTP request by thread (gross): " + ", ".join(
+        f"{k.removeprefix('thread:')} {cpu['http'][k] / max(1, served['http']) * 1000:.2f} ms"
+        for k in threads if cpu["http"][k] / max(1, served["http"]) >= 0.00005))
+    print(f"the web process costs {per['http']['web'] * 1000:.2f} ms CPU per HTTP request against the worker's "
+          f"{per['http']['worker'] * 1000:.2f} ms (and the client's {per['http']['client'] * 1000:.2f} ms); on "
+          f"{cores} cores the HTTP path's ceiling is {ceiling['http']:.0f} req/s and the direct calls' "
+          f"{ceiling['actor']:.0f} req/s: at most {ceiling['http'] / ceiling['actor']:.2f}x by CPU alone")
     print(f"total {time.perf_counter() - t_start:.0f} s")
     met = overhead50 <= GOAL_MS / 1000 and rps_http / rps_actor >= GOAL_RPS_RATIO
     print(f"RESULT http_p50_ms={med['http'] * 1000:.2f} http_p99_ms={p99['http'] * 1000:.2f} "
           f"actor_p50_ms={med['actor'] * 1000:.2f} actor_p99_ms={p99['actor'] * 1000:.2f} "
           f"overhead_p50_ms={overhead50 * 1000:.2f} rps_8clients={rps_http:.1f} actor_rps_8={rps_actor:.1f} "
           f"rps_ratio={rps_http / rps_actor:.2f} server_worker_call_ms={worker_call * 1000:.2f} "
-          f"server_without_worker_ms={(in_app - worker_call) * 1000:.2f} goal_met={int(met)}")
+          f"server_without_worker_ms={(in_app - worker_call) * 1000:.2f} goal_met={int(met)} "
+          f"web_cpu_ms_per_req={per['http']['web'] * 1000:.2f} "
+          f"worker_cpu_ms_per_req={per['http']['worker'] * 1000:.2f} "
+          f"client_cpu_ms_per_req={per['http']['client'] * 1000:.2f} "
+          f"actor_driver_cpu_ms_per_req={per['actor']['web'] * 1000:.2f} "
+          f"actor_worker_cpu_ms_per_req={per['actor']['worker'] * 1000:.2f} "
+          f"cpu_ceiling_rps={ceiling['http']:.1f} cpu_ceiling_ratio={ceiling['http'] / ceiling['actor']:.2f} "
+          f"cores={cores} load1={load1:.2f} load_client_raw={int(args.load_client == 'raw')}")
     sys.stdout.flush()
 
 
