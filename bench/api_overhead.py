@@ -15,7 +15,9 @@ model does the least work it can and the difference between the two paths is the
      worker request the server builds for the same body (``Platform.worker_request``, a fresh
      ``request_id`` per call as the server gives each request): the baseline, so "HTTP minus actor"
      is what the server adds around the very call it makes;
-   - breakdown rows: ``actor.stream`` (the Ray streaming generator streamed answers use),
+   - breakdown rows: ``http.raw`` (the same request from a minimal HTTP/1.1 client in the same
+     process: what of the difference is httpx's own time), ``actor.stream`` (the Ray streaming
+     generator streamed answers use),
      ``actor.ping`` (a Ray round trip that does no work), ``GET /healthz`` (the HTTP + ASGI +
      middleware floor), ``prepare`` (``context._prepare``: the whole admission, auth, request count,
      grants, body, bounds, validation, tokens and their DB queries, in this thread with no hop, on a
@@ -80,12 +82,31 @@ def _client_main(conn, url: str) -> None:
     """Runs in a spawned process: answers ``("post", headers, body)`` / ``("get", path)`` with one
     request on a keep-alive connection (its start and end ``perf_counter``: CLOCK_MONOTONIC, the same
     clock in every process), ``("load", jobs, duration, cached)`` with a concurrent load run."""
+    loop = asyncio.new_event_loop()
+    raw: list = []  # the minimal client's kept-alive (reader, writer), opened on first use
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def rawpost(headers: dict, body: dict) -> tuple[float, float, int, int]:
+        if not raw:
+            raw.extend(await asyncio.open_connection(host, int(port)))
+        request = _request_bytes(host, port, headers, body)  # built per request, as httpx builds its own
+        t0 = time.perf_counter()
+        status, data, close = await _raw_exchange(raw[0], raw[1], request)
+        cached = json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"] if status == 200 else -1
+        t1 = time.perf_counter()
+        if close:
+            raw[1].close()
+            raw.clear()
+        return t0, t1, status, cached
+
     with httpx.Client(base_url=url, timeout=120) as client:
         while True:
             msg = conn.recv()
             if msg is None:
                 break
-            if msg[0] == "post":
+            if msg[0] == "rawpost":
+                conn.send(loop.run_until_complete(rawpost(msg[1], msg[2])))
+            elif msg[0] == "post":
                 _, headers, body = msg
                 t0 = time.perf_counter()
                 r = client.post("/v1/completions", json=body, headers=headers)
@@ -125,6 +146,14 @@ async def _load(url: str, jobs: list[tuple[dict, dict]], duration: float, expect
             "elapsed": elapsed}
 
 
+def _request_bytes(host: str, port: str, headers: dict, body: dict) -> bytes:
+    """``POST /v1/completions`` of ``body`` (JSON) with ``headers``, as HTTP/1.1 bytes."""
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n{head}\r\n").encode() + payload
+
+
 async def _raw_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes
                         ) -> tuple[int, bytes, bool]:
     """One request on a kept-alive HTTP/1.1 connection: (status, body, the server closes it)."""
@@ -157,10 +186,7 @@ async def _raw_load(url: str, jobs: list[tuple[dict, dict]], duration: float, ex
     host, port = url.removeprefix("http://").rsplit(":", 1)
 
     def request_bytes(headers: dict, body: dict) -> bytes:
-        payload = json.dumps(body, separators=(",", ":")).encode()
-        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        return (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(payload)}\r\n{head}\r\n").encode() + payload
+        return _request_bytes(host, port, headers, body)
 
     def cached(status: int, body: bytes) -> int:
         return json.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"] if status == 200 else -1
@@ -710,6 +736,12 @@ def main(argv: list[str] | None = None) -> None:
                 ray.get(handle.ping.remote())
                 return time.perf_counter() - t
 
+            def op_raw() -> float:
+                t0, t1, status, cached = client.call("rawpost", headers0, bodies[0])
+                if status != 200 or cached != expect:
+                    raise RuntimeError(f"http raw: status {status}, cached {cached}")
+                return t1 - t0
+
             def op_health() -> float:
                 t0, t1, status, _ = client.call("get", "/healthz")
                 if status != 200:
@@ -736,7 +768,7 @@ def main(argv: list[str] | None = None) -> None:
                 return dt
 
             ops = {"http": op_http, "actor": op_actor, "actor.stream": op_stream, "actor.ping": op_ping,
-                   "healthz": op_health, "prepare": op_prepare}
+                   "healthz": op_health, "prepare": op_prepare, "http.raw": op_raw}
             for _ in range(10):  # warm-up, not recorded
                 for fn in ops.values():
                     fn()
@@ -852,6 +884,7 @@ def main(argv: list[str] | None = None) -> None:
         (f"actor ray.get(actor.{BASELINE_METHOD}.remote(req))", "actor"),
         ("  actor.stream (streamed answers' generator)", "actor.stream"),
         ("  actor.ping (Ray round trip, no work)", "actor.ping"),
+        ("  http, minimal HTTP/1.1 client (no httpx)", "http.raw"),
         ("  GET /healthz (HTTP + ASGI floor)", "healthz"),
         ("  prepare in-process, warm DB connection", "prepare"),
     ]
@@ -961,7 +994,8 @@ def main(argv: list[str] | None = None) -> None:
           f"actor_driver_cpu_ms_per_req={per['actor']['web'] * 1000:.2f} "
           f"actor_worker_cpu_ms_per_req={per['actor']['worker'] * 1000:.2f} "
           f"cpu_ceiling_rps={ceiling['http']:.1f} cpu_ceiling_ratio={ceiling['http'] / ceiling['actor']:.2f} "
-          f"cores={cores} load1={load1:.2f} load_client_raw={int(args.load_client == 'raw')}")
+          f"cores={cores} load1={load1:.2f} load_client_raw={int(args.load_client == 'raw')} "
+          f"http_raw_p50_ms={med['http.raw'] * 1000:.2f}")
     sys.stdout.flush()
 
 
