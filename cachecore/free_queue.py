@@ -1,12 +1,12 @@
 """One KV page's bookkeeping record and the free queue threaded through those records.
 
-Split from ``block_pool.py`` (which owns the policy: index, eviction order, caps); these two are the
-data structures only.
+Split from ``block_pool.py`` (which owns ref counts and drives the index, eviction order, caps); these
+two are the data structures only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 __all__ = ["Block", "FreeBlockQueue"]
 
@@ -149,3 +149,26 @@ class FreeBlockQueue:
         prev.next_free = block
         nxt.prev_free = block
         self.num_free += 1
+
+    def check(self, blocks: Sequence[Block]) -> list[Block]:
+        """Assert the queue's links (both ways, sentinels at the ends, no cycle, no repeat, only blocks
+        of ``blocks``, where ``blocks[i].block_id == i``) and ``num_free``; returns the queued blocks,
+        head to tail. ``AssertionError`` naming the first broken one."""
+        head, tail, total = self._head, self._tail, len(blocks)
+        assert head.prev_free is None and tail.next_free is None, "sentinels linked outward"
+        walked: list[Block] = []
+        seen: set[int] = set()
+        prev = head
+        node = head.next_free
+        while node is not tail:
+            assert node is not None, "free queue broken: ran off the end before the tail sentinel"
+            assert node.prev_free is prev, f"free queue back link of {node} does not point at {prev}"
+            assert node.block_id not in seen, f"{node} appears twice in the free queue"
+            assert len(seen) <= total, "free queue longer than the pool (cycle?)"
+            assert blocks[node.block_id] is node, f"free queue holds foreign block {node}"
+            seen.add(node.block_id)
+            walked.append(node)
+            prev, node = node, node.next_free
+        assert tail.prev_free is prev, "tail sentinel back link is stale"
+        assert len(walked) == self.num_free, f"free queue walk {len(walked)} != num_free {self.num_free}"
+        return walked

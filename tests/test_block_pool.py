@@ -327,6 +327,35 @@ def test_check_integrity_catches_a_broken_free_queue_and_a_stale_index():
         pool.check_integrity()
 
 
+
+def test_check_integrity_catches_a_ledger_count_and_a_chain_link_out_of_step():
+    pool = BlockPool(4, BS)
+    cache_request(pool, [1], "a")
+    pool.ledger.usage["a"] += 1  # a count the blocks do not back
+    with pytest.raises(AssertionError, match="per-owner usage"):
+        pool.check_integrity()
+
+    pool = BlockPool(4, BS)
+    first, second = cache_request(pool, [1, 2], "a")
+    pool.index.link(first, second, b"not its tokens")
+    with pytest.raises(AssertionError, match="link is not its tokens"):
+        pool.check_integrity()
+
+
+def test_the_pieces_of_the_pool_are_the_ones_it_reports_through():
+    """The facade's views and the pieces behind it are one state: the index dict the tiers read inline
+    (``pool._index``) is the index's own, and the counts the pool reports are the ledger's."""
+    pool = BlockPool(8, BS)
+    pool.set_weight("a", 3)
+    pool.set_cap("a", 2 * BS)
+    cache_request(pool, [1, 2], "a")
+    assert pool._index is pool.index.by_hash and pool.num_cached == len(pool.index) == 2
+    assert pool.ledger.weights == {"a": 3} and pool.cap("a") == pool.ledger.caps["a"] == 2 * BS
+    assert pool.usage("a") == pool.ledger.usage["a"] == 2 and pool.cached_tokens("a") == 2 * BS
+    assert list(pool.iter_free()) == list(pool.free_queue) and pool.num_free == 6
+    pool.set_cap("a", None)
+    assert pool.cap("a") is None and "a" not in pool.ledger.caps
+
 # ---------------------------------------------------------------------------- stateful model check
 OWNERS = ("a", "b", "c")
 NUM_BLOCKS = 10

@@ -63,7 +63,7 @@ def test_the_engine_config_chooses_the_policy_of_every_tier(tmp_path):
     assert type(store.eviction_policy) is ValueAware
     assert engine.pool.policy is not engine.l2.pool.policy
     engine.set_weight("t", 3)  # share_weight reaches L3 too
-    assert engine.pool._weights == engine.l2.pool._weights == {"t": 3} and store._index.weights == {"t": 3}
+    assert engine.pool.ledger.weights == engine.l2.pool.ledger.weights == {"t": 3} and store._index.weights == {"t": 3}
     engine.set_weight("t", None)
     assert store._index.weights == {}
 
