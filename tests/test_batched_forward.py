@@ -12,7 +12,7 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.errors import InvalidPrompt, PromptTooLong
-from cachecore.model.batched import BatchItem, forward_batch
+from cachecore.model.batched import BatchItem, _StepIndex, forward_batch
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
 from cachecore.runner import CompletionRunner, SamplingParams
@@ -119,3 +119,35 @@ def test_concurrent_streams_are_batched_and_each_gives_its_greedy_tokens_alone(l
     assert len(sizes) < sum(len(e) for e in expected)  # fewer forwards than tokens generated
     engine.check_integrity()
     assert engine.pool.num_in_use == 0
+
+
+def test_decodes_on_a_shared_prefix_attend_it_together_and_equal_each_alone(loaded):
+    """Decodes whose block tables begin with the same whole blocks (requests on one cached prefix) are
+    grouped: the shared blocks are read once for the group (cascade attention, merged by log-sum-exp);
+    each still gets its logits alone. Free blocks are NaN: neither part reads a block it does not hold."""
+    model = loaded.model
+    pages, alone = KVPages(loaded.layout, 32, "cpu"), KVPages(loaded.layout, 32, "cpu")
+    prefix = _prompt(48, 7)  # 3 whole blocks: 0, 1, 2
+    tables = [[0, 1, 2, 3], [0, 1, 2, 4, 5], [0, 1, 6, 10], [0, 1, 2, 7, 11], [8, 9]]
+    rests = [_prompt(5, 10), _prompt(20, 11), _prompt(4, 12), _prompt(16, 13), _prompt(17, 14)]
+    for target in (pages, alone):
+        forward_batch(model, target, [BatchItem(prefix, 0, tables[0])])
+        for i, table in enumerate(tables[:4]):  # items 0, 1, 3 share blocks 0-2; item 2 only 0-1
+            keep = 32 if i == 2 else 48
+            forward_batch(model, target, [BatchItem(prefix[keep:] + rests[i] if i == 2 else rests[i], keep, table)])
+        forward_batch(model, target, [BatchItem(rests[4], 0, tables[4])])
+    held = {b for t in tables for b in t}
+    pages.poison(torch.tensor([b for b in range(32) if b not in held]))
+    starts = [48 + 5, 48 + 20, 52, 48 + 16, 17]
+    items = [BatchItem([3 + i], s, t) for i, (s, t) in enumerate(zip(starts, tables, strict=True))]
+    idx = _StepIndex(items, BS, model.config.n_layers)
+    assert [m.tolist() for m, _ in idx.groups] == [[0, 1, 2, 3]]  # item 4 starts elsewhere
+    assert idx.groups[0][1].shape == (2 * BS,)  # the blocks all four share: 0 and 1
+    got = forward_batch(model, pages, items)
+    assert bool(torch.isfinite(got).all())
+    for it, row in zip(items, got, strict=True):
+        want = _alone(model, alone, it.tokens, it.start, it.block_table)
+        torch.testing.assert_close(row, want, atol=1e-5, rtol=1e-5)
+        assert int(torch.argmax(row)) == int(torch.argmax(want))
+    # two decodes in one sequence's last block are never grouped; nor is a lone one
+    assert _StepIndex(items[:1] + items[4:], BS, model.config.n_layers).groups == []

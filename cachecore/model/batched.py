@@ -6,7 +6,15 @@ the KV write run once over all batch tokens; attention runs over K/V read back f
 ``LlamaModel.forward`` does, so a cached prefix, an earlier chunk and a freshly written chunk are
 indistinguishable. Decode items (one new token) are attended together in one padded SDPA call (the
 padding points at the sequence's own first slot and is masked, so poisoned free pages are never
-read); prefill chunks are attended one SDPA call per sequence (causal within the chunk).
+read); prefill chunks are attended one SDPA call per sequence (causal within the chunk; a chunk from
+position 0 over its own fresh K/V, which are what the pages now hold).
+
+Decode items whose block tables begin with the same whole blocks (requests on one cached prefix)
+read those blocks once per layer for the whole group: the group's queries attend the shared blocks
+in one matmul and each item its own rest, the two softmaxes merged through their log-sum-exps
+(cascade attention). Without it every decode copied its whole context out of the pages each layer,
+the shared prefix once per request: on 16 streams over 4 shared 1,024-token prefixes a decode step
+took twice as long.
 
 Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_attn_out``, ``_mlp``, ``_rms``,
 ``norm``, ``lm_head``, ``cos``/``sin``), so it follows whatever those pieces compute. Each item's logits
@@ -21,6 +29,7 @@ block, never each token.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +90,8 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
     tokens, pos, slots = idx.tokens.to(dev), idx.pos.to(dev), idx.slots.to(dev)
     cos, sin = model.cos[pos], model.sin[pos]
     dec = None
+    if idx.groups:
+        idx.groups = [(m.to(dev), b.to(dev)) for m, b in idx.groups]
     if idx.decode:
         rows = idx.decode_rows.to(dev)
         dec = (None if idx.all_decode else rows, idx.decode_base.to(dev),
@@ -108,16 +119,20 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
             kd = kv_rows.index_select(0, k_rows).view(*base.shape, *k.shape[1:])  # [B, L, kv_heads, hd]
             vd = kv_rows.index_select(0, k_rows + bs).view(*base.shape, *k.shape[1:])
             qd = q if rows is None else q.index_select(0, rows)
-            attn = F.scaled_dot_product_attention(
-                qd[:, :, None, :],  # [B, heads, 1, hd]
-                kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=valid, enable_gqa=True,
-            )
-            if rows is None:
-                out = attn[:, :, 0, :]
+            if idx.groups:
+                res = _shared_prefix_attention(qd, kd, vd, valid, idx.groups, kv_rows, li * 2 * bs, bs)
             else:
-                out[rows] = attn[:, :, 0, :]
+                res = F.scaled_dot_product_attention(
+                    qd[:, :, None, :],  # [B, heads, 1, hd]
+                    kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=valid, enable_gqa=True,
+                )[:, :, 0, :]
+            if rows is None:
+                out = res
+            else:
+                out[rows] = res
         for a, b, table, total, mask in chunk_meta:
-            k_all, v_all = gather_kv(pages, li, table, total)
+            # a chunk from position 0 has nothing before it: the pages hold exactly its k and v
+            k_all, v_all = (k[a:b], v[a:b]) if total == b - a else gather_kv(pages, li, table, total)
             attn = F.scaled_dot_product_attention(
                 q[a:b].transpose(0, 1)[None], k_all.transpose(0, 1)[None], v_all.transpose(0, 1)[None],
                 attn_mask=mask, is_causal=mask is None, enable_gqa=True,
@@ -159,13 +174,75 @@ class _StepIndex:
         self.slots = self.table[item_of, self.pos // bs] * bs + self.pos % bs
         self.last = torch.tensor(self.offsets[1:]) - 1
         self.decode_mask = None
+        self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.decode:
             dec = torch.tensor(self.decode)
             self.decode_rows = torch.tensor([self.offsets[i] for i in self.decode])
-            n = starts_t[dec] + 1  # positions each decode item attends to
-            p = torch.arange(max(starts[i] for i in self.decode) + 1)[None, :]
+            pre = torch.tensor(self._shared_prefixes(items, bs, layers), dtype=torch.long)
+            n = starts_t[dec] + 1 - pre  # positions each decode item attends to beyond its shared prefix
+            p = torch.arange(int(n.max()))[None, :]
             valid = p < n[:, None]
-            p = torch.where(valid, p, 0)
+            p = torch.where(valid, p, 0) + pre[:, None]
             self.decode_base = self.table[dec[:, None], p // bs] * (layers * 2 * bs) + p % bs
             if not bool(valid.all()):
                 self.decode_mask = valid[:, None, None, :]  # [B, 1, 1, L]
+
+    def _shared_prefixes(self, items: list[BatchItem], bs: int, layers: int) -> list[int]:
+        """Group the decode items whose block tables begin with the same whole blocks before their new
+        position (requests on one cached prefix); ``groups`` gets, per group of two or more, its members
+        (indices into ``decode``) and the page rows (layer 0, K) of the blocks they share. Returns, per
+        decode item, how many leading positions its group's shared blocks cover (0 outside a group)."""
+        by_first: dict[int, list[int]] = {}
+        full = [items[i].start // bs for i in self.decode]  # blocks wholly before the new position
+        for j, i in enumerate(self.decode):
+            if full[j]:
+                by_first.setdefault(items[i].block_table[0], []).append(j)
+        pre = [0] * len(self.decode)
+        for members in by_first.values():
+            if len(members) < 2:
+                continue
+            first = items[self.decode[members[0]]].block_table
+            common = min(full[j] for j in members)
+            for j in members[1:]:
+                table = items[self.decode[j]].block_table
+                common = next((b for b in range(common) if table[b] != first[b]), common)
+            blocks = torch.tensor(first[:common], dtype=torch.long)
+            rows = (blocks[:, None] * (layers * 2 * bs) + torch.arange(bs)).flatten()
+            self.groups.append((torch.tensor(members), rows))
+            for j in members:
+                pre[j] = common * bs
+        return pre
+
+
+def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
+                             groups: list[tuple[torch.Tensor, torch.Tensor]], kv_rows: torch.Tensor,
+                             layer_row: int, bs: int) -> torch.Tensor:
+    """Decode attention ``[B, heads, hd]`` of queries ``q`` ``[B, heads, hd]`` when groups of them share
+    leading blocks: each group's shared K/V is read from the pages once and attended by all its queries
+    in one matmul, each item's own rest (``k``/``v`` ``[B, L, kv_heads, hd]``, ``valid`` ``[B, 1, 1, L]``
+    or None) separately, and the two softmaxes merged through their log-sum-exps (cascade attention).
+    In fp32, equal to attention over the whole context within rounding."""
+    b, heads, hd = q.shape
+    kvh = k.shape[2]
+    grp, scale = heads // kvh, 1.0 / math.sqrt(hd)
+    qf = q.float().view(b, kvh, grp, hd)
+    s = torch.matmul(qf, k.float().permute(0, 2, 3, 1)) * scale  # [B, kv_heads, grp, L]
+    if valid is not None:
+        s = s.masked_fill(~valid, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    out = torch.matmul(torch.exp(s - lse), v.float().permute(0, 2, 1, 3))  # [B, kv_heads, grp, hd]
+    for members, rows in groups:
+        m, n = members.shape[0], rows.shape[0]
+        kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd).float()
+        vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd).float()
+        qg = qf.index_select(0, members).transpose(0, 1).reshape(kvh, m * grp, hd)
+        sp = torch.bmm(qg, kp.permute(1, 2, 0)) * scale  # [kv_heads, m * grp, n]
+        lse_p = torch.logsumexp(sp, dim=-1, keepdim=True)
+        op = torch.bmm(torch.exp(sp - lse_p), vp.transpose(0, 1))  # [kv_heads, m * grp, hd]
+        op = op.view(kvh, m, grp, hd).transpose(0, 1)
+        lse_p = lse_p.view(kvh, m, grp, 1).transpose(0, 1)
+        lse_s, out_s = lse.index_select(0, members), out.index_select(0, members)
+        top = torch.maximum(lse_p, lse_s)
+        wp, ws = torch.exp(lse_p - top), torch.exp(lse_s - top)
+        out[members] = (op * wp + out_s * ws) / (wp + ws)
+    return out.reshape(b, heads, hd).to(q.dtype)

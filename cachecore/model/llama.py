@@ -143,7 +143,8 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, x, cos, sin)
             pages.write_layer(i, slots, k, v)
-            k_all, v_all = gather_kv(pages, i, block_table, total)
+            # from position 0 the pages hold exactly k and v (same dtype): attend over them as they are
+            k_all, v_all = (k, v) if start_pos == 0 else gather_kv(pages, i, block_table, total)
             # 4-D [1, heads, seq, hd]: the fused CPU kernel only takes batched 4-D input (3-D falls
             # back to the math path, ~5x slower).
             attn = F.scaled_dot_product_attention(
