@@ -229,16 +229,14 @@ def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     s = torch.matmul(qf, k.float().permute(0, 2, 3, 1)) * scale  # [B, kv_heads, grp, L]
     if valid is not None:
         s = s.masked_fill(~valid, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    out = torch.matmul(torch.exp(s - lse), v.float().permute(0, 2, 1, 3))  # [B, kv_heads, grp, hd]
+    out, lse = _attend(s, v.float().permute(0, 2, 1, 3))  # [B, kv_heads, grp, hd]
     for members, rows in groups:
         m, n = members.shape[0], rows.shape[0]
         kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd).float()
         vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd).float()
         qg = qf.index_select(0, members).transpose(0, 1).reshape(kvh, m * grp, hd)
         sp = torch.bmm(qg, kp.permute(1, 2, 0)) * scale  # [kv_heads, m * grp, n]
-        lse_p = torch.logsumexp(sp, dim=-1, keepdim=True)
-        op = torch.bmm(torch.exp(sp - lse_p), vp.transpose(0, 1))  # [kv_heads, m * grp, hd]
+        op, lse_p = _attend(sp, vp.transpose(0, 1))  # [kv_heads, m * grp, hd]
         op = op.view(kvh, m, grp, hd).transpose(0, 1)
         lse_p = lse_p.view(kvh, m, grp, 1).transpose(0, 1)
         lse_s, out_s = lse.index_select(0, members), out.index_select(0, members)
@@ -246,3 +244,12 @@ def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         wp, ws = torch.exp(lse_p - top), torch.exp(lse_s - top)
         out[members] = (op * wp + out_s * ws) / (wp + ws)
     return out.reshape(b, heads, hd).to(q.dtype)
+
+
+def _attend(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax of ``scores`` ``[..., q, L]`` over ``L`` applied to ``v`` ``[..., L, hd]``, and its log-sum-exp
+    ``[..., q, 1]`` (one exp pass: ``torch.logsumexp`` then ``exp(s - lse)`` took two)."""
+    top = scores.amax(dim=-1, keepdim=True)
+    e = torch.exp(scores - top)
+    total = e.sum(dim=-1, keepdim=True)
+    return torch.matmul(e, v) / total, top + torch.log(total)
