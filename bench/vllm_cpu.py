@@ -15,7 +15,9 @@ generates exactly ``--output`` tokens) and its shared-prefix workload: 4 groups,
   block size 32, prefix caching, ``--l1-mb`` of KV cache, ``max_num_seqs`` = Strata's ``max_batch``,
   seed 0); every request in one ``generate`` call (its engine batches them as they come). vLLM sets
   its own threads (``VLLM_CPU_OMP_THREADS_BIND=auto``: on 2 cores one OpenMP thread on core 0, core 1
-  left to its front end); Strata runs torch's default (every core), as each is deployed.
+  left to its front end); Strata runs torch's default (every core), as each is deployed, or
+  ``--threads`` compute threads (``--threads 1``: as many as vLLM's on 2 cores; on a loaded machine
+  two threads wait on each other at every parallel region, one does not).
 
 Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
 prefixes in the measured batch), then the batch; output tokens/s is output tokens over that
@@ -111,9 +113,14 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--streams", type=int, default=16, help="requests sent at once")
     ap.add_argument("--output", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--l1-mb", type=int, default=256, help="KV memory of each engine (STRATA_L1_MB)")
+    ap.add_argument("--threads", type=int, default=0, help="Strata's torch threads (default 0: torch's default)")
     args = ap.parse_args(argv)
-    if args.streams < 1 or args.output < 1 or args.l1_mb < 1:
-        ap.error("--streams, --output and --l1-mb must be >= 1")
+    if args.streams < 1 or args.output < 1 or args.l1_mb < 1 or args.threads < 0:
+        ap.error("--streams, --output and --l1-mb must be >= 1, --threads >= 0")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     cfg = QUICK if args.quick else FULL
     from bench.engines import build
 
@@ -127,8 +134,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
 
     ratio = st["tps"] / vl["tps"]
     print(f"in-process: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
-          f"FFN {cfg['ffn']}; cpu float32, {torch.get_num_threads()} threads; {args.streams} requests at once over "
-          f"{GROUPS} shared {cfg['prefix']}-token prefixes + {QUESTION}-token questions, {args.output} output tokens")
+          f"FFN {cfg['ffn']}; cpu float32, strata {torch.get_num_threads()} threads; {args.streams} requests at once "
+          f"over {GROUPS} shared {cfg['prefix']}-token prefixes + {QUESTION}-token questions, "
+          f"{args.output} output tokens")
     print(f"strata: token budget {st['token_budget']}, max_batch {st['max_batch']}, chunk {st['chunk']}, "
           f"{st['blocks']} blocks; vllm: block {VLLM_BLOCK}, eager, started in {vl['start_s']:.1f} s")
     print(f"{'engine':<8} {'out tok/s':>9} {'wall s':>7} {'hit':>6}")
@@ -136,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         print(f"{name:<8} {r['tps']:>9.1f} {r['wall']:>7.2f} {r['hit']:>6.1%}")
     print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x)")
     result = (f"RESULT strata_vs_vllm={ratio:.2f} strata_tps={st['tps']:.1f} vllm_tps={vl['tps']:.1f} "
-              f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams}")
+              f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams} "
+              f"strata_threads={torch.get_num_threads()}")
     print(result)
     return dict(kv.split("=") for kv in result.split()[1:])
 

@@ -20,8 +20,9 @@ def test_the_batch_shares_the_primed_prefixes_group_by_group():
     assert workload(ids, 48, 16, seed=1) == (prime, batch) and workload(ids, 48, 16, seed=2) != (prime, batch)
 
 
-@pytest.mark.parametrize("flag", ["--streams", "--output", "--l1-mb"])
-def test_bad_arguments_are_refused_before_anything_runs(flag):
+@pytest.mark.parametrize(("flag", "value"), [("--streams", "0"), ("--output", "0"), ("--l1-mb", "0"),
+                                           ("--threads", "-1")])
+def test_bad_arguments_are_refused_before_anything_runs(flag, value):
     with pytest.raises(SystemExit) as exc:
-        main([flag, "0"])
+        main([flag, value])
     assert exc.value.code == 2
