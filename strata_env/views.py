@@ -230,7 +230,7 @@ class WorkerEnv(_MasterKeyPaths):
     selective_min_hits: int = 2  # STRATA_SELECTIVE_MIN_HITS (>= 1)
     load_policy: str = "cost"  # STRATA_LOAD_POLICY: cost | always_load | always_recompute
     load_deadline_ms: int = 500  # STRATA_LOAD_DEADLINE_MS (>= 1)
-    torch_threads: int = 0  # STRATA_TORCH_THREADS (0: every core)
+    torch_threads: int = 0  # STRATA_TORCH_THREADS (0: every core but one, at least one)
     prefill_chunk: int = 256  # STRATA_PREFILL_CHUNK: tokens per prefill turn (>= 1)
     token_budget: int = 512  # STRATA_TOKEN_BUDGET: tokens one scheduler step computes at most (>= 2)
     max_batch: int = 32  # STRATA_MAX_BATCH: requests running at once (>= 1)

@@ -23,7 +23,6 @@ public methods (``workers.engine_contract``, and what the actor delegates) are o
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 import uuid
@@ -110,8 +109,8 @@ class CacheWorker:
             cfg = replace(cfg, l1_mb=cfg.l1_mb if l1_mb is None else l1_mb,
                           l2_mb=cfg.l2_mb if l2_mb is None else l2_mb)
         self.config = cfg
-        # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread); prefill wants every core.
-        torch.set_num_threads(cfg.torch_threads or os.cpu_count() or 1)
+        # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread): set them ourselves.
+        torch.set_num_threads(cfg.compute_threads())
         self.block_size = block_size
         self.dtype = dtype  # None: the preset's (or the checkpoint's serving) dtype; staged revisions use it too
         loaded = load_revision(deployment, preset, revision, config=cfg, device=device, block_size=block_size,

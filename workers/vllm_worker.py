@@ -139,7 +139,7 @@ class VllmWorker:
         self.dtype = dtype
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.test_hooks = test_hooks
-        threads = cfg.torch_threads or os.cpu_count() or 1
+        threads = cfg.compute_threads()
         os.environ["OMP_NUM_THREADS"] = str(threads)  # Ray set 1 for this actor; vLLM's core inherits it
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # share the cores with the web tier
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
