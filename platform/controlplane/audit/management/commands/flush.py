@@ -4,6 +4,9 @@ Django's ``flush`` empties every table, which the audit triggers refuse. Outside
 right answer, so this command refuses too; with ``STRATA_AUDIT_ALLOW_FLUSH`` (test settings only:
 ``TransactionTestCase`` flushes between tests) it drops the triggers around the flush and puts them
 back, and writes a ``reset`` line to the external head log (the emptied log starts again at 0).
+It first waits for this process's pending accounting (``serving.accountant.drain``): a request
+answered just before would otherwise write its ledger batch into the tables being truncated, and
+the two deadlock (the batch holds its rows' locks and waits for the tenant's; ``TRUNCATE`` the reverse).
 """
 
 from django.conf import settings
@@ -20,6 +23,9 @@ class Command(DjangoFlush):
     def handle(self, **options):
         if not settings.STRATA_AUDIT_ALLOW_FLUSH:
             raise CommandError("refusing to flush: the audit log is append-only")
+        from controlplane.serving import accountant
+
+        accountant.drain()
         with triggers.suspended(connections[options["database"]]):
             result = super().handle(**options)
         head_log_append(seq=0, hash=GENESIS_HASH, kind="reset", using=options["database"])
