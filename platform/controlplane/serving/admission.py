@@ -60,12 +60,11 @@ class Deferred:
     """Left by ``serving.gate`` instead of an ``Admission`` when it read a small body before admitting
     the request: the view's preparation job admits it (``admitted``), in the same hop to the database
     threads. ``note``: the request's serving-metrics note (``health.Note``: its tenant is set here);
-    ``refused``: a ``rate_limit_requests`` refusal met, for the gate to remember; ``on_refused``: the
-    gate's memory, told at once (before the answer leaves, so the client's next request finds it);
-    ``admission``: the admission made (made once, however often it is asked for)."""
+    ``on_refused``: the gate's memory, told of a ``rate_limit_requests`` refusal at once (before the
+    answer leaves, so the client's next request finds it); ``admission``: the admission made (made
+    once, however often it is asked for)."""
 
     note: Any = None
-    refused: ApplicationError | None = None
     admission: Admission | None = None
     on_refused: Callable[[ApplicationError], None] | None = None
 
@@ -173,10 +172,8 @@ def _admit_deferred(request: HttpRequest, deferred: Deferred) -> Admission:
     except ApplicationError as exc:
         if deferred.note is not None:
             deferred.note.tenant = getattr(exc, "tenant_slug", "")  # a quota refusal knows whose
-        if exc.code == "rate_limit_requests":
-            deferred.refused = exc
-            if deferred.on_refused is not None:
-                deferred.on_refused(exc)
+        if exc.code == "rate_limit_requests" and deferred.on_refused is not None:
+            deferred.on_refused(exc)
         raise
     except Exception:  # the database or cache is down: a retryable JSON error, never a bare 500
         log.exception("serving admission failed")
