@@ -9,15 +9,20 @@ model does the least work it can and the difference between the two paths is the
 
 1. Latency, interleaved in random order round after round:
    - ``http``: ``POST /v1/completions`` over a keep-alive connection, from a separate client process
-     (so the client never competes with the server thread for this process's GIL);
+     (so the client never competes with the server thread for this process's GIL), sent by a minimal
+     HTTP/1.1 client (``_raw_exchange``: the request's bytes written, the response read and its JSON
+     parsed; ``--latency-client httpx``: httpx's). The baseline below has no client library at all,
+     and httpx spends 1-2 ms of Python per request on the same shared cores (the ``http.httpx`` row
+     shows it): with the minimal client, "HTTP minus actor" is what the server and the wire add;
    - ``actor``: ``ray.get(actor.collect.remote(req))`` from this process: the actor method the server
      calls for a non-streamed answer (``views._collect`` through ``gateway.acall``), with the exact
      worker request the server builds for the same body (``Platform.worker_request``, a fresh
      ``request_id`` per call as the server gives each request): the baseline, so "HTTP minus actor"
      is what the server adds around the very call it makes;
-   - breakdown rows: ``http.raw`` (the same request from a minimal HTTP/1.1 client in the same
-     process: what of the difference is httpx's own time), ``actor.stream`` (the Ray streaming
-     generator streamed answers use),
+   - breakdown rows: ``http.httpx`` (the same request from httpx's client in the same client process,
+     as the OpenAI SDK sends it: what a heavier client adds; with ``--latency-client httpx`` the row
+     is ``http.raw``, the minimal client), ``actor.stream`` (the Ray streaming generator streamed
+     answers use),
      ``actor.ping`` (a Ray round trip that does no work), ``GET /healthz`` (the HTTP + ASGI +
      middleware floor), ``prepare`` (``context._prepare``: the whole admission, auth, request count,
      grants, body, bounds, validation, tokens and their DB queries, in this thread with no hop, on a
@@ -548,7 +553,7 @@ class StageTimer:
 
 
 STAGES = [  # (label, from, to); an indented row is a part of the row above it
-    ("client send -> serving app entry (httpx, loopback, uvicorn/h11)", "client_in", "asgi_in"),
+    ("client send -> serving app entry (client, loopback, uvicorn)", "client_in", "asgi_in"),
     ("serving app -> gate (ServingMetrics, gate)", "asgi_in", "body_in"),
     ("gate: small body read before admission (gate._prefetch)", "body_in", "body_out"),
     ("gate -> Django handler (lane context, BodyLimit)", "body_out", "django_in"),
@@ -659,6 +664,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--load-client", default="raw", choices=["raw", "httpx"],
                     help="the throughput run's HTTP client: a minimal HTTP/1.1 one (default) or httpx's AsyncClient")
+    ap.add_argument("--latency-client", default="raw", choices=["raw", "httpx"],
+                    help="the latency rows' HTTP client: a minimal HTTP/1.1 one (default) or httpx's Client; "
+                         "the other is a breakdown row")
     ap.add_argument("--profile", action="store_true",
                     help="also run cProfile on the server's event loop thread (instrumented requests + 2 s of load)")
     args = ap.parse_args(argv)
@@ -706,8 +714,10 @@ def main(argv: list[str] | None = None) -> None:
 
             client_spans: list[tuple[float, float]] = []
 
+            main_call, other_call = ("rawpost", "post") if args.latency_client == "raw" else ("post", "rawpost")
+
             def op_http() -> float:
-                t0, t1, status, cached = client.call("post", headers0, bodies[0])
+                t0, t1, status, cached = client.call(main_call, headers0, bodies[0])
                 if status != 200 or cached != expect:
                     raise RuntimeError(f"http: status {status}, cached {cached}")
                 client_spans.append((t0, t1))
@@ -736,10 +746,10 @@ def main(argv: list[str] | None = None) -> None:
                 ray.get(handle.ping.remote())
                 return time.perf_counter() - t
 
-            def op_raw() -> float:
-                t0, t1, status, cached = client.call("rawpost", headers0, bodies[0])
+            def op_other() -> float:
+                t0, t1, status, cached = client.call(other_call, headers0, bodies[0])
                 if status != 200 or cached != expect:
-                    raise RuntimeError(f"http raw: status {status}, cached {cached}")
+                    raise RuntimeError(f"http ({other_call}): status {status}, cached {cached}")
                 return t1 - t0
 
             def op_health() -> float:
@@ -768,7 +778,7 @@ def main(argv: list[str] | None = None) -> None:
                 return dt
 
             ops = {"http": op_http, "actor": op_actor, "actor.stream": op_stream, "actor.ping": op_ping,
-                   "healthz": op_health, "prepare": op_prepare, "http.raw": op_raw}
+                   "healthz": op_health, "prepare": op_prepare, "http.other": op_other}
             for _ in range(10):  # warm-up, not recorded
                 for fn in ops.values():
                     fn()
@@ -880,11 +890,12 @@ def main(argv: list[str] | None = None) -> None:
           + (" [quick: p99 of few samples is close to the max]" if args.quick else ""))
     print(f"{'path':<44} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}  {'p50 vs actor':>12}")
     rows = [
-        ("http  POST /v1/completions (keep-alive)", "http"),
+        (f"http  POST /v1/completions ({'raw client' if args.latency_client == 'raw' else 'httpx'})", "http"),
         (f"actor ray.get(actor.{BASELINE_METHOD}.remote(req))", "actor"),
         ("  actor.stream (streamed answers' generator)", "actor.stream"),
         ("  actor.ping (Ray round trip, no work)", "actor.ping"),
-        ("  http, minimal HTTP/1.1 client (no httpx)", "http.raw"),
+        ("  http, httpx's client (the OpenAI SDK's)" if args.latency_client == "raw"
+         else "  http, minimal HTTP/1.1 client (no httpx)", "http.other"),
         ("  GET /healthz (HTTP + ASGI floor)", "healthz"),
         ("  prepare in-process, warm DB connection", "prepare"),
     ]
@@ -995,7 +1006,8 @@ def main(argv: list[str] | None = None) -> None:
           f"actor_worker_cpu_ms_per_req={per['actor']['worker'] * 1000:.2f} "
           f"cpu_ceiling_rps={ceiling['http']:.1f} cpu_ceiling_ratio={ceiling['http'] / ceiling['actor']:.2f} "
           f"cores={cores} load1={load1:.2f} load_client_raw={int(args.load_client == 'raw')} "
-          f"http_raw_p50_ms={med['http.raw'] * 1000:.2f}")
+          f"latency_client_raw={int(args.latency_client == 'raw')} "
+          f"http_{'httpx' if args.latency_client == 'raw' else 'raw'}_p50_ms={med['http.other'] * 1000:.2f}")
     sys.stdout.flush()
 
 

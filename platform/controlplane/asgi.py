@@ -20,11 +20,19 @@ database connection to close (the loop thread never holds one; the request's dat
 the serving database threads, ``serving.db_threads``, which keep theirs), and the rest only resets
 per-thread state. Any other receiver sends them the Django way, through a thread (``serving.lanes``).
 Those two hops were most of what Django added to a request (``bench.api_overhead``).
+
+The process hands the GIL on every ``GIL_SWITCH_INTERVAL_S`` (Python's default is 5 ms): the event
+loop shares it with the serving database threads, the accountant and Ray's callbacks, and a loop that
+a request's answer has just woken otherwise waits up to the whole interval for a thread in the middle
+of Python work (an ORM batch, a preparation job) to let go. ``bench.api_overhead`` (httpx client), back
+to back under the same load: HTTP overhead at p50 +5.72 -> +4.93 ms and +4.22 -> +3.67 ms,
+8-client throughput 0.50x -> 0.59x and 0.51x -> 0.53x of the direct calls.
 """
 
 import asyncio
 import contextlib
 import os
+import sys
 
 import django
 from asgiref.sync import sync_to_async
@@ -47,6 +55,9 @@ from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
 from controlplane.serving import admission  # noqa: E402
 from controlplane.serving.gate import RequestGate  # noqa: E402
 from controlplane.serving.health import ServingMetrics  # noqa: E402
+
+GIL_SWITCH_INTERVAL_S = 0.0005
+sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
 SERVING_PREFIX = "/v1/"
 SERVING_MIDDLEWARE = ["controlplane.common.middleware.ApiErrorMiddleware"]

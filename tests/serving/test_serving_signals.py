@@ -22,6 +22,17 @@ from tests.serving.test_admission_once import OVER_CONTEXT
 keys, server_url = admission_helpers.keys, admission_helpers.server_url  # the fixtures, by name
 
 
+def test_the_web_process_hands_the_gil_on_sooner_than_pythons_default():
+    """Importing the ASGI entry sets the process's GIL switch interval (``GIL_SWITCH_INTERVAL_S``), under
+    Python's 5 ms, so that the event loop is not left waiting on a thread's Python work."""
+    import sys
+
+    from controlplane import asgi
+
+    assert asgi.GIL_SWITCH_INTERVAL_S < 0.005
+    assert sys.getswitchinterval() == pytest.approx(asgi.GIL_SWITCH_INTERVAL_S)
+
+
 def test_the_handler_follows_the_installed_djangos_handle():
     """``ServingASGIHandler.handle`` is Django's ``ASGIHandler.handle`` with its signal steps changed:
     a Django upgrade that changes that method must be looked at (and the hash updated)."""
