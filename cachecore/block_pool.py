@@ -3,13 +3,17 @@
 Every block is in exactly one of three states:
 
 - **in use** (``ref_cnt > 0``): held by running requests; never evicted, never handed out again.
-- **cached free** (``ref_cnt == 0``, hashed): in the free queue and still in the hash index, so a
-  later request can hit it; evicted (hash dropped) only when it is reused or its owner's cap needs room.
+- **cached free** (``ref_cnt == 0``, hashed): still in the hash index and evictable (the eviction
+  policy's), so a later request can hit it; evicted (hash dropped) only when it is reused or its
+  owner's cap needs room.
 - **plain free** (``ref_cnt == 0``, no hash): in the free queue, reused first.
 
-The free queue is ordered ``[plain free ...][cached free, least recently freed first]``. ``free``
-appends a request's blocks deepest-first, so a shared short prefix is evicted after the longer tails
-that hang off it. Cached capacity therefore grows and shrinks with load.
+The free queue holds the plain free blocks only: a cached block changes hands between requests (held,
+freed, hit again) with no queue move, only its ref count and the policy's bookkeeping. Cached free
+blocks are ordered by ``freed_at`` (least recently freed first), which ``free`` stamps on a request's
+blocks deepest-first, so a shared short prefix is evicted after the longer tails that hang off it.
+``iter_free`` lists plain then cached free blocks in that order. Cached capacity therefore grows and
+shrinks with load.
 
 **Which cached block goes: the eviction policy** (``policy``, an
 :class:`~cachecore.eviction.base.EvictionPolicy`; by name from :mod:`cachecore.eviction.registry`,
@@ -54,7 +58,7 @@ only the rest of the chain is hashed and looked up. The walk and the links are t
 its hash, tokens, tag and bytes; ``batch_listeners`` hear once per operation, or once per ``with
 pool.batch():`` block (:mod:`cachecore.drop_listeners`). A listener must not call back into the pool.
 
-**Layout.** This class is the facade and owns ref counts, the free queue (:mod:`cachecore.free_queue`)
+**Layout.** This class is the facade and owns ref counts, the free queue of plain blocks (:mod:`cachecore.free_queue`)
 and the count of cached free blocks; it drives, each behind its own small interface, the index
 (``index``: :class:`~cachecore.block_index.BlockIndex`, key -> block and chain links), the owner
 ledger (``ledger``: :class:`~cachecore.owner_ledger.OwnerLedger`, usage, cached counts, weights,
@@ -91,6 +95,7 @@ from cachecore.pool_integrity import check_integrity
 __all__ = ["Block", "BlockPool", "FreeBlockQueue", "KeyChain", "PoolStats"]
 
 _owner = operator.attrgetter("owner")
+_freed_at = operator.attrgetter("freed_at")
 
 
 @dataclass
@@ -138,7 +143,7 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks ``allocate`` can hand out now: plain free plus cached free (evictable)."""
-        return self.free_queue.num_free
+        return self.free_queue.num_free + self._num_cached_free
 
     @property
     def num_cached_free(self) -> int:
@@ -148,7 +153,7 @@ class BlockPool:
     @property
     def num_in_use(self) -> int:
         """Blocks with ``ref_cnt > 0`` (protected)."""
-        return self.num_blocks - self.free_queue.num_free
+        return self.num_blocks - self.free_queue.num_free - self._num_cached_free
 
     @property
     def num_cached(self) -> int:
@@ -180,10 +185,11 @@ class BlockPool:
         self.ledger.set_weight(owner, weight)
 
     def iter_free(self) -> Iterator[Block]:
-        """Free blocks in queue order: plain ones (reused first), then cached ones least recently freed
-        first (with ``fair_lru``, an owner's eviction order). O(num_free); for tests and debugging. Do
-        not mutate the pool while iterating."""
-        return iter(self.free_queue)
+        """Free blocks: plain ones in queue order (reused first), then cached ones least recently freed
+        first (with ``fair_lru``, an owner's eviction order). O(num_blocks log num_blocks); for tests
+        and debugging. Do not mutate the pool while iterating."""
+        cached = sorted((b for b in self.blocks if b.ref_cnt == 0 and b.block_hash is not None), key=_freed_at)
+        return itertools.chain(self.free_queue, cached)
 
     # ------------------------------------------------------------------ listeners
     @property
@@ -275,7 +281,7 @@ class BlockPool:
 
     # ------------------------------------------------------------------ reference counting
     def touch(self, blocks: Sequence[Block]) -> None:
-        """Take one reference on each block. A free block leaves the free queue and keeps its hash.
+        """Take one reference on each block. A cached free block stops being evictable and keeps its hash.
         Raises ``ValueError`` (changing nothing) for a plain free block: allocate those. (A cache hit
         also counts ``block.hits``: see ``hit``.)"""
         self._take(blocks, 0)
@@ -291,22 +297,17 @@ class BlockPool:
         self._hold(blocks, hits)
 
     def _hold(self, blocks: Sequence[Block], hits: int) -> None:
-        """One reference more on each held or cached block (``hits`` added to its reuse count)."""
+        """One reference more on each held or cached block (``hits`` added to its reuse count). A cached
+        free block (not in the free queue) only leaves the policy's evictable blocks."""
         taken = []
         keep = taken.append
         for block in blocks:
             if not block.ref_cnt:
-                # FreeBlockQueue.remove, inlined (the hot path of every hit)
-                prev, nxt = block.prev_free, block.next_free
-                prev.next_free = nxt
-                nxt.prev_free = prev
-                block.prev_free = block.next_free = None
                 keep(block)
             block.ref_cnt += 1
             block.hits += hits
         if taken:
             self.policy.take(taken)
-            self.free_queue.num_free -= len(taken)
             self._num_cached_free -= len(taken)
 
     def allocate(self, n: int, owner: str) -> list[Block]:
@@ -320,10 +321,8 @@ class BlockPool:
         victims = self._plan_evictions(n, owner)
         if victims is None:
             raise OutOfBlocks("not enough cache capacity for this request right now; retry shortly")
-        queue = self.free_queue
-        out = queue.popleft_many(n - len(victims))  # plain free blocks: the head of the queue
+        out = self.free_queue.popleft_many(n - len(victims))  # plain free blocks: the head of the queue
         if victims:
-            queue.remove_many(victims)
             self._evict(victims)
             out += victims
             self._drops.done()
@@ -335,7 +334,7 @@ class BlockPool:
     def _plan_evictions(self, n: int, owner: str) -> list[Block] | None:
         """The cached free blocks ``allocate(n, owner)`` would evict, in order (the policy's answer),
         or None if it cannot."""
-        plain = self.free_queue.num_free - self._num_cached_free
+        plain = self.free_queue.num_free
         need = n - min(n, plain)
         if need == 0:
             return []
@@ -350,9 +349,9 @@ class BlockPool:
 
     def free(self, blocks: Sequence[Block]) -> None:
         """Drop one reference per entry. ``blocks`` is a block table, prefix first: blocks reaching 0
-        enter the free queue deepest first (evicted first), hashed ones at the tail keeping hash and
-        data, plain ones at the head. Owners over their cap then evict their own oldest free blocks.
-        Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
+        become free deepest first (evicted first): hashed ones evictable, most recently freed, keeping
+        hash and data; plain ones at the head of the free queue. Owners over their cap then evict their
+        own oldest free blocks. Raises ``ValueError`` (changing nothing) if a block would drop below zero."""
         hashed: list[Block] = []
         plain: list[Block] = []
         keep = hashed.append
@@ -382,7 +381,6 @@ class BlockPool:
                 queue.appendleft(block)
         if not hashed:
             return
-        queue.append_many(hashed)
         self._num_cached_free += len(hashed)
         self.policy.add(hashed)
         caps = self.ledger.caps
@@ -529,7 +527,6 @@ class BlockPool:
             self._unindex(block, was_free=was_free)
             if was_free:
                 set_owner(block, None)
-                queue.remove(block)
                 queue.appendleft(block)
         self.stats.dropped += len(matches)
         if matches:
@@ -537,7 +534,7 @@ class BlockPool:
         return len(matches)
 
     def _evict(self, blocks: list[Block]) -> None:
-        """Evict cached ``blocks`` that already left the free queue to be reused: each is announced
+        """Evict cached free ``blocks`` taken to be reused: each is announced
         (``"evicted"``) while it still holds its hash, then they leave the index and the policy."""
         self._drops.announce_many(blocks, "evicted")
         self.policy.remove_many(blocks, evicted=True)
@@ -574,7 +571,6 @@ class BlockPool:
             drops.announce(block, "capped")
             self._unindex(block, was_free=True, evicted=True)
             set_owner(block, None)
-            queue.remove(block)
             queue.appendleft(block)
         drops.done()
 

@@ -17,8 +17,9 @@ class Block:
     ``owner`` is the allocating owner while held and the caching owner while cached; ``None`` for a
     plain free block. ``freed_at`` orders cached free blocks across owners (least recently freed
     first). ``prev_free``/``next_free`` link the block into the free queue (``None`` when it is not
-    in it). ``parent``/``children``/``link``: the index's chain links (``BlockPool.hit_prefix``): an
-    indexed block's ``children`` maps a following block's token bytes (its ``link``) to that block.
+    in it: the pool queues plain free blocks only). ``parent``/``children``/``link``: the index's
+    chain links (``BlockPool.hit_prefix``): an indexed block's ``children`` maps a following block's
+    token bytes (its ``link``) to that block.
     """
 
     __slots__ = (

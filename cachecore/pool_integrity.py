@@ -2,9 +2,9 @@
 public views (``blocks``, ``free_queue``, ``index``, ``ledger``, ``policy``, ``num_cached_free``).
 
 Each piece checks its own structure (``FreeBlockQueue.check``, ``BlockIndex.check``,
-``OwnerLedger.check``, the policy's ``check``); this module checks how they agree: ref count 0 iff
-queued, plain free blocks ahead of cached ones, the policy's evictable blocks = the cached free ones,
-caps met. O(num_blocks + index); for tests and idle-time checks (``BlockPool.check_integrity``).
+``OwnerLedger.check``, the policy's ``check``); this module checks how they agree: plain free (ref
+count 0, no hash) iff queued, the policy's evictable blocks = the cached free ones (ref count 0,
+hashed), caps met. O(num_blocks + index); for tests and idle-time checks (``BlockPool.check_integrity``).
 """
 
 from __future__ import annotations
@@ -23,34 +23,33 @@ def check_integrity(pool: BlockPool) -> None:
     walked = pool.free_queue.check(blocks)
     seen = {b.block_id for b in walked}
 
-    in_use = 0
+    cached_free: list = []
     for block in blocks:
-        in_queue = block.block_id in seen
         assert block.ref_cnt >= 0, f"negative ref_cnt on {block}"
-        assert (block.ref_cnt == 0) == in_queue, f"{block}: ref_cnt==0 must mean in free queue"
-        if not in_queue:
-            assert block.prev_free is None and block.next_free is None, f"held {block} still linked"
-            in_use += 1
-    assert len(walked) + in_use == total, f"free {len(walked)} + in use {in_use} != total {total}"
+        plain_free = block.ref_cnt == 0 and block.block_hash is None
+        assert plain_free == (block.block_id in seen), f"{block}: plain free must mean in the free queue"
+        if not plain_free:
+            assert block.prev_free is None and block.next_free is None, f"{block} not plain free but queued"
+        if block.ref_cnt == 0 and block.block_hash is not None:
+            cached_free.append(block)
+    assert len(cached_free) == pool.num_cached_free, "num_cached_free out of sync"
+    assert pool.num_free + pool.num_in_use == total, "free + in use != total"
 
     pool.index.check(blocks)
     ledger = pool.ledger
     ledger.check(blocks)
 
-    # Queue shape: plain free blocks first, then cached ones; the policy's evictable blocks = these
-    # (fair_lru: per owner, in queue order).
+    # The policy's evictable blocks = the cached free ones (fair_lru: per owner, least recently freed
+    # first; free stamps every freed block with a new freed_at).
     policy = pool.policy
-    cached_walk = [b for b in walked if b.block_hash is not None]
-    first_cached = next((i for i, b in enumerate(walked) if b.block_hash is not None), len(walked))
-    assert all(b.block_hash is not None for b in walked[first_cached:]), "plain free block behind a cached one"
-    assert len(cached_walk) == pool.num_cached_free, "num_cached_free out of sync"
+    cached_free.sort(key=lambda b: b.freed_at)
     per_owner: dict[str | None, list[int]] = {}
-    for block in cached_walk:
+    for block in cached_free:
         per_owner.setdefault(block.owner, []).append(block.block_id)
     for owner in set(per_owner) | set(policy.owners()):
         n = len(per_owner.get(owner, ()))
         assert policy.evictable(owner) == n, f"policy counts {policy.evictable(owner)} evictable " \
-            f"blocks of {owner!r}, the free queue {n}"
+            f"blocks of {owner!r}, the pool {n}"
     policy.check({o: [blocks[i] for i in ids] for o, ids in per_owner.items()})
 
     for owner, cap in ledger.caps.items():
