@@ -30,7 +30,8 @@ model does the least work it can and the difference between the two paths is the
 2. Server-side split: requests with timers wrapped around the calls the serving path makes (in this
    process only, after the headline measurement; ``StageTimer``: the gate's read of a small body, the
    admission (in the view's preparation job once the gate read the body, else at the gate), the view's
-   ``context.prepare``, ``gateway.acall`` and inside it ``dispatch._pick`` and ``_acall_on``,
+   ``context.prepare`` and inside it ``gateway.submit`` (the worker call started on the preparation
+   thread) with ``dispatch._pick``, ``gateway.acall`` and inside it ``_acall_on``,
    ``accountant.submit`` and the accountant thread's accounting), to show where the HTTP overhead
    goes, with the thread hops (``sync_to_async`` and render-pool jobs) each request makes. Every hook
    must see exactly one call per request sent: otherwise the benchmark stops with the hooks that did
@@ -277,8 +278,9 @@ class StageTimer:
     before admission (``gate._prefetch``), ``admission.admit`` (in the view's preparation job when the gate read the
     body; the requests admitted at the gate instead, ``gate._aadmit``, are counted), entry into Django's handler,
     the view's ``context.prepare`` (and ``context._prepare``, a small completion handled whole on a serving DB
-    thread), the worker call ``gateway.acall`` (its method, which must be ``BASELINE_METHOD``), inside it
-    ``dispatch._pick`` (the router) and ``dispatch._acall_on`` (handle, the Ray call, its await, ``router.served``),
+    thread) and its last step ``gateway.submit`` (the worker call started there) with ``dispatch._pick`` (the
+    router), the worker call ``gateway.acall`` (its method, which must be ``BASELINE_METHOD``) and inside it
+    ``dispatch._acall_on`` (the await of the started call, ``router.served``),
     the view's ``accountant.submit``, the last body byte handed to uvicorn and the end of the app (after
     ``response.close``). The accountant thread's ``accounting.account`` of each request (its
     ``diagnostics.diagnose`` and ``ledger_record``, off the response path) is timed too. Every ``sync_to_async``
@@ -513,6 +515,7 @@ class StageTimer:
             (context, "prepare", self._timed(context.prepare, "prep")),
             (context, "_prepare", self._timed(context._prepare, "prepwork")),
             (gateway, "acall", acall),
+            (gateway, "submit", self._timed(gateway.submit, "submit")),
             (dispatch, "_pick", self._timed(dispatch._pick, "pick")),
             (dispatch, "_acall_on", self._timed(dispatch._acall_on, "ray")),
             (accountant, "submit", submit),
@@ -561,10 +564,12 @@ STAGES = [  # (label, from, to); an indented row is a part of the row above it
     ("view: context.prepare (sync_to_async hop + work)", "prep_in", "prep_out"),
     ("  context._prepare in the thread (admission, body, bounds, tokens, quotas)", "prepwork_in", "prepwork_out"),
     ("    admission.admit (key, mark used, count, grants)", "admit_in", "admit_out"),
-    ("view -> worker call", "prep_out", "call_in"),
-    (f"worker call: gateway.acall {BASELINE_METHOD!r}", "call_in", "call_out"),
-    ("  dispatch._pick (the router's choice)", "pick_in", "pick_out"),
-    (f"  dispatch._acall_on (handle, actor.{BASELINE_METHOD}, await, served)", "ray_in", "ray_out"),
+    (f"  gateway.submit in the thread (router, in-flight count, actor.{BASELINE_METHOD}.remote)",
+     "submit_in", "submit_out"),
+    ("    dispatch._pick (the router's choice)", "pick_in", "pick_out"),
+    ("view -> awaiting the worker call", "prep_out", "call_in"),
+    (f"worker call: gateway.acall {BASELINE_METHOD!r} (the call started in the thread)", "call_in", "call_out"),
+    ("  dispatch._acall_on (await, router.served)", "ray_in", "ray_out"),
     ("worker answer -> accountant.submit (events, response shaped)", "call_out", "acct"),
     ("accountant.submit -> last byte handed to uvicorn", "acct", "sent"),
     ("last byte handed to uvicorn -> client has the parsed response", "sent", "client_out"),
@@ -917,11 +922,11 @@ def main(argv: list[str] | None = None) -> None:
     for label, a, b in STAGES:
         print(f"{label:<70} {ms(stage(a, b))}")
     in_app = stage("asgi_in", "sent")
-    worker_call = stage("call_in", "call_out")
+    worker_call = stage("submit_in", "call_out")  # from the actor call's submission to its answer in hand
     round_trip = stage("client_in", "client_out")
     print(f"{'= client round trip of these requests':<70} {ms(round_trip)}")
     print(f"{'  in the serving app, entry -> last byte handed to uvicorn':<70} {ms(in_app)}")
-    print(f"{'    of which the worker call (gateway.acall ' + repr(BASELINE_METHOD) + ')':<70} {ms(worker_call)}")
+    print(f"{'    of which the worker call (gateway.submit -> acall answered)':<70} {ms(worker_call)}")
     print(f"{'    of which our code and Django without the worker call':<70} {ms(in_app - worker_call)}")
     print(f"{'  outside the serving app (client, loopback, uvicorn both ways)':<70} {ms(round_trip - in_app)}")
     print(f"worker call in the server {worker_call * 1000:.2f} ms vs the direct actor.{BASELINE_METHOD} baseline "

@@ -473,3 +473,87 @@ def test_a_model_created_or_granted_is_warmed_where_enabled(transactional_db, mo
     with django_capture_on_commit_callbacks(execute=True):
         grant_create(actor=actor, tenant=tenant, deployment=cold)
     assert done.wait(10) and started[-1] == ("cold-one", True, None)
+
+
+# ------------------------------------------------------------------ calls started on another thread
+def _started_on_a_thread(spec, req: dict):
+    """``gateway.submit`` run on a thread of its own, as the serving view's preparation job runs it."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(gateway.submit(spec, "collect", req)))
+    t.start()
+    t.join()
+    return out[0]
+
+
+def test_a_call_started_on_a_thread_is_answered_by_the_loops_await_once(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0"))
+    rs.install(1, FakeHandle("r1"))
+    started = _started_on_a_thread(spec, {"request_id": "s1", "prompt": [1, 2, 3]})
+    rep = started.rep
+    assert rs.describe(rep.index)["inflight"] == 1  # counted from its submission
+    events = asyncio.run(gateway.acall(spec, "collect", {"request_id": "s1", "prompt": [1, 2, 3]}, started=started))
+    assert events[-1]["by"] == f"r{rep.index}"
+    assert [len(rs.cached(i).collect.calls) for i in (0, 1)].count(1) == 1  # called once, in the thread
+    assert rs.describe(rep.index)["inflight"] == 0
+
+
+def test_a_started_call_on_a_replica_that_died_is_retried_on_another(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0", dies=True))
+    rs.install(1, FakeHandle("r1", dies=True))
+    started = _started_on_a_thread(spec, {"request_id": "s2", "prompt": [1]})
+    other = 1 - started.rep.index
+    rs.install(other, FakeHandle(f"r{other}"))
+    events = asyncio.run(gateway.acall(spec, "collect", {"request_id": "s2", "prompt": [1]}, started=started))
+    assert events[-1]["by"] == f"r{other}"
+    assert rs.replica(started.rep.index).dead
+    assert all(rs.describe(i)["inflight"] == 0 for i in (0, 1))
+
+
+def test_an_abandoned_started_call_is_cancelled_on_its_worker_and_released(fleet):
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0"))
+    rs.install(1, FakeHandle("r1"))
+    started = _started_on_a_thread(spec, {"request_id": "s3", "prompt": [1]})
+    gateway.abandon(started)
+    assert rs.cached(started.rep.index).cancel.calls == [("s3",)]
+    assert all(rs.describe(i)["inflight"] == 0 for i in (0, 1))
+
+
+def test_no_call_is_started_where_no_replica_can_take_it_at_once(fleet):
+    spec, rs, _ = fleet
+    assert gateway.submit(spec, "collect", {"request_id": "s4"}) is None  # no handle known yet: acall looks it up
+    for i in (0, 1):
+        rs.install(i, FakeHandle(f"r{i}"))
+        rs.mark_dead(rs.replica(i), revive=False)
+    assert gateway.submit(spec, "collect", {"request_id": "s4"}) is None  # none routable: acall's 503
+
+
+class _Prepared:
+    def __init__(self, spec, stream: bool = False) -> None:
+        self.spec, self.worker_req = spec, {"request_id": "e1", "prompt": [1]}
+        self.body = type("Body", (), {"stream": stream})()
+
+
+def test_early_call_cancelled_before_it_started_cancels_it_when_it_starts(fleet):
+    """The view was cancelled while its preparation job ran: the call the job then starts is cancelled
+    on its worker at once; in the other order, ``abandon`` cancels it; a streamed request starts none."""
+    from controlplane.serving.early_call import EarlyCall
+
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0"))
+    rs.install(1, FakeHandle("r1"))
+    cancels = lambda: sum(len(rs.cached(i).cancel.calls) for i in (0, 1))  # noqa: E731
+    early = EarlyCall()
+    early.abandon()
+    early.start(_Prepared(spec))
+    assert cancels() == 1 and early.take() is None
+    early = EarlyCall()
+    early.start(_Prepared(spec))
+    early.abandon()
+    assert cancels() == 2 and early.take() is None
+    early = EarlyCall()
+    early.start(_Prepared(spec, stream=True))
+    assert early.take() is None and sum(len(rs.cached(i).collect.calls) for i in (0, 1)) == 2
+    assert all(rs.describe(i)["inflight"] == 0 for i in (0, 1))

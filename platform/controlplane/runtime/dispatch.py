@@ -7,14 +7,20 @@ another routable replica; a stream that broke later ends with a retryable ``erro
 Cancellation: when the awaiting coroutine is cancelled (Django cancels the view when the client
 disconnects) or a stream is closed early, the request is cancelled on its worker
 (``cancel(request_id)``, fire-and-forget) so it stops at its next step and releases its blocks.
+
+A call's first try can be started from another thread (``submit``: the router's pick, the replica's
+in-flight count and the actor call), so that the worker is already at work while the event loop takes
+the answer up (``acall(..., started=...)``); a started call nobody will await is ``abandon``-ed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.common.errors import Unavailable
@@ -95,23 +101,76 @@ def _served_tokens(events) -> int | None:
     return None
 
 
-async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, **kwargs):
-    """Async call of an actor method from an ASGI view, on the replica ``_pick`` chooses. A request
-    dict's ``request_id`` (first argument of ``collect``/``complete``) is cancelled on the worker if
-    this coroutine is cancelled or times out. A replica found dead before answering is replaced by
-    another routable one, once."""
+@dataclass
+class Started:
+    """An actor call submitted to ``rep`` (``ref``, or the ``error`` its submission raised), holding the
+    replica's in-flight count until ``release`` is closed (by the await, or ``abandon``)."""
+
+    spec: WorkerSpec
+    rep: Replica
+    handle: Any
+    method: str
+    request_id: str | None
+    ref: Any = None
+    error: Exception | None = None
+    release: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+
+def _begin(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, handle: Any, method: str, args: tuple,
+           kwargs: dict) -> Started:
+    cancellable = method in CANCELLABLE
+    started = Started(spec, rep, handle, method, request_id_of(args) if cancellable else None)
+    started.release.enter_context(rs.using(rep, started.request_id, _prompt_tokens(args) if cancellable else 0))
+    try:
+        started.ref = getattr(handle, method).remote(*args, **kwargs)
+    except Exception as exc:  # raised where the answer is awaited, as an await's failure would be
+        started.error = exc
+    return started
+
+
+def submit(spec: WorkerSpec, method: str, *args, **kwargs) -> Started | None:
+    """``acall``'s first try, started in the calling thread (any thread): the replica ``_pick`` chooses,
+    its in-flight count and the actor call. None, with nothing started, when no replica is routable or
+    the chosen one's handle is not known yet: ``acall`` then does it all (and answers the error)."""
+    rs = replica_set(spec)
+    rs.revive_dead()
+    try:
+        rep = _pick(spec, rs, method, args, frozenset())
+    except Unavailable:
+        return None
+    handle = rep.handle
+    return None if handle is None else _begin(spec, rs, rep, handle, method, args, kwargs)
+
+
+def abandon(started: Started) -> None:
+    """A started call whose answer nobody will await (the request was cancelled meanwhile): cancelled on
+    its worker, its in-flight count released. Never raises."""
+    if started.method in CANCELLABLE:
+        cancel_remote(started.spec, started.handle, started.request_id, started.ref)
+    started.release.close()
+
+
+async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S,
+                started: Started | None = None, **kwargs):
+    """Async call of an actor method from an ASGI view, on the replica ``_pick`` chooses (or the one
+    ``started`` was submitted to by ``submit``, with these ``args``). A request dict's ``request_id``
+    (first argument of ``collect``/``complete``) is cancelled on the worker if this coroutine is
+    cancelled or times out. A replica found dead before answering is replaced by another routable one,
+    once."""
     rs = replica_set(spec)
     rs.revive_dead()
     tried: set[int] = set()
     while True:
-        rep = _pick(spec, rs, method, args, frozenset(tried))
+        rep = started.rep if started is not None else _pick(spec, rs, method, args, frozenset(tried))
         tried.add(rep.index)
         try:
-            return await _acall_on(spec, rs, rep, method, args, timeout, kwargs)
+            return await _acall_on(spec, rs, rep, method, args, timeout, kwargs, started)
         except _Retry as retry:
             if len(tried) > 1 or not [r for r in rs.routable() if r.index not in tried]:
                 raise retry.error from retry.__cause__
             logger.warning("retrying %s of %s on another replica", method, spec.deployment)
+        finally:
+            started = None  # a retry is a call of its own
 
 
 class _Retry(Exception):
@@ -123,29 +182,30 @@ class _Retry(Exception):
 
 
 async def _acall_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, method: str, args: tuple, timeout: float,
-                    kwargs: dict):
+                    kwargs: dict, started: Started | None = None):
     cancellable = method in CANCELLABLE
-    rid = request_id_of(args) if cancellable else None
-    ref = None
-    try:
-        handle = await _ahandle(spec, rs, rep)
-    except Unavailable as exc:
-        _lookup_failed(rs, rep, exc)
-    prompt = _prompt_tokens(args) if cancellable else 0
-    with rs.using(rep, rid, prompt):
+    if started is None:
         try:
-            ref = getattr(handle, method).remote(*args, **kwargs)
-            result = await asyncio.wait_for(ref, timeout)
+            handle = await _ahandle(spec, rs, rep)
+        except Unavailable as exc:
+            _lookup_failed(rs, rep, exc)
+        started = _begin(spec, rs, rep, handle, method, args, kwargs)
+    handle, rid = started.handle, started.request_id
+    with started.release:
+        try:
+            if started.error is not None:
+                raise started.error
+            result = await asyncio.wait_for(started.ref, timeout)
         except asyncio.CancelledError:
             if cancellable:
-                cancel_remote(spec, handle, rid, ref)
+                cancel_remote(spec, handle, rid, started.ref)
             raise
         except Exception as exc:
             refused = worker_error(spec, exc)
             if refused is not None:
                 raise refused from None
             if cancellable and isinstance(exc, TimeoutError):  # the result will not be read: stop the work
-                cancel_remote(spec, handle, rid, ref)
+                cancel_remote(spec, handle, rid, started.ref)
             unreachable(spec, rs, rep, exc, revive=True)
             error = Unavailable(f"worker {spec.deployment} did not answer", retry_after=5)
             if gone(exc):

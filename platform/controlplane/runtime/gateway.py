@@ -1,5 +1,6 @@
 """Gateway from Django processes (web, Celery) to the cache-worker Ray actors: the one API the rest of
-the control plane calls (``call``, ``acall``, ``astream``, ``cancel_request``, ``cancel_tenant``,
+the control plane calls (``call``, ``acall`` and its thread-side start ``submit``, ``astream``,
+``cancel_request``, ``cancel_tenant``,
 ``apply_scale``, ``spec_for``...). Its halves: ``runtime.cluster`` (joining Ray, specs, the replica directory, worker
 errors) and ``runtime.dispatch`` (serving calls: replica choice and failover).
 
@@ -58,7 +59,7 @@ from controlplane.runtime.cluster import (  # noqa: F401  (the gateway's API, us
     worker_error,
     workers_ready,
 )
-from controlplane.runtime.dispatch import acall, astream, unreachable  # noqa: F401
+from controlplane.runtime.dispatch import Started, abandon, acall, astream, submit, unreachable  # noqa: F401
 
 logger = logging.getLogger("controlplane.runtime")
 

@@ -31,6 +31,7 @@ from controlplane.runtime import gateway
 from controlplane.runtime.gateway import WorkerSpec
 from controlplane.serving import bounds, db_threads, intake, ratelimit, render_pool
 from controlplane.serving.admission import Admission, admitted, authenticate, gate_admission
+from controlplane.serving.early_call import EarlyCall
 from controlplane.serving.intake import BadRequest
 from controlplane.serving.model_facts import ModelFacts, model_facts
 from controlplane.tenants import quotas
@@ -104,7 +105,7 @@ def _inline(request: HttpRequest, schema: type[BaseModel]) -> bool:
     return declared.isdigit() and int(declared) <= INLINE_BODY
 
 
-async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
+async def prepare(request: HttpRequest, schema: type[BaseModel], early: EarlyCall | None = None) -> Prepared:
     """A completion or chat request, admitted in the order that bounds what each step may cost: the
     tenant authenticated and its request counted (by ``serving.gate`` before the body was read, or
     here); the body (bounded by ``body_limit_for``) parsed, checked against the model's and tenant's
@@ -115,14 +116,24 @@ async def prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     its admission included when the gate read the body first and deferred it (``admission.Deferred``).
     Chats and larger bodies are parsed, bounded, validated and rendered in the render pool (off the
     event loop, at most ``STRATA_RENDER_THREADS`` at once and the tenant's share of them), then finished
-    on a database thread (quotas, data key)."""
+    on a database thread (quotas, data key).
+
+    ``early``: the last job, on its thread, starts the worker call of a request that does not stream
+    (``EarlyCall.start``)."""
     if _inline(request, schema):
-        return await db_threads.for_request(request, _prepare, request, schema)
+        return await db_threads.for_request(request, _then_start, early, _prepare, request, schema)
     admission = gate_admission(request) or await db_threads.for_request(request, admitted, request)
     tenant = admission.tenant
     deployment, facts, body, tokens = await render_pool.run(tenant.pk, _parse, request, schema, admission)
-    return await db_threads.for_request(request, _finish, tenant, deployment, facts, body, tokens,
-                                        _wants_diagnostics(request, body))
+    return await db_threads.for_request(request, _then_start, early, _finish, tenant, deployment, facts, body,
+                                        tokens, _wants_diagnostics(request, body))
+
+
+def _then_start(early: EarlyCall | None, fn, *args) -> Prepared:
+    prep = fn(*args)
+    if early is not None:
+        early.start(prep)
+    return prep
 
 
 def _wants_diagnostics(request: HttpRequest, body: BaseModel) -> bool:

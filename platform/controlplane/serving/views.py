@@ -21,6 +21,7 @@ from django.views.decorators.csrf import csrf_exempt
 from controlplane.common.errors import ApplicationError, InvalidInput, WorkerError, error_response
 from controlplane.runtime import gateway
 from controlplane.serving import accountant, accounting, context, db_threads, health, responses
+from controlplane.serving.early_call import EarlyCall
 from controlplane.serving.schemas import ChatRequest, CompletionRequest, KVRequest
 from workers.protocol import KVWire
 
@@ -55,9 +56,10 @@ async def models(request: HttpRequest):
     ]})
 
 
-async def _collect(prep: context.Prepared) -> tuple[list[dict], dict]:
+async def _collect(prep: context.Prepared, started: gateway.Started | None) -> tuple[list[dict], dict]:
     tokens, finished = [], None
-    events = await gateway.acall(prep.spec, "collect", prep.worker_req, timeout=gateway.GENERATION_TIMEOUT_S)
+    events = await gateway.acall(prep.spec, "collect", prep.worker_req, timeout=gateway.GENERATION_TIMEOUT_S,
+                                 started=started)
     for ev in events:
         if ev["type"] == "token":
             tokens.append(ev)
@@ -145,8 +147,15 @@ async def _chain(first: dict, rest: AsyncIterator[dict]) -> AsyncIterator[dict]:
 
 
 async def _serve(request: HttpRequest, kind: str):
-    """One completion (``kind`` "text") or chat completion ("chat"), streamed or whole."""
-    prep = await context.prepare(request, CompletionRequest if kind == "text" else ChatRequest)
+    """One completion (``kind`` "text") or chat completion ("chat"), streamed or whole. A whole one's
+    worker call starts on its preparation thread (``EarlyCall``)."""
+    early = EarlyCall()
+    try:
+        prep = await context.prepare(request, CompletionRequest if kind == "text" else ChatRequest, early)
+    except asyncio.CancelledError:  # the client went away while the job ran: its call is not wanted
+        early.abandon()
+        raise
+    started = early.take()
     note = health.note_of(getattr(request, "scope", {}))
     if note is not None:  # the serving metrics' model label, and whether first-byte time is a TTFT
         note.model, note.stream = prep.model, bool(prep.body.stream)
@@ -154,7 +163,7 @@ async def _serve(request: HttpRequest, kind: str):
     with_logprobs = prep.body.logprobs is not None and prep.body.logprobs is not False
     if prep.body.stream:
         return await _stream(request, prep, kind, with_logprobs)
-    tokens, finished = await _collect(prep)
+    tokens, finished = await _collect(prep, started)
     shape = responses.completion if kind == "text" else responses.chat_completion
     out = shape(prep.model, tokens, finished, with_logprobs=with_logprobs)
     diagnosis = await _account(request, prep, finished)
