@@ -24,7 +24,6 @@ compare) and the bookkeeping hooks; the fairness rules above stay.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from cachecore.eviction.base import Clock, Evictable, EvictionPolicy, total_weight, unpinned_first
@@ -37,8 +36,11 @@ class FairLRU(EvictionPolicy):
 
     def __init__(self) -> None:
         super().__init__()
-        # Per owner: its evictable entries, least recently freed first.
-        self._lru: dict[str | None, OrderedDict[Evictable, None]] = {}
+        # Per owner: its evictable entries, least recently freed first. A plain dict keeps insertion
+        # order and deletes and inserts for less than an OrderedDict (every hit and free does one per
+        # block); the slots its head loses to evictions are skipped by iteration until the next resize
+        # compacts them.
+        self._lru: dict[str | None, dict[Evictable, None]] = {}
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         # The batched forms below work on ``_lru`` directly; a subclass that keeps its entries
@@ -58,7 +60,7 @@ class FairLRU(EvictionPolicy):
                 lru_owner = entry.owner
                 lru = lrus.get(lru_owner)
                 if lru is None:
-                    lru = lrus[lru_owner] = OrderedDict()
+                    lru = lrus[lru_owner] = {}
             lru[entry] = None
 
     def remove(self, entry: Evictable, *, evicted: bool = False) -> None:
@@ -84,7 +86,9 @@ class FairLRU(EvictionPolicy):
         self.remove_many(entries)  # the hot path of every hit
 
     def hit(self, entry: Evictable) -> None:
-        self._lru[entry.owner].move_to_end(entry)
+        lru = self._lru[entry.owner]
+        del lru[entry]  # to the end
+        lru[entry] = None
 
     # ------------------------------------------------------------------ answers
     def evictable(self, owner: str | None) -> int:
