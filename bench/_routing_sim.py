@@ -18,10 +18,10 @@ blocks; ``l1`` is the part of it held in L1 from the first block on, the rest co
 
 **The router** sees, for each replica, a ``ReplicaState`` (queued prefill tokens: what is left of the
 prefill in progress plus, for each waiting request, its prompt less the hit it had when it was
-queued; waiting and running counts; cached tokens) and the request's ``Hit`` on every replica from
-the replicas' caches as they are at that instant: the exact knowledge of an index fed without delay
-or loss. The ``RouteRequest`` carries the request's block keys (its usable ones), as the live router
-passes a request's chain hashes. The policy's ``observe`` is called after each dispatch.
+queued; waiting and running counts; cached tokens and capacity) and the request's ``Hit`` on every
+replica from the replicas' caches as they are at that instant: the exact knowledge of an index fed
+without delay or loss. The ``RouteRequest`` carries the request's block keys (its usable ones), as the
+live router passes a request's chain hashes, and its tenant. The policy's ``observe`` is called after each dispatch.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ class SimReplica:
             running=self.running,
             queued_requests=len(self.waiting) + (self.current is not None),
             cached_tokens=(self.l1.size + self.l2.size) * B,
+            capacity_tokens=(self.l1.capacity + self.l2.capacity) * B,
         )
 
     def enqueue(self, req: SimRequest, hit_tokens: int) -> None:
@@ -222,7 +223,7 @@ def simulate(
                 h = r.hit(req)
                 if h:
                     hits[r.replica_id] = h
-            route = RouteRequest(req.prompt_tokens, req.session, req.keys[: req.usable], B)
+            route = RouteRequest(req.prompt_tokens, req.session, req.keys[: req.usable], B, tenant=str(req.tenant))
             rid = policy.choose(route, states, hits)
             policy.observe(route, rid)
             reps[index_of[rid]].enqueue(req, hits.get(rid, {}).get("l2", 0))

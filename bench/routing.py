@@ -188,12 +188,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--l2-rate", type=float, default=100_000.0, help="tokens/s of KV loaded from L2")
     ap.add_argument("--decode-step", type=float, default=0.03, help="seconds per decode step")
     ap.add_argument("--work-weight", type=float, help="ExpectedTTFT: a fixed weight w (default: from the queues)")
-    ap.add_argument("--min-work-weight", type=float, default=0.5, help="ExpectedTTFT: floor of the queue-set w")
+    ap.add_argument("--min-work-weight", type=float, default=1.0, help="ExpectedTTFT: floor of the queue-set w")
     ap.add_argument("--sticky-bonus", type=float, default=0.05, help="ExpectedTTFT stickiness bound, seconds")
     ap.add_argument("--load-guard", type=float, help="ExpectedTTFT load guard, seconds of queue (default: none)")
+    ap.add_argument("--prefill-guard", type=float, default=1.0,
+                    help="ExpectedTTFT prefill guard: queue above the least, in the request's own prefill times "
+                         "(negative: none)")
+    ap.add_argument("--tenant-weight", type=float, default=1.0, help="ExpectedTTFT tenant mixing weight (0: off)")
     args = ap.parse_args(argv)
+    prefill_guard = args.prefill_guard if args.prefill_guard >= 0 else None
     strata = {"work_weight": args.work_weight, "min_work_weight": args.min_work_weight,
-              "sticky_bonus_s": args.sticky_bonus, "load_guard": args.load_guard}
+              "sticky_bonus_s": args.sticky_bonus, "load_guard": args.load_guard, "prefill_guard": prefill_guard,
+              "tenant_weight": args.tenant_weight}
     try:
         default = [2, 4] if args.quick else [4, 16, 64]
         counts = [int(x) for x in args.replicas.split(",")] if args.replicas else default
@@ -218,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"bench.routing: simulated replicas, prefill {rates.prefill_tokens_per_s:,.0f} tok/s, L2 load "
           f"{args.l2_rate:,.0f} tok/s, decode step {rates.decode_step_s * 1000:.0f} ms; one prefill at a time per "
           f"replica (FCFS), decode beside it; trace {source}; "
-          f"ExpectedTTFT w={weight} sticky_bonus={args.sticky_bonus}s load_guard={args.load_guard}; SGLang rule "
+          f"ExpectedTTFT w={weight} sticky_bonus={args.sticky_bonus}s load_guard={args.load_guard} "
+          f"prefill_guard={prefill_guard} tenant_weight={args.tenant_weight}; SGLang rule "
           f"at its defaults (abs 32, rel 1.0001, cache 0.5)")
     print_tables(configs)
     s = summary(configs)

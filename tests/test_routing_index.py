@@ -233,6 +233,7 @@ def test_router_stats_report_defaults_before_measuring_and_measured_rates_after(
     assert after["rates"]["prefill_tokens_per_s"] != DEFAULT_PREFILL_TOKENS_PER_S
     assert after["rates"]["decode_step_s"] != DEFAULT_DECODE_STEP_S and after["rates"]["decode_step_s"] > 0
     assert after["cached_tokens"] >= 288
+    assert after["capacity_tokens"] >= after["cached_tokens"] and after["capacity_tokens"] == before["capacity_tokens"]
     from cachecore.routing.cost import Rates
 
     rates = Rates(**after["rates"])  # what the router builds from it: L1 hits are loads, never recomputes

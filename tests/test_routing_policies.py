@@ -19,13 +19,15 @@ from cachecore.routing import (
     SGLangRule,
 )
 from cachecore.routing.cost import segments
+from cachecore.routing.policies import RecentWrites
 
 RATES = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l1": math.inf, "l2": 10_000.0, "l3": 500.0})
 
 
-def rep(rid: str, queued: int = 0, *, running: int = 0, alive: bool = True, waiting: int = 0, cached: int = 0):
+def rep(rid: str, queued: int = 0, *, running: int = 0, alive: bool = True, waiting: int = 0, cached: int = 0,
+        capacity: int = 0):
     return ReplicaState(rid, RATES, queued_prefill_tokens=queued, running=running, alive=alive,
-                        queued_requests=waiting, cached_tokens=cached)
+                        queued_requests=waiting, cached_tokens=cached, capacity_tokens=capacity)
 
 
 # ---------------------------------------------------------------------- cost model
@@ -167,7 +169,7 @@ def test_expected_ttft_load_guard_excludes_a_hot_replica_unless_it_is_the_least_
 
 def test_the_work_weight_keeps_a_prefix_holder_that_the_request_s_own_ttft_would_leave():
     hits = {"b": {"l1": 800}}  # saves 0.8 s of b's prefill: 0.2 s left there, 1.0 s anywhere else
-    weighted = ExpectedTTFT(CostModel(), work_weight=1.0)
+    weighted = ExpectedTTFT(CostModel(), work_weight=1.0, prefill_guard=None)
     alone = ExpectedTTFT(CostModel(), work_weight=0.0)
     # b: 0.9 s queue. Own TTFT: 1.1 s at b > 1.0 s at a. Weighted: 0.9 + 2 x 0.2 = 1.3 < 0 + 2 x 1.0 = 2.0
     assert alone.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "a"
@@ -178,10 +180,10 @@ def test_the_work_weight_keeps_a_prefix_holder_that_the_request_s_own_ttft_would
 
 
 def test_the_default_work_weight_is_the_mean_waiting_requests_with_a_floor():
-    policy = ExpectedTTFT(CostModel())
+    policy = ExpectedTTFT(CostModel(), prefill_guard=None)
     # queued_requests counts the one in prefill: 4 and 2 queued -> 3 and 1 waiting -> mean 2.0
     assert policy.weight([rep("a", waiting=4), rep("b", waiting=2)]) == 2.0
-    assert policy.weight([rep("a", waiting=1), rep("b")]) == 0.5  # nothing waiting: the floor
+    assert policy.weight([rep("a", waiting=1), rep("b")]) == 1.0  # nothing waiting: the floor
     assert policy.weight([rep("a", waiting=9, alive=False), rep("b", waiting=3)]) == 2.0  # alive ones only
     assert ExpectedTTFT(CostModel(), min_work_weight=0.0).weight([rep("a", waiting=1)]) == 0.0
     assert ExpectedTTFT(CostModel(), work_weight=3.0).weight([rep("a", waiting=9)]) == 3.0  # fixed
@@ -225,6 +227,66 @@ def test_ties_go_to_the_replica_sent_the_fewest_uncached_tokens():
     assert policy.choose(REQ, full, hit) == "c"  # a hit decides before the tie-break
     policy.observe(REQ, "c")
     assert policy.uncached_tokens("c") == 1_000 + 400  # what it had to cache: the prompt less its hit
+
+
+def test_the_prefill_guard_bounds_the_queue_a_hit_can_buy_by_the_request_s_own_prefill_time():
+    hits = {"b": {"l1": 999}}  # b holds almost all of the 1.0 s prefill
+    guarded = ExpectedTTFT(CostModel(), prefill_guard=1.0)
+    assert guarded.choose(REQ, [rep("a", 0), rep("b", 900)], hits) == "b"  # 0.9 s over a: within 1 x 1.0 s
+    assert guarded.choose(REQ, [rep("a", 0), rep("b", 1_100)], hits) == "a"  # 1.1 s over a: out
+    assert ExpectedTTFT(CostModel(), prefill_guard=None).choose(REQ, [rep("a", 0), rep("b", 1_100)], hits) == "b"
+    assert ExpectedTTFT(CostModel(), prefill_guard=2.0).choose(REQ, [rep("a", 0), rep("b", 1_100)], hits) == "b"
+    long = RouteRequest(3_000)  # its own prefill is 3.0 s: the same queue is within its guard
+    assert guarded.choose(long, [rep("a", 0), rep("b", 1_100)], {"b": {"l1": 2_999}}) == "b"
+    alone = [rep("b", 9_000), rep("a", 0, alive=False)]
+    assert ExpectedTTFT(CostModel(), prefill_guard=0.0).choose(REQ, alone, hits) == "b"  # the least waiting alive
+
+
+def test_a_hit_counts_only_as_far_as_it_survives_the_queue_s_writes():
+    policy = ExpectedTTFT(CostModel())
+    hit = {"b": {"l1": 300, "l2": 800}}
+    assert policy.hit(REQ, rep("b", 400), hit) == {"l1": 300, "l2": 800}  # no capacity reported: as the index says
+    assert policy.hit(REQ, rep("b", 400, capacity=2_000), hit) == {"l1": 300, "l2": 800}  # 1,600 left: all of it
+    assert policy.hit(REQ, rep("b", 1_500, capacity=2_000), hit) == {"l1": 300, "l2": 500}  # 500 left
+    assert policy.hit(REQ, rep("b", 2_500, capacity=2_000), hit) == {"l1": 0, "l2": 0}  # the queue writes it all
+    # the clipped hit is what the cost sees: b's prefix no longer pays for its queue
+    assert policy.choose(REQ, [rep("a", 0, capacity=2_000), rep("b", 900, capacity=2_000)], hit) == "b"
+    assert policy.choose(REQ, [rep("a", 0, capacity=1_000), rep("b", 900, capacity=1_000)], hit) == "a"
+
+
+def test_recent_writes_remember_the_newest_writes_up_to_the_capacity():
+    writes = RecentWrites()
+    assert writes.others_share("t1") == 0.0  # nothing written
+    writes.add("t1", 600, 1_000)
+    writes.add("t2", 300, 1_000)
+    assert writes.others_share("t1") == pytest.approx(1 / 3)
+    assert writes.others_share("t3") == 1.0
+    writes.add("t2", 800, 1_000)  # the newest 800 + 300 reach the capacity: t1's 600 are forgotten
+    assert writes.others_share("t1") == 1.0 and writes.others_share("t2") == 0.0
+    writes.add("t1", 5_000, 1_000)  # one write past the capacity is remembered alone
+    assert writes.others_share("t1") == 0.0
+
+
+def test_on_small_caches_a_tenant_goes_where_its_own_blocks_are_not_squeezed_by_others():
+    policy = ExpectedTTFT(CostModel(), prefill_guard=None)
+    small = [rep("a", capacity=3_000), rep("b", capacity=3_000)]  # 3 prompts of 1,000: scarce
+    policy.observe(RouteRequest(1_000, tenant="t1"), "a")
+    policy.observe(RouteRequest(1_000, tenant="t2"), "b")
+    policy.choose(REQ, small, {})  # learns the capacities
+    t2 = RouteRequest(1_000, tenant="t2")
+    assert policy.mixing_s(t2, "a", RATES.prefill_tokens_per_s) == pytest.approx(1.0)  # all of a's writes: t1
+    assert policy.mixing_s(t2, "b", RATES.prefill_tokens_per_s) == 0.0
+    assert policy.choose(t2, small, {}) == "b"  # a tie on queues and hits otherwise
+    assert policy.choose(RouteRequest(1_000, tenant="t1"), small, {}) == "a"
+    assert policy.choose(RouteRequest(1_000, tenant="t2"), [rep("a", capacity=3_000), rep("b", 300, capacity=3_000)],
+                         {}) == "b"  # 0.3 s more queue < 1.0 s x (1 + w) of mixing on a
+    big = [rep("a", capacity=4_000), rep("b", capacity=4_000)]  # 4 prompts: shares keep whole prefixes
+    assert policy.choose(t2, big, {}) == "a"  # no term: the tie goes to the fewest uncached tokens, then order
+    assert policy.choose(RouteRequest(1_000), small, {}) == "a"  # no tenant: no term
+    off = ExpectedTTFT(CostModel(), tenant_weight=0.0)
+    off.observe(RouteRequest(1_000, tenant="t1"), "a")
+    off.choose(REQ, small, {})
+    assert off.choose(t2, small, {}) == "b"  # the tie-break: b was sent fewer uncached tokens
 
 
 def test_sticky_session_is_not_kept_on_a_guarded_out_replica():

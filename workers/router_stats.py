@@ -12,7 +12,7 @@ request's time to first token on this replica (``cachecore.routing.cost``), all 
   stay valid JSON).
 - ``rates.decode_step_s``: moving average of the gap between consecutive tokens of a request on this
   worker (one decode step, its wait for the model included).
-- ``cached_tokens``: tokens held in L1 and L2.
+- ``cached_tokens``: tokens held in L1 and L2; ``capacity_tokens``: tokens L1 and L2 can hold.
 
 Before the first measurement of a figure it is the documented default below and ``measured`` says
 so: prefill ``DEFAULT_PREFILL_TOKENS_PER_S``, loads the cost model's priors (``loadcost.PRIORS``),
@@ -66,11 +66,13 @@ def router_section(engine, decode: DecodeClock) -> dict:
         tiers.append("l3")
     load = {"l1": L1_TOKENS_PER_S, **{t: (bandwidth.get(t) or PRIORS[t][0]) / bytes_per_token for t in tiers}}
     cached = engine.pool.num_cached + (engine.l2.pool.num_cached if engine.l2 is not None else 0)
+    capacity = engine.pool.num_blocks + (engine.l2.pool.num_blocks if engine.l2 is not None else 0)
     return {
         "queued_prefill_tokens": queued,
         "queued_requests": waiting,
         "running": running,
         "cached_tokens": cached * engine.block_size,
+        "capacity_tokens": capacity * engine.block_size,
         "rates": {
             "prefill_tokens_per_s": 1.0 / per_token if per_token else DEFAULT_PREFILL_TOKENS_PER_S,
             "load_tokens_per_s": load,

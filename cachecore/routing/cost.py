@@ -82,7 +82,8 @@ class ReplicaState:
     (their prompts less the cached prefix each found at admission; the one being prefilled counts
     what is left of it). ``running``: requests decoding. ``queued_requests``: requests admitted and
     not yet past their first token (the pending count of SGLang's rule). ``cached_tokens``: tokens the
-    replica holds in its caches (SGLang's "tree size")."""
+    replica holds in its caches (SGLang's "tree size"). ``capacity_tokens``: tokens its caches can
+    hold, every tier together (0: not reported)."""
 
     replica_id: str
     rates: Rates = field(default_factory=Rates)
@@ -91,11 +92,12 @@ class ReplicaState:
     alive: bool = True
     queued_requests: int = 0
     cached_tokens: int = 0
+    capacity_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.replica_id, str) or not self.replica_id:
             raise ValueError(f"replica_id must be a non-empty string, got {self.replica_id!r}")
-        for name in ("queued_prefill_tokens", "running", "queued_requests", "cached_tokens"):
+        for name in ("queued_prefill_tokens", "running", "queued_requests", "cached_tokens", "capacity_tokens"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")

@@ -20,12 +20,12 @@ An instance is not thread-safe: the caller serialises ``choose`` and the ``obser
   own count, never shrunk: SGLang evicts its tree only past a size far above these).
 - ``ExpectedTTFT``: Strata's rule, below.
 
-**Strata's rule** (``ExpectedTTFT``). For each alive replica ``r`` the cost model
+**Strata's rule** (``ExpectedTTFT``). For each candidate replica ``r`` the cost model
 (``cost.CostModel``) gives the request's queue wait ``wait_r`` and its prefill time once started
 ``busy_r`` (each cached segment loaded or recomputed, whichever is cheaper, the rest prefilled). The
 request goes to the least
 
-    cost_r = wait_r + (1 + w) * busy_r,    w = max(min_work_weight, mean waiting requests per replica)
+    cost_r = wait_r + (1 + w) * busy_r + mixing_r,    w = max(min_work_weight, mean waiting requests per replica)
 
 The request's own TTFT is ``wait_r + busy_r``; the extra ``w * busy_r`` is what its prefill costs the
 requests that will queue behind it: a second of prefill delays each of them by a second, and the
@@ -34,12 +34,9 @@ replicas) are the live estimate of how many that is. Minimising the request's ow
 (``w = 0``) gives up a cached prefix whenever another replica's queue is a little shorter: the prefix
 is then recomputed (work the cluster did not need, which delays later requests) and cached twice
 (space the caches did not need to spend). With the weight, a replica holding the prefix is left only
-when its extra wait exceeds ``(1 + w)`` times the prefill time its hit saves, so a request gives up at
-most ``w`` times that saving of its own TTFT, and a long prefix buys proportionally more queue than a
-short one. ``min_work_weight`` (0.5) keeps some of that value when nothing waits yet: recomputing
-still spends prefill time and cache space (on ``bench.routing --shape fast25`` a lower floor drops
-the hit ratio under 90% of the bound at 64 replicas; a higher one lengthens the tail on the default
-shape). ``work_weight`` fixes ``w`` instead. The peers weigh the same trade-off with blunter
+when its extra wait exceeds ``(1 + w)`` times the prefill time its hit saves, so a long prefix buys
+proportionally more queue than a short one. ``min_work_weight`` (1.0) keeps that value when nothing
+waits yet; ``work_weight`` fixes ``w`` instead. The peers weigh the same trade-off with blunter
 instruments: SGLang's router follows the longest match above a share of the prompt whatever the
 queues, until the pending counts differ by an absolute and a relative threshold; Dynamo's KV router
 minimises ``overlap_score_weight * prefill blocks + decode blocks``, a fixed weight on load counted
@@ -49,6 +46,24 @@ Here both sides are seconds from measured rates, and the weight follows the load
 - **Hits include the router's own in-flight requests** (``inflight.InFlight``): a prefix dispatched to
   a replica and still in its queue counts as held there in L1 (what SGLang's and production-stack's
   approximate trees do on insert), when the request carries its block keys (``RouteRequest.blocks``).
+- **A hit counts as far as it survives the queue**: when the replica reports its capacity
+  (``ReplicaState.capacity_tokens``), the hit is clipped to that capacity less the tokens its queue
+  will prefill and cache first (``queued_prefill_tokens``), since those writes evict before the
+  request starts. This matters where caches hold only a few prompts.
+- **Prefill guard** (``prefill_guard``, 1.0): a replica whose queue wait exceeds the least waiting
+  alive replica's by more than ``prefill_guard`` times the request's own prefill without any cache is
+  not a candidate. A hit may buy at most that much queue: a short request is not parked behind a long
+  one for its prefix, which is where the weighted cost alone lengthened the p99.
+- **Tenant mixing** (``mixing_r``, when the request names its tenant, ``RouteRequest.tenant``): each
+  tier's eviction shares space fairly among the tenants holding blocks in it, so on a replica whose
+  caches hold only a few prompts a second tenant's arrival halves what each can keep. The router
+  remembers, per replica, the tenants of its most recent writes (the uncached tokens it sent there,
+  newest first, up to the replica's capacity: ``RecentWrites``); ``mixing_r`` is ``tenant_weight``
+  (1.0) times the share of them from other tenants times the request's uncached prefill time there.
+  It applies only where the replica's capacity is under ``SCARCE_PROMPTS`` (4) prompts of the
+  request's size; with larger caches the shares keep whole prefixes and the term would only unbalance
+  load. (On ``bench.routing`` at 10% cache and 64 replicas, the default shape: hit 45.5% -> 50.5%,
+  of one LRU cache 83% -> 93%.)
 - **Ties** (equal cost: typically several idle replicas and no hit) go to the replica the router has
   sent the fewest uncached prompt tokens (SGLang's "smallest tree"), then list order: spreading what
   replicas must cache evens out how long each keeps its blocks. (Tie-breaking by tokens cached, which
@@ -57,12 +72,13 @@ Here both sides are seconds from measured rates, and the weight follows the load
   by more than ``sticky_bonus_s``.
 - **Load guard** (off by default): a replica whose queue wait exceeds the least-loaded alive
   replica's by more than ``load_guard`` seconds is not a candidate (the least loaded never is
-  excluded). The weighted cost already bounds the queue a hit can buy; the guard is a hard cap on top.
+  excluded): a hard cap in seconds on top of the prefill guard.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -76,6 +92,7 @@ __all__ = [
     "LeastLoaded",
     "NoReplicaError",
     "Policy",
+    "RecentWrites",
     "RoundRobin",
     "RouteRequest",
     "SGLangRule",
@@ -90,14 +107,16 @@ class NoReplicaError(RuntimeError):
 @dataclass(frozen=True)
 class RouteRequest:
     """What a policy knows of a request: its prompt length, a stickiness key (the request's
-    ``user``, or a digest of the chat's first turn; None: no stickiness) and, optionally, the keys
-    of its full blocks as the router's index keys them (chain hashes) with the tokens per block:
-    ``ExpectedTTFT`` then counts prefixes it dispatched and no replica cached yet."""
+    ``user``, or a digest of the chat's first turn; None: no stickiness), optionally the keys of its
+    full blocks as the router's index keys them (chain hashes) with the tokens per block
+    (``ExpectedTTFT`` then counts prefixes it dispatched and no replica cached yet), and optionally
+    its tenant (``ExpectedTTFT`` then weighs tenants sharing a small cache)."""
 
     prompt_tokens: int
     session: str | None = None
     blocks: tuple[Hashable, ...] = ()
     block_tokens: int = 0
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.prompt_tokens, bool) or not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 0:
@@ -217,16 +236,49 @@ class SGLangRule:
         self._tree[replica_id] = self.tree_tokens(replica_id) + grown
 
 
+#: The tenant term applies where a replica's caches hold fewer than this many prompts of the
+#: request's size: there a tier's fair share per tenant is too small to keep a prompt's prefix.
+SCARCE_PROMPTS = 4
+
+
+class RecentWrites:
+    """The tenants of the tokens the router most recently sent one replica to cache: the newest
+    writes that together reach its capacity (what an LRU cache of that size holds, refreshes aside)."""
+
+    def __init__(self) -> None:
+        self._writes: deque[tuple[str, int]] = deque()
+        self._by_tenant: Counter[str] = Counter()
+        self._total = 0
+
+    def add(self, tenant: str, tokens: int, capacity: int) -> None:
+        self._writes.append((tenant, tokens))
+        self._by_tenant[tenant] += tokens
+        self._total += tokens
+        while len(self._writes) > 1 and self._total - self._writes[0][1] >= capacity:
+            old, n = self._writes.popleft()
+            self._by_tenant[old] -= n
+            self._total -= n
+            if self._by_tenant[old] <= 0:
+                del self._by_tenant[old]
+
+    def others_share(self, tenant: str) -> float:
+        """The share of the remembered tokens that other tenants wrote (0 when nothing was written)."""
+        return 1.0 - self._by_tenant.get(tenant, 0) / self._total if self._total else 0.0
+
+
 class ExpectedTTFT:
-    """Strata's rule: the least ``wait + (1 + w) * busy``, with in-flight prefixes, ties to the
-    replica sent the fewest uncached tokens, stickiness and an optional load guard (module docstring).
+    """Strata's rule: the least ``wait + (1 + w) * busy + mixing``, with in-flight prefixes, hits
+    clipped to what survives the queue, a prefill guard, ties to the replica sent the fewest uncached
+    tokens, stickiness and an optional load guard (module docstring).
 
     ``w`` is how many requests' worth of delay a second of prefill is charged beyond the request's
     own: ``work_weight`` when given (0: the request's expected TTFT alone), else the mean waiting
     requests per alive replica, at least ``min_work_weight``. ``sticky_bonus_s``: how much higher
     (seconds of cost) a session's last replica may be than the best before the session moves.
     ``load_guard``: seconds of queue wait above the least-loaded alive replica's past which a replica
-    is not a candidate (None: no guard). ``max_sessions``: sessions remembered (least recently routed
+    is not a candidate (None: no guard). ``prefill_guard``: the same in multiples of the request's
+    own prefill time without cache (None: no guard). ``tenant_weight``: the weight of the tenant
+    mixing term (0: off). ``max_sessions``: sessions remembered (least recently routed
     forgotten first)."""
 
     name = "strata"
@@ -236,50 +288,63 @@ class ExpectedTTFT:
         cost: CostModel | None = None,
         *,
         work_weight: float | None = None,
-        min_work_weight: float = 0.5,
+        min_work_weight: float = 1.0,
         sticky_bonus_s: float = 0.05,
         load_guard: float | None = None,
+        prefill_guard: float | None = 1.0,
+        tenant_weight: float = 1.0,
         max_sessions: int = 100_000,
     ) -> None:
         if (work_weight is not None and work_weight < 0) or min_work_weight < 0 or sticky_bonus_s < 0 \
-                or (load_guard is not None and load_guard < 0) or max_sessions < 1:
+                or (load_guard is not None and load_guard < 0) or (prefill_guard is not None and prefill_guard < 0) \
+                or tenant_weight < 0 or max_sessions < 1:
             raise ValueError(
-                f"need work_weight None or >= 0, min_work_weight >= 0, sticky_bonus_s >= 0, load_guard None or "
-                f">= 0, max_sessions >= 1; got {work_weight!r}, {min_work_weight!r}, {sticky_bonus_s!r}, "
-                f"{load_guard!r}, {max_sessions!r}"
+                f"need work_weight None or >= 0, min_work_weight >= 0, sticky_bonus_s >= 0, load_guard and "
+                f"prefill_guard None or >= 0, tenant_weight >= 0, max_sessions >= 1; got {work_weight!r}, "
+                f"{min_work_weight!r}, {sticky_bonus_s!r}, {load_guard!r}, {prefill_guard!r}, {tenant_weight!r}, "
+                f"{max_sessions!r}"
             )
         self.cost = cost or CostModel()
         self.work_weight = work_weight
         self.min_work_weight = min_work_weight
         self.sticky_bonus_s = sticky_bonus_s
         self.load_guard = load_guard
+        self.prefill_guard = prefill_guard
+        self.tenant_weight = tenant_weight
         self.max_sessions = max_sessions
         self.inflight = InFlight()
+        self._writes: dict[str, RecentWrites] = {}  # replica id -> tenants of what the router sent it to cache
+        self._capacity: dict[str, int] = {}  # replica id -> its reported capacity_tokens (0: not reported)
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._uncached: dict[str, int] = {}  # replica id -> prompt tokens sent there less their hits
         self._matched: dict[str, int] = {}  # the last choice's hit per replica, for observe
 
     def hit(self, request: RouteRequest, replica: ReplicaState, hits: Mapping[str, Hit]) -> Hit:
         """The request's hit on ``replica``: the index's, extended in L1 by the longest prefix of its
-        blocks that the router's in-flight requests to that replica hold."""
+        blocks that the router's in-flight requests to that replica hold, and clipped to what the
+        queue ahead leaves of the replica's capacity when it reports one (module docstring)."""
         hit = hits.get(replica.replica_id) or {}
         pending = self.inflight.match(replica.replica_id, request.blocks) * request.block_tokens
-        if pending <= deepest(hit, request.prompt_tokens):
-            return hit
-        out, reached = {}, 0
-        for tier in TIERS:  # cumulative: every tier reaches at least the in-flight prefix
-            reached = max(hit.get(tier, reached), pending)
-            out[tier] = reached
-        return out
+        if pending > deepest(hit, request.prompt_tokens):
+            out, reached = {}, 0
+            for tier in TIERS:  # cumulative: every tier reaches at least the in-flight prefix
+                reached = max(hit.get(tier, reached), pending)
+                out[tier] = reached
+            hit = out
+        room = replica.capacity_tokens - replica.queued_prefill_tokens
+        if replica.capacity_tokens and hit and deepest(hit, request.prompt_tokens) > room:
+            hit = {tier: min(end, max(0, room)) for tier, end in hit.items()}  # what survives the queue's writes
+        return hit
 
     def estimates(
         self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]
     ) -> dict[str, tuple[float, float]]:
         """(queue wait, prefill once started), in seconds, of every candidate: alive and within the
-        load guard. Forgets in-flight requests the replicas' queues no longer hold."""
+        load and prefill guards. Forgets in-flight requests the replicas' queues no longer hold."""
         alive = _alive(replicas)
         waits = {r.replica_id: self.cost.queue_wait_s(r) for r in alive}
-        limit = min(waits.values()) + self.load_guard if self.load_guard is not None else None
+        least = min(waits.values())
+        limit = least + self.load_guard if self.load_guard is not None else math.inf
         out = {}
         self._matched = {}
         for r in replicas:
@@ -287,7 +352,11 @@ class ExpectedTTFT:
                 self.inflight.forget(r.replica_id)
                 continue
             self.inflight.trim(r.replica_id, r.queued_requests)
-            if limit is not None and waits[r.replica_id] > limit:
+            self._capacity[r.replica_id] = r.capacity_tokens
+            wait = waits[r.replica_id]
+            own = request.prompt_tokens / r.rates.prefill_tokens_per_s
+            if wait > least and (wait > limit or (self.prefill_guard is not None and
+                                                  wait > least + self.prefill_guard * own)):
                 continue
             hit = self.hit(request, r, hits)
             self._matched[r.replica_id] = deepest(hit, request.prompt_tokens)
@@ -306,7 +375,9 @@ class ExpectedTTFT:
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState], hits: Mapping[str, Hit]) -> str:
         est = self.estimates(request, replicas, hits)
         w = self.weight(replicas)
-        cost = {rid: wait + (1.0 + w) * busy for rid, (wait, busy) in est.items()}
+        rates = {r.replica_id: r.rates.prefill_tokens_per_s for r in replicas}
+        cost = {rid: wait + (1.0 + w) * busy + self.mixing_s(request, rid, rates[rid])
+                for rid, (wait, busy) in est.items()}
         best = min(cost, key=lambda rid: (cost[rid], self.uncached_tokens(rid)))
         if request.session is not None:
             last = self._sessions.get(request.session)
@@ -314,10 +385,24 @@ class ExpectedTTFT:
                 return last
         return best
 
+    def mixing_s(self, request: RouteRequest, replica_id: str, prefill_tokens_per_s: float) -> float:
+        """What caching the request on ``replica_id`` costs the tenants' shares there, in seconds: its
+        uncached tokens' prefill time x the share of the replica's recent writes from other tenants x
+        ``tenant_weight``; 0 unless the request has a tenant and the replica's capacity is reported and
+        under ``SCARCE_PROMPTS`` prompts of this size (module docstring)."""
+        capacity = self._capacity.get(replica_id, 0)
+        writes = self._writes.get(replica_id)
+        if request.tenant is None or writes is None or not 0 < capacity < SCARCE_PROMPTS * request.prompt_tokens:
+            return 0.0
+        new = request.prompt_tokens - self._matched.get(replica_id, 0)
+        return self.tenant_weight * writes.others_share(request.tenant) * new / prefill_tokens_per_s
+
     def observe(self, request: RouteRequest, replica_id: str) -> None:
-        self._uncached[replica_id] = self.uncached_tokens(replica_id) + request.prompt_tokens - self._matched.get(
-            replica_id, 0
-        )
+        new = request.prompt_tokens - self._matched.get(replica_id, 0)
+        self._uncached[replica_id] = self.uncached_tokens(replica_id) + new
+        if request.tenant is not None:
+            self._writes.setdefault(replica_id, RecentWrites()).add(
+                request.tenant, new, self._capacity.get(replica_id, 0))
         if request.blocks:
             self.inflight.add(replica_id, request.blocks)
         if request.session is None:

@@ -138,7 +138,8 @@ class Router:
             queued_prefill_tokens=max(int(router.get("queued_prefill_tokens") or 0), rep.pending_tokens),
             running=max(int(router.get("running") or 0), rep.inflight), alive=True,
             queued_requests=int(router.get("queued_requests") or 0),
-            cached_tokens=int(router.get("cached_tokens") or 0))
+            cached_tokens=int(router.get("cached_tokens") or 0),
+            capacity_tokens=int(router.get("capacity_tokens") or 0))
 
     def _choose_by_policy(self, req: dict, candidates: list[Replica]) -> Replica:
         views = {r.index: self._views.get(r.index) for r in candidates}
@@ -157,8 +158,10 @@ class Router:
             blocks = tuple(hashes)
         states = [self._state(r, views[r.index]) for r in candidates]
         by_id = {s.replica_id: r for s, r in zip(states, candidates, strict=True)}
+        tenant = req.get("tenant")
         request = policies.RouteRequest(prompt_tokens=len(req["prompt"]), session=session_key(req),
-                                        blocks=blocks, block_tokens=block_tokens if blocks else 0)
+                                        blocks=blocks, block_tokens=block_tokens if blocks else 0,
+                                        tenant=str(tenant) if tenant is not None else None)
         replica_id = self.policy.choose(request, states, hits)
         self.policy.observe(request, replica_id)
         return by_id[replica_id]
