@@ -195,11 +195,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help="ExpectedTTFT prefill guard: queue above the least, in the request's own prefill times "
                          "(negative: none)")
     ap.add_argument("--tenant-weight", type=float, default=1.0, help="ExpectedTTFT tenant mixing weight (0: off)")
+    ap.add_argument("--eviction-weight", type=float, default=1.0,
+                    help="ExpectedTTFT large-write eviction weight (0: off)")
+    ap.add_argument("--long-prefill", type=float, default=1.2,
+                    help="ExpectedTTFT: own prefill seconds past which the prefill guard also allows the hit's saving "
+                         "(negative: never)")
     args = ap.parse_args(argv)
     prefill_guard = args.prefill_guard if args.prefill_guard >= 0 else None
+    long_prefill = args.long_prefill if args.long_prefill >= 0 else None
     strata = {"work_weight": args.work_weight, "min_work_weight": args.min_work_weight,
               "sticky_bonus_s": args.sticky_bonus, "load_guard": args.load_guard, "prefill_guard": prefill_guard,
-              "tenant_weight": args.tenant_weight}
+              "tenant_weight": args.tenant_weight, "eviction_weight": args.eviction_weight,
+              "long_prefill_s": long_prefill}
     try:
         default = [2, 4] if args.quick else [4, 16, 64]
         counts = [int(x) for x in args.replicas.split(",")] if args.replicas else default
@@ -225,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.l2_rate:,.0f} tok/s, decode step {rates.decode_step_s * 1000:.0f} ms; one prefill at a time per "
           f"replica (FCFS), decode beside it; trace {source}; "
           f"ExpectedTTFT w={weight} sticky_bonus={args.sticky_bonus}s load_guard={args.load_guard} "
-          f"prefill_guard={prefill_guard} tenant_weight={args.tenant_weight}; SGLang rule "
+          f"prefill_guard={prefill_guard} long_prefill={long_prefill} tenant_weight={args.tenant_weight} "
+          f"eviction_weight={args.eviction_weight}; SGLang rule "
           f"at its defaults (abs 32, rel 1.0001, cache 0.5)")
     print_tables(configs)
     s = summary(configs)

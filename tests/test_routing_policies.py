@@ -19,7 +19,7 @@ from cachecore.routing import (
     SGLangRule,
 )
 from cachecore.routing.cost import segments
-from cachecore.routing.policies import RecentWrites
+from cachecore.routing.policies import RecentWrites, WriteAges
 
 RATES = Rates(prefill_tokens_per_s=1_000.0, load_tokens_per_s={"l1": math.inf, "l2": 10_000.0, "l3": 500.0})
 
@@ -254,6 +254,58 @@ def test_a_hit_counts_only_as_far_as_it_survives_the_queue_s_writes():
     assert policy.choose(REQ, [rep("a", 0, capacity=1_000), rep("b", 900, capacity=1_000)], hit) == "a"
 
 
+def test_a_long_prompt_may_also_wait_what_its_hit_saves():
+    long = RouteRequest(3_000)  # its own prefill is 3.0 s, past long_prefill_s (1.2 s)
+    hits = {"b": {"l1": 2_000}}  # saves 2.0 s on b
+    queues = [rep("a", 0), rep("b", 4_500)]  # b waits 4.5 s more: over 1 x 3.0 s, within 3.0 + 2.0
+    policy = ExpectedTTFT(CostModel(), work_weight=0.0)
+    assert policy.guard_allowance_s(3.0, 1.0) == pytest.approx(5.0)
+    assert policy.choose(long, queues, hits) == "a"  # the cost: 4.5 + 1.0 on b > 3.0 on a
+    heavy = ExpectedTTFT(CostModel(), work_weight=2.0)  # the guard lets the weighted cost decide
+    assert heavy.choose(long, queues, hits) == "b"  # 4.5 + 3 x 1.0 < 3 x 3.0
+    assert ExpectedTTFT(CostModel(), work_weight=2.0, long_prefill_s=None).choose(long, queues, hits) == "a"
+    assert ExpectedTTFT(CostModel(), work_weight=2.0, long_prefill_s=3.0).choose(long, queues, hits) == "a"
+    assert heavy.choose(long, [rep("a", 0), rep("b", 5_100)], hits) == "a"  # 5.1 s over: out
+    assert heavy.guard_allowance_s(1.0, 0.0) == pytest.approx(1.0)  # a short prompt: its own prefill only
+    assert heavy.choose(long, [rep("a", 0), rep("b", 3_500)], {}) == "a"  # no hit, nothing saved: 3.5 s > 3.0
+
+
+def test_write_ages_value_what_a_write_evicts_by_how_young_it_is():
+    ages = WriteAges()
+    ages.add(10, 600, 1_000)
+    ages.add(20, 300, 1_000)
+    assert ages.evicted_value(100, 1_000, 30, 100) == 0.0  # 900 + 100 fit
+    assert ages.evicted_value(400, 1_000, 30, 100) == pytest.approx(300 * 0.8)  # 300 of the write at 10, age 20
+    assert ages.evicted_value(800, 1_000, 30, 100) == pytest.approx(600 * 0.8 + 100 * 0.9)
+    ages.add(30, 800, 1_000)  # the newest 300 + 800 reach the capacity: the write at 10 is forgotten
+    ages.add(40, 0, 1_000)  # nothing written: no entry
+    assert ages.evicted_value(0, 1_000, 130, 100) == 0.0  # 100 of the write at 20: older than the horizon
+    assert ages.evicted_value(200, 1_000, 70, 100) == pytest.approx(300 * 0.5)
+
+
+def test_a_large_write_goes_where_it_evicts_the_oldest_cache():
+    reps = [rep("b", capacity=4_000), rep("a", capacity=4_000)]
+
+    def routed(**params) -> ExpectedTTFT:
+        policy = ExpectedTTFT(CostModel(), prefill_guard=None, **params)
+        policy.choose(REQ, reps, {})  # learns the capacities
+        for tokens, rid in ((2_000, "a"), (2_000, "b"), (500, "a"), (500, "b"), (500, "a"), (500, "b")):
+            policy.observe(RouteRequest(tokens), rid)  # the clock: 2,000, 4,000, 4,500 .. 6,000
+        return policy
+
+    policy = routed()
+    giant = RouteRequest(3_000)  # 3/4 of a capacity that holds 4 prompts of the mean size (1,000)
+    assert policy.choose(giant, reps, {}) == "a"
+    assert policy.eviction_s(giant, "a", 1_000.0, 8_000) == pytest.approx(1.0)  # 2,000 written at 2,000: age 4,000
+    assert policy.eviction_s(giant, "b", 1_000.0, 8_000) == pytest.approx(1.5)  # 2,000 written at 4,000: younger
+    assert routed(eviction_weight=0.0).choose(giant, reps, {}) == "b"  # the tie-break: equal uncached, list order
+    small = RouteRequest(900)  # under LARGE_WRITE_SHARE of the capacity: no term
+    assert policy.eviction_s(small, "a", 1_000.0, 8_000) == 0.0
+    assert policy.choose(small, reps, {}) == "b"
+    policy.observe(RouteRequest(14_000), "b")  # the mean prompt is now 3,000: the caches hold under 4 of them
+    assert policy.eviction_s(giant, "a", 1_000.0, 8_000) == 0.0
+
+
 def test_recent_writes_remember_the_newest_writes_up_to_the_capacity():
     writes = RecentWrites()
     assert writes.others_share("t1") == 0.0  # nothing written
@@ -325,3 +377,7 @@ def test_policy_parameters_are_validated():
         ExpectedTTFT(work_weight=-0.5)
     with pytest.raises(ValueError):
         ExpectedTTFT(min_work_weight=-1)
+    with pytest.raises(ValueError):
+        ExpectedTTFT(eviction_weight=-1)
+    with pytest.raises(ValueError):
+        ExpectedTTFT(long_prefill_s=-0.5)

@@ -25,7 +25,9 @@ An instance is not thread-safe: the caller serialises ``choose`` and the ``obser
 ``busy_r`` (each cached segment loaded or recomputed, whichever is cheaper, the rest prefilled). The
 request goes to the least
 
-    cost_r = wait_r + (1 + w) * busy_r + mixing_r,    w = max(min_work_weight, mean waiting requests per replica)
+    cost_r = wait_r + (1 + w) * busy_r + mixing_r + eviction_r
+
+    w = max(min_work_weight, mean waiting requests per replica)
 
 The request's own TTFT is ``wait_r + busy_r``; the extra ``w * busy_r`` is what its prefill costs the
 requests that will queue behind it: a second of prefill delays each of them by a second, and the
@@ -53,7 +55,25 @@ Here both sides are seconds from measured rates, and the weight follows the load
 - **Prefill guard** (``prefill_guard``, 1.0): a replica whose queue wait exceeds the least waiting
   alive replica's by more than ``prefill_guard`` times the request's own prefill without any cache is
   not a candidate. A hit may buy at most that much queue: a short request is not parked behind a long
-  one for its prefix, which is where the weighted cost alone lengthened the p99.
+  one for its prefix, which is where the weighted cost alone lengthened the p99. A prompt whose own
+  prefill exceeds ``long_prefill_s`` (1.2 s) may in addition wait what its hit there saves: its p99
+  is its own prefill, not a short one's parking, and moving it gives up a long prefix and caches it
+  twice (``bench.routing --shape fast25`` at 10% cache, hit of one LRU cache: 89.6% -> 91.5% at 4
+  replicas, 89.8% -> 91.8% at 16, 85.6% -> 91.6% at 64; the default shape has no prompt that long).
+- **Large writes** (``eviction_r``): a request whose uncached tokens on a replica reach
+  ``LARGE_WRITE_SHARE`` (a quarter) of its capacity flushes much of that cache at once. One LRU cache
+  of the replicas' total capacity would evict only its oldest tokens; a replica evicts its own
+  oldest, which may be young. The router stamps the prompts it sends each replica with its own clock
+  (prompt tokens sent to every replica so far: ``WriteAges``), and ``eviction_r`` is
+  ``eviction_weight`` (1.0) times the prefill time of the tokens the write would push out, each
+  counted ``1 - age / horizon`` (0 past it; ``horizon``: the alive replicas' total capacity, the age
+  at which one LRU cache of that size evicts): a giant prompt goes where it pushes out the oldest
+  cache. It applies only where a replica's capacity holds at least ``SCARCE_PROMPTS`` prompts of the
+  mean size routed so far: where every prompt flushes a cache, the stamps (which do not see that a
+  hit keeps its prefix) only pull requests off their prefixes. (``bench.routing --shape fast25`` at
+  10% cache and 64 replicas, with the long-prompt guard: hit of one LRU cache 91.6% -> 93.1%; no other
+  cell moves. Without the mean-size condition the default shape's 64-replica 10% cell fell 92.6% ->
+  88.9%.)
 - **Tenant mixing** (``mixing_r``, when the request names its tenant, ``RouteRequest.tenant``): each
   tier's eviction shares space fairly among the tenants holding blocks in it, so on a replica whose
   caches hold only a few prompts a second tenant's arrival halves what each can keep. The router
@@ -96,6 +116,7 @@ __all__ = [
     "RoundRobin",
     "RouteRequest",
     "SGLangRule",
+    "WriteAges",
     "deepest",
 ]
 
@@ -237,8 +258,12 @@ class SGLangRule:
 
 
 #: The tenant term applies where a replica's caches hold fewer than this many prompts of the
-#: request's size: there a tier's fair share per tenant is too small to keep a prompt's prefix.
+#: request's size: there a tier's fair share per tenant is too small to keep a prompt's prefix. The
+#: eviction term applies only where they hold at least this many prompts of the mean size.
 SCARCE_PROMPTS = 4
+#: The eviction term applies to a request whose uncached tokens reach this share of a replica's
+#: capacity: a write that large evicts a good part of that replica's cache at once.
+LARGE_WRITE_SHARE = 0.25
 
 
 class RecentWrites:
@@ -266,9 +291,42 @@ class RecentWrites:
         return 1.0 - self._by_tenant.get(tenant, 0) / self._total if self._total else 0.0
 
 
+class WriteAges:
+    """When the router sent one replica the prompts it most recently cached there (a hit refreshes its
+    prefix, so a whole prompt counts), on the router's own clock (prompt tokens sent to every replica
+    so far): the newest writes that together reach the replica's capacity, oldest first, roughly what
+    an LRU cache of that size holds (a refreshed prefix also stays in its older write)."""
+
+    def __init__(self) -> None:
+        self._writes: deque[tuple[int, int]] = deque()  # (clock at the write, tokens)
+        self._total = 0
+
+    def add(self, stamp: int, tokens: int, capacity: int) -> None:
+        if tokens <= 0:
+            return
+        self._writes.append((stamp, tokens))
+        self._total += tokens
+        while len(self._writes) > 1 and self._total - self._writes[0][1] >= capacity:
+            self._total -= self._writes.popleft()[1]
+
+    def evicted_value(self, tokens: int, capacity: int, now: int, horizon: int) -> float:
+        """The tokens that writing ``tokens`` more evicts (the oldest beyond ``capacity``), each counted
+        ``1 - age / horizon`` (0 when older than ``horizon``), ``age`` being ``now`` less its write's
+        clock; 0 when nothing is evicted."""
+        over = self._total + tokens - capacity
+        value = 0.0
+        for stamp, n in self._writes:
+            if over <= 0:
+                break
+            take = min(n, over)
+            over -= take
+            value += take * max(0.0, 1.0 - (now - stamp) / horizon)
+        return value
+
+
 class ExpectedTTFT:
-    """Strata's rule: the least ``wait + (1 + w) * busy + mixing``, with in-flight prefixes, hits
-    clipped to what survives the queue, a prefill guard, ties to the replica sent the fewest uncached
+    """Strata's rule: the least ``wait + (1 + w) * busy + mixing + eviction``, with in-flight prefixes,
+    hits clipped to what survives the queue, a prefill guard, ties to the replica sent the fewest uncached
     tokens, stickiness and an optional load guard (module docstring).
 
     ``w`` is how many requests' worth of delay a second of prefill is charged beyond the request's
@@ -277,8 +335,10 @@ class ExpectedTTFT:
     (seconds of cost) a session's last replica may be than the best before the session moves.
     ``load_guard``: seconds of queue wait above the least-loaded alive replica's past which a replica
     is not a candidate (None: no guard). ``prefill_guard``: the same in multiples of the request's
-    own prefill time without cache (None: no guard). ``tenant_weight``: the weight of the tenant
-    mixing term (0: off). ``max_sessions``: sessions remembered (least recently routed
+    own prefill time without cache (None: no guard). ``long_prefill_s``: past this own prefill time
+    the guard also allows what the request's hit saves (None: never). ``tenant_weight``: the weight
+    of the tenant mixing term (0: off). ``eviction_weight``: the weight of the large-write eviction
+    term (0: off). ``max_sessions``: sessions remembered (least recently routed
     forgotten first)."""
 
     name = "strata"
@@ -293,16 +353,19 @@ class ExpectedTTFT:
         load_guard: float | None = None,
         prefill_guard: float | None = 1.0,
         tenant_weight: float = 1.0,
+        eviction_weight: float = 1.0,
+        long_prefill_s: float | None = 1.2,
         max_sessions: int = 100_000,
     ) -> None:
         if (work_weight is not None and work_weight < 0) or min_work_weight < 0 or sticky_bonus_s < 0 \
                 or (load_guard is not None and load_guard < 0) or (prefill_guard is not None and prefill_guard < 0) \
-                or tenant_weight < 0 or max_sessions < 1:
+                or tenant_weight < 0 or eviction_weight < 0 or (long_prefill_s is not None and long_prefill_s < 0) \
+                or max_sessions < 1:
             raise ValueError(
                 f"need work_weight None or >= 0, min_work_weight >= 0, sticky_bonus_s >= 0, load_guard and "
-                f"prefill_guard None or >= 0, tenant_weight >= 0, max_sessions >= 1; got {work_weight!r}, "
-                f"{min_work_weight!r}, {sticky_bonus_s!r}, {load_guard!r}, {prefill_guard!r}, {tenant_weight!r}, "
-                f"{max_sessions!r}"
+                f"prefill_guard None or >= 0, tenant_weight and eviction_weight >= 0, long_prefill_s None or >= 0, "
+                f"max_sessions >= 1; got {work_weight!r}, {min_work_weight!r}, {sticky_bonus_s!r}, {load_guard!r}, "
+                f"{prefill_guard!r}, {tenant_weight!r}, {eviction_weight!r}, {long_prefill_s!r}, {max_sessions!r}"
             )
         self.cost = cost or CostModel()
         self.work_weight = work_weight
@@ -311,6 +374,11 @@ class ExpectedTTFT:
         self.load_guard = load_guard
         self.prefill_guard = prefill_guard
         self.tenant_weight = tenant_weight
+        self.eviction_weight = eviction_weight
+        self.long_prefill_s = long_prefill_s
+        self._ages: dict[str, WriteAges] = {}  # replica id -> when the router sent it what it cached
+        self._clock = 0  # prompt tokens sent to every replica so far
+        self._routed = 0  # requests observed
         self.max_sessions = max_sessions
         self.inflight = InFlight()
         self._writes: dict[str, RecentWrites] = {}  # replica id -> tenants of what the router sent it to cache
@@ -355,13 +423,21 @@ class ExpectedTTFT:
             self._capacity[r.replica_id] = r.capacity_tokens
             wait = waits[r.replica_id]
             own = request.prompt_tokens / r.rates.prefill_tokens_per_s
-            if wait > least and (wait > limit or (self.prefill_guard is not None and
-                                                  wait > least + self.prefill_guard * own)):
-                continue
             hit = self.hit(request, r, hits)
+            busy = self.cost.prefill_s(r.rates, request.prompt_tokens, hit)[0]
+            if wait > least and (wait > limit or (self.prefill_guard is not None and
+                                                  wait > least + self.guard_allowance_s(own, busy))):
+                continue
             self._matched[r.replica_id] = deepest(hit, request.prompt_tokens)
-            out[r.replica_id] = (waits[r.replica_id], self.cost.prefill_s(r.rates, request.prompt_tokens, hit)[0])
+            out[r.replica_id] = (waits[r.replica_id], busy)
         return out
+
+    def guard_allowance_s(self, own: float, busy: float) -> float:
+        """The queue wait above the least a replica may have and stay a candidate: ``prefill_guard``
+        times the request's prefill without cache (``own``), plus, for a prompt whose ``own`` exceeds
+        ``long_prefill_s``, what its hit there saves (``own - busy``)."""
+        long = self.long_prefill_s is not None and own > self.long_prefill_s
+        return (self.prefill_guard or 0.0) * own + (own - busy if long else 0.0)
 
     def weight(self, replicas: Sequence[ReplicaState]) -> float:
         """``w``: ``work_weight`` if fixed, else the mean requests waiting (the one in prefill not
@@ -376,7 +452,9 @@ class ExpectedTTFT:
         est = self.estimates(request, replicas, hits)
         w = self.weight(replicas)
         rates = {r.replica_id: r.rates.prefill_tokens_per_s for r in replicas}
+        horizon = sum(r.capacity_tokens for r in replicas if r.alive)
         cost = {rid: wait + (1.0 + w) * busy + self.mixing_s(request, rid, rates[rid])
+                + self.eviction_s(request, rid, rates[rid], horizon)
                 for rid, (wait, busy) in est.items()}
         best = min(cost, key=lambda rid: (cost[rid], self.uncached_tokens(rid)))
         if request.session is not None:
@@ -397,9 +475,28 @@ class ExpectedTTFT:
         new = request.prompt_tokens - self._matched.get(replica_id, 0)
         return self.tenant_weight * writes.others_share(request.tenant) * new / prefill_tokens_per_s
 
+    def eviction_s(self, request: RouteRequest, replica_id: str, prefill_tokens_per_s: float, horizon: int) -> float:
+        """What the request's writes on ``replica_id`` evict, in seconds: the prefill time of the tokens
+        they push out, each counted by how young it is against ``horizon`` (the alive replicas' total
+        capacity; ``WriteAges.evicted_value``), x ``eviction_weight``; 0 unless the replica reports its
+        capacity, the request's uncached tokens there reach ``LARGE_WRITE_SHARE`` of it and it holds
+        ``SCARCE_PROMPTS`` prompts of the mean size routed so far (module docstring)."""
+        capacity = self._capacity.get(replica_id, 0)
+        ages = self._ages.get(replica_id)
+        if not self.eviction_weight or ages is None or not capacity or not horizon:
+            return 0.0
+        new = request.prompt_tokens - self._matched.get(replica_id, 0)
+        if new < LARGE_WRITE_SHARE * capacity or capacity < SCARCE_PROMPTS * self._clock / self._routed:
+            return 0.0
+        return self.eviction_weight * ages.evicted_value(new, capacity, self._clock, horizon) / prefill_tokens_per_s
+
     def observe(self, request: RouteRequest, replica_id: str) -> None:
         new = request.prompt_tokens - self._matched.get(replica_id, 0)
         self._uncached[replica_id] = self.uncached_tokens(replica_id) + new
+        self._clock += request.prompt_tokens
+        self._routed += 1
+        self._ages.setdefault(replica_id, WriteAges()).add(self._clock, request.prompt_tokens,
+                                                           self._capacity.get(replica_id, 0))
         if request.tenant is not None:
             self._writes.setdefault(replica_id, RecentWrites()).add(
                 request.tenant, new, self._capacity.get(replica_id, 0))
