@@ -11,7 +11,8 @@ requests are interleaved across groups. Three parts, each on a fresh engine per 
    after another: output tokens/s, TTFT p50/p99 (stream call -> first token) and the token-weighted
    hit ratio (cached / prompt tokens), for the **serial** baseline (the generator as it was before the
    scheduler, kept here: one forward at a time behind a lock, prefill in 256-token chunks) and the
-   **batched** scheduler, in the same run. Goal: >= 4x serial throughput at 16 streams, lower p99
+   **batched** scheduler (with the scheduler's default token budget per step, 512, as workers deploy
+   it; ``--token-budget`` to change), in the same run. Goal: >= 4x serial throughput at 16 streams, lower p99
    TTFT at every concurrency.
 2. **Two tenants**: a steady tenant sends its requests (long private prompts) one at a time with a
    pause between, alone and then while another tenant bursts the shared-prefix workload at 16
@@ -170,7 +171,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--system", type=int, default=None, help="shared system prompt tokens")
     ap.add_argument("--question", type=int, default=32)
     ap.add_argument("--output", type=int, default=None, help="generated tokens per request")
-    ap.add_argument("--token-budget", type=int, default=256)
+    ap.add_argument("--token-budget", type=int, default=SchedulerSettings().token_budget,
+                    help="the batched scheduler's tokens per step (default: the scheduler's, as workers deploy it, "
+                         "STRATA_TOKEN_BUDGET)")
     ap.add_argument("--chunk", type=int, default=256)
     ap.add_argument("--levels", default=None, help="comma-separated stream counts (default 1,4,16,64; quick 1,4,16)")
     args = ap.parse_args(argv)
