@@ -521,13 +521,26 @@ def test_an_abandoned_started_call_is_cancelled_on_its_worker_and_released(fleet
     assert all(rs.describe(i)["inflight"] == 0 for i in (0, 1))
 
 
-def test_no_call_is_started_where_no_replica_can_take_it_at_once(fleet):
+def test_a_replica_chosen_before_its_handle_is_known_is_called_by_the_await_and_chosen_once(fleet, monkeypatch):
+    """No handle known yet: ``submit`` only chooses (the router's choice is made once per call), and
+    ``acall`` looks the handle up and calls that replica; no replica routable: nothing chosen."""
+    from controlplane.runtime import dispatch
+
     spec, rs, _ = fleet
-    assert gateway.submit(spec, "collect", {"request_id": "s4"}) is None  # no handle known yet: acall looks it up
+    picks = []
+    real_pick = dispatch._pick
+    monkeypatch.setattr(dispatch, "_pick", lambda *a: picks.append(1) or real_pick(*a))
+    started = _started_on_a_thread(spec, {"request_id": "s4", "prompt": [1]})
+    assert started is not None and started.handle is None and started.ref is None
+    assert rs.describe(started.rep.index)["inflight"] == 0  # nothing submitted yet
+    rs._actor.alive[started.rep.index] = FakeHandle(f"r{started.rep.index}")  # what the lookup finds
+    events = asyncio.run(gateway.acall(spec, "collect", {"request_id": "s4", "prompt": [1]}, started=started))
+    assert events[-1]["by"] == f"r{started.rep.index}" and len(picks) == 1
+    assert all(rs.describe(i)["inflight"] == 0 for i in (0, 1))
     for i in (0, 1):
         rs.install(i, FakeHandle(f"r{i}"))
         rs.mark_dead(rs.replica(i), revive=False)
-    assert gateway.submit(spec, "collect", {"request_id": "s4"}) is None  # none routable: acall's 503
+    assert gateway.submit(spec, "collect", {"request_id": "s5"}) is None  # none routable: acall's 503
 
 
 class _Prepared:

@@ -104,7 +104,9 @@ def _served_tokens(events) -> int | None:
 @dataclass
 class Started:
     """An actor call submitted to ``rep`` (``ref``, or the ``error`` its submission raised), holding the
-    replica's in-flight count until ``release`` is closed (by the await, or ``abandon``)."""
+    replica's in-flight count until ``release`` is closed (by the await, or ``abandon``). With no
+    ``handle``, only the replica was chosen (its handle was not known yet): the await looks the
+    handle up and makes the call there."""
 
     spec: WorkerSpec
     rep: Replica
@@ -129,9 +131,10 @@ def _begin(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, handle: Any, method: 
 
 
 def submit(spec: WorkerSpec, method: str, *args, **kwargs) -> Started | None:
-    """``acall``'s first try, started in the calling thread (any thread): the replica ``_pick`` chooses,
-    its in-flight count and the actor call. None, with nothing started, when no replica is routable or
-    the chosen one's handle is not known yet: ``acall`` then does it all (and answers the error)."""
+    """``acall``'s first try, started in the calling thread (any thread): the replica ``_pick`` chooses
+    (the router's choice is made once per call), its in-flight count and the actor call; only the
+    choice when that replica's handle is not known yet. None, with nothing chosen, when no replica is
+    routable: ``acall`` then answers the error."""
     rs = replica_set(spec)
     rs.revive_dead()
     try:
@@ -139,13 +142,15 @@ def submit(spec: WorkerSpec, method: str, *args, **kwargs) -> Started | None:
     except Unavailable:
         return None
     handle = rep.handle
-    return None if handle is None else _begin(spec, rs, rep, handle, method, args, kwargs)
+    if handle is None:
+        return Started(spec, rep, None, method, request_id_of(args) if method in CANCELLABLE else None)
+    return _begin(spec, rs, rep, handle, method, args, kwargs)
 
 
 def abandon(started: Started) -> None:
     """A started call whose answer nobody will await (the request was cancelled meanwhile): cancelled on
     its worker, its in-flight count released. Never raises."""
-    if started.method in CANCELLABLE:
+    if started.method in CANCELLABLE and started.handle is not None:
         cancel_remote(started.spec, started.handle, started.request_id, started.ref)
     started.release.close()
 
@@ -158,7 +163,8 @@ async def acall(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIME
     cancelled or times out. A replica found dead before answering is replaced by another routable one,
     once."""
     rs = replica_set(spec)
-    rs.revive_dead()
+    if started is None:
+        rs.revive_dead()  # else done by submit
     tried: set[int] = set()
     while True:
         rep = started.rep if started is not None else _pick(spec, rs, method, args, frozenset(tried))
@@ -184,7 +190,7 @@ class _Retry(Exception):
 async def _acall_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, method: str, args: tuple, timeout: float,
                     kwargs: dict, started: Started | None = None):
     cancellable = method in CANCELLABLE
-    if started is None:
+    if started is None or started.handle is None:  # not submitted yet (at most chosen)
         try:
             handle = await _ahandle(spec, rs, rep)
         except Unavailable as exc:

@@ -29,8 +29,9 @@ class EarlyCall:
         self._abandoned = False
 
     def start(self, prep) -> None:
-        """Submit ``prep``'s ``collect`` unless it streams; nothing when no replica can take it at once
-        (``gateway.submit`` returns None: the loop's ``acall`` then does it all)."""
+        """Submit ``prep``'s ``collect`` unless it streams (``gateway.submit``: only the replica's choice
+        when its handle is not known yet; nothing when no replica is routable, and the loop's ``acall``
+        then answers the error)."""
         if prep.body.stream:
             return
         started = gateway.submit(prep.spec, "collect", prep.worker_req)
