@@ -206,6 +206,29 @@ def test_a_stream_that_broke_after_streaming_ends_with_a_retryable_error(fleet):
     assert len(rs.routable()) == 1  # the replica that broke left routing; the other did not
 
 
+def test_closing_a_stream_after_its_error_event_releases_the_replica_at_once(fleet):
+    """The view closes the stream after an error event, then writes ``[DONE]``: the replica's
+    in-flight count must be released by that close, not later when the inner generator is collected
+    (a client reading ``[DONE]`` then finding its tenant still busy)."""
+    spec, rs, _ = fleet
+    rs.install(0, FakeHandle("r0", dies_after=1))
+    rs.install(1, FakeHandle("r1", dies_after=1))
+
+    async def run():
+        stream = gateway.astream(spec, {"request_id": "s", "prompt": [1, 2]})
+        kept = []
+        async for ev in stream:
+            kept.append(ev)  # keeps the generator referenced, as the view's body does
+            if ev["type"] == "error":
+                break
+        await stream.aclose()
+        return kept, [(r.inflight, set(r.requests)) for r in (rs.replica(0), rs.replica(1))]
+
+    events, counts = asyncio.run(run())
+    assert events[-1]["type"] == "error"
+    assert counts == [(0, set()), (0, set())]
+
+
 def test_one_replica_is_routed_without_hashing(monkeypatch):
     spec = gateway.WorkerSpec(deployment="fake-single", preset="tiny", revision={"label": "r1", "seed": 1})
     rs = gateway.replica_set(spec)

@@ -235,8 +235,11 @@ async def astream(spec: WorkerSpec, req: dict) -> AsyncIterator[dict]:
         rep = _pick(spec, rs, "stream", (req,), frozenset(tried))
         tried.add(rep.index)
         try:
-            async for event in _stream_on(spec, rs, rep, req):
-                yield event
+            # aclosing: when this generator is closed, the replica's stream is closed at once (its
+            # in-flight count released), not whenever the abandoned inner generator is collected.
+            async with contextlib.aclosing(_stream_on(spec, rs, rep, req)) as events:
+                async for event in events:
+                    yield event
             return
         except _Retry as retry:
             if len(tried) > 1 or not [r for r in rs.routable() if r.index not in tried]:
