@@ -229,6 +229,35 @@ def test_closing_a_stream_after_its_error_event_releases_the_replica_at_once(fle
     assert counts == [(0, set()), (0, set())]
 
 
+def test_a_stream_refused_at_its_first_event_releases_the_replica_before_the_error_answers(fleet):
+    """The worker refuses a streamed request with an error event (e.g. the tenant is busy): the view
+    answers the error, and the replica's in-flight count is already released then, not when the
+    abandoned stream is collected (the raised error's traceback still references it here)."""
+    from types import SimpleNamespace
+
+    from controlplane.serving import views
+
+    spec, rs, _ = fleet
+
+    async def refused():
+        yield _value({"type": "error", "code": "tenant_busy", "message": "busy", "retryable": True})
+
+    for i in (0, 1):
+        handle = FakeHandle(f"r{i}")
+        handle.stream = _Method(lambda req: refused())
+        rs.install(i, handle)
+    prep = SimpleNamespace(spec=spec, worker_req={"request_id": "s", "prompt": [1, 2]})
+
+    async def run():
+        with pytest.raises(Exception) as raised:
+            await views._stream(None, prep, "text", False)
+        return raised, [(r.inflight, set(r.requests)) for r in (rs.replica(0), rs.replica(1))]
+
+    raised, counts = asyncio.run(run())
+    assert getattr(raised.value, "code", None) == "tenant_busy"
+    assert counts == [(0, set()), (0, set())]
+
+
 def test_one_replica_is_routed_without_hashing(monkeypatch):
     spec = gateway.WorkerSpec(deployment="fake-single", preset="tiny", revision={"label": "r1", "seed": 1})
     rs = gateway.replica_set(spec)
@@ -398,6 +427,16 @@ def _store(router, replica_id: str, hashes, seq: int = 1) -> None:
 
     assert router.index.apply(EventBatch(replica_id=replica_id, seq=seq, ts=0.0,
                                          events=(BlockStored(tier="l1", hashes=tuple(hashes)),)))
+
+
+def test_the_router_hands_the_policy_each_replica_s_reported_capacity():
+    """A replica's ``router`` figures (either engine's ``info()``) reach the policy's ``ReplicaState``:
+    ExpectedTTFT clips hits and weighs large writes by ``capacity_tokens``; 0 (not reported) turns that off."""
+    router = _router_with(["a", "b"])
+    router._views[0].router = {"cached_tokens": 64, "capacity_tokens": 4096, "queued_prefill_tokens": 32}
+    a, b = (router._state(router.replicas.replica(i), router._views[i]) for i in (0, 1))
+    assert (a.replica_id, a.capacity_tokens, a.cached_tokens, a.queued_prefill_tokens) == ("a", 4096, 64, 32)
+    assert (b.replica_id, b.capacity_tokens, b.cached_tokens) == ("b", 0, 0)
 
 
 def test_the_router_chooses_the_replica_holding_the_prefix_and_only_in_the_tenants_scope():

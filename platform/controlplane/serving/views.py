@@ -83,6 +83,7 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
     # Pull the first event before answering so an unreachable worker is a 503, not a broken stream.
     first = await events.__anext__()
     if first["type"] == "error":
+        await _close(events)  # its replica's in-flight count released now, not when it is collected
         raise WorkerError.from_event(first)
     cid, created = responses.new_id("cmpl" if kind == "text" else "chatcmpl"), int(time.time())
 
