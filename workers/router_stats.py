@@ -14,6 +14,10 @@ request's time to first token on this replica (``cachecore.routing.cost``), all 
   worker (one decode step, its wait for the model included).
 - ``cached_tokens``: tokens held in L1 and L2; ``capacity_tokens``: tokens L1 and L2 can hold.
 
+A vLLM replica reports the same section (``VllmWorker._router``): L1 is vLLM's device cache (the
+blocks vLLM allocated; what it holds as the worker records it, ``workers.vllm_blocks``), L2 Strata's
+tier service under the KV connector (its size; what it holds as its KV events say).
+
 Before the first measurement of a figure it is the documented default below and ``measured`` says
 so: prefill ``DEFAULT_PREFILL_TOKENS_PER_S``, loads the cost model's priors (``loadcost.PRIORS``),
 decode ``DEFAULT_DECODE_STEP_S``.

@@ -5,7 +5,9 @@ derives for it.
 always runs it) on the revision's Hugging Face checkpoint directory, on the event loop that will
 drive it (``workers.async_loop``). Its KV cache is sized from ``STRATA_L1_MB`` on every device
 (``kv_cache_memory_bytes``), raised to hold two sequences of the context length when that is
-smaller, so a tiny budget never stops it from starting.
+smaller, so a tiny budget never stops it from starting. ``num_blocks`` is estimated from that budget
+before the start and is the number of blocks vLLM allocated after it (what the replica reports as its
+device cache's capacity).
 
 The namespace (``namespace``) binds what a cache key must: the deployment, the weight digest
 (recorded by the control plane, checked here against the files), the tokenizer and chat template
@@ -157,6 +159,9 @@ class VllmRevision:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
+        # the blocks vLLM allocated: its engine core reports them to the client at start-up (its ready
+        # response, into the client's ``cache_config``); the estimate from the KV budget stands without it
+        self.num_blocks = int(self.engine.vllm_config.cache_config.num_gpu_blocks or self.num_blocks)
 
     def shutdown(self) -> None:
         for client in (self.tiers, self.tier_events):

@@ -29,7 +29,8 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
 - **Routing and figures.** The Strata block hashes of what vLLM computed are recorded
   (``workers.vllm_blocks``) and published as KV events (tier ``l1``); per-tenant prompt and cached
   tokens go into the same ``CacheMetrics`` as the reference engine's, the tiers' figures come from
-  the tier service.
+  the tier service. The router's section (``workers.router_stats``) counts L1 and L2 as the
+  reference engine's does: ``capacity_tokens`` is the blocks vLLM allocated plus L2's.
 
 - **Named caches** (``workers.named_caches``): prewarm, soft pins and drops of a prompt's blocks in
   Strata's L2 and L3 (vLLM's device cache cannot be edited per block from outside).
@@ -191,7 +192,7 @@ class VllmWorker:
         return {
             "deployment": self.deployment, "engine": "vllm", "preset": self.preset, "revision": a.label,
             "weight_digest": a.weight_digest, "device": self.device, "num_blocks": a.num_blocks,
-            "l2_blocks": self.config.blocks(self.config.l2_mb, a.kv_layout().bytes_per_block) if a.tiers else 0,
+            "l2_blocks": self._l2_blocks(),
             "write_policy": "write_through" if a.tiers else "none",
             "load_policy": self.config.load_policy if a.tiers else "none", "layout": a.layout(),
             "tiers": "strata" if a.tiers else "vllm",
@@ -267,7 +268,17 @@ class VllmWorker:
         snap["scheduler"] = {"engine": "vllm", **self.gate.snapshot()}
         return snap
 
+    def _l2_blocks(self) -> int:
+        """Blocks of Strata's L2 under the active engine (0 without the connector): the tier service
+        sizes its ``HostStore`` with the same ``WorkerConfig.blocks``."""
+        a = self._active
+        return self.config.blocks(self.config.l2_mb, a.kv_layout().bytes_per_block) if a.tiers is not None else 0
+
     def _router(self) -> dict:
+        """``workers.router_stats``' section for this replica. ``cached_tokens``: the blocks recorded in
+        vLLM's device cache (``DerivedBlocks``) and those the tier service's KV events put in L2, as of
+        the last events forwarded (no call to the tier service here: the router polls this often);
+        ``capacity_tokens``: vLLM's allocated blocks and L2's."""
         queued = waiting = running = 0
         with self._lock:
             for r in self._requests.values():
@@ -276,9 +287,13 @@ class VllmWorker:
                 else:
                     queued += r.prompt_tokens
                     waiting += 1
+        a = self._active
+        bs = a.block_size
+        l2_cached = self.events.stats()["held"]["l2"] if a.tiers is not None else 0
         return {
             "queued_prefill_tokens": queued, "queued_requests": waiting, "running": running,
-            "cached_tokens": self.blocks.count() * self._active.block_size,
+            "cached_tokens": (self.blocks.count() + l2_cached) * bs,
+            "capacity_tokens": (a.num_blocks + self._l2_blocks()) * bs,
             "rates": {"prefill_tokens_per_s": self._prefill_rate or DEFAULT_PREFILL_TOKENS_PER_S,
                       "load_tokens_per_s": self._load_rates(),
                       "decode_step_s": self.decode.value if self.decode.value is not None else DEFAULT_DECODE_STEP_S},

@@ -141,6 +141,12 @@ def test_routing_over_two_vllm_replicas_follows_the_cached_prefix(platform, acto
             idle_views()
             assert complete("acme", prefix + [100 + i, 7]) >= 128  # 4 of 5 blocks at least: the holder served it
         assert set(router.index.match(hashes, 32)) == {holder}
+        # the policy sees each vLLM replica's capacity (its hit clipping and large-write rules are on)
+        states = {s.replica_id: s for s in (router._state(router.replicas.replica(i), v)
+                                            for i, v in router._views.items())}
+        assert len(states) == 2 and all(s.capacity_tokens > 0 and s.cached_tokens <= s.capacity_tokens
+                                        for s in states.values())
+        assert states[holder].cached_tokens >= 160  # the prefix's five blocks at least
         other = request_hashes(view.namespace_fields, tenant_scope_salt(platform.tenants["globex"]), prefix)
         assert router.index.match(other, 32) == {}
         assert complete("globex", prefix + [7]) == 0

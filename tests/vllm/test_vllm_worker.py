@@ -197,6 +197,23 @@ def test_stats_count_per_tenant_tokens_and_kv_events_match_the_router_s_hashes(v
     assert not set(h.hex() for h in other) & set(stored)
 
 
+def test_router_figures_carry_the_engine_s_capacity_and_what_l1_and_l2_hold(vllm_worker):
+    w, a = vllm_worker, vllm_worker._active
+    prompt = [p + 8 for p in PROMPT]
+    _cached(w, A, prompt, cache_salt="capacity")
+    w.kv_events(w.events.seq)  # forwards the tier service's L2 events into the replica's log
+    router, stats = w.info()["router"], w.stats()
+    engine_blocks = a.engine.vllm_config.cache_config.num_gpu_blocks  # what vLLM allocated
+    l2 = stats["tiers"]["l2"] if a.tiers is not None else {}  # the tier service's own L2 figures
+    assert engine_blocks > 0 and w.info()["num_blocks"] == engine_blocks
+    assert router["capacity_tokens"] == (engine_blocks + l2.get("capacity_blocks", 0)) * a.block_size
+    assert router["cached_tokens"] == (w.blocks.count() + l2.get("used_blocks", 0)) * a.block_size
+    assert 0 < router["cached_tokens"] <= router["capacity_tokens"]
+    if a.tiers is not None:  # the prompt's 4 full blocks were written through to L2 and count there too
+        assert l2["capacity_blocks"] > 0 and l2["used_blocks"] >= 4
+        assert router["cached_tokens"] >= (w.blocks.count() + 4) * a.block_size
+
+
 def test_rollout_starts_the_new_revision_drains_and_retires_the_old(vllm_worker, vllm_checkpoint):
     path = vllm_checkpoint[0]
     prompt = [p + 7 for p in PROMPT]
