@@ -11,7 +11,7 @@ from cachecore.device import pick_device
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.layout import KVLayout
 from cachecore.model.config import PRESETS, ModelConfig, preset
-from cachecore.model.llama import LlamaModel
+from cachecore.model.llama import LlamaModel, decode_attention
 from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
 from cachecore.model.weights import (
     load_safetensors,
@@ -87,6 +87,31 @@ def test_decode_one_token_at_a_time_equals_dense(model):
     for pos in range(prompt, n):
         logits.append(model.forward(tokens[pos : pos + 1], pos, table, pages))
     torch.testing.assert_close(torch.cat(logits), model.forward_dense(tokens), **TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 4), (6, 3)])
+def test_decode_attention_pairs_each_query_head_with_its_kv_head_and_skips_padding(heads, kv_heads):
+    """Grouped decode attention (a KV head's query heads as its query rows) equals attention written out
+    with KV heads repeated as ``enable_gqa`` pairs them (query head h on KV head h // group), masked
+    positions ignored; pairing the heads the other way (h % kv_heads) gives other values."""
+    g = torch.Generator().manual_seed(heads)
+    b, length, hd = 3, 37, 16
+    q = torch.randn(b, heads, hd, generator=g)
+    k, v = torch.randn(b, length, kv_heads, hd, generator=g), torch.randn(b, length, kv_heads, hd, generator=g)
+    valid = torch.arange(length)[None, :] < torch.tensor([length, 20, 1])[:, None]  # items 1, 2 padded
+
+    def written_out(pair: torch.Tensor) -> torch.Tensor:
+        kr, vr = k[:, :, pair], v[:, :, pair]  # [b, length, heads, hd]
+        scores = torch.einsum("bhd,blhd->bhl", q, kr) / hd**0.5
+        return torch.einsum("bhl,blhd->bhd", scores.masked_fill(~valid[:, None], float("-inf")).softmax(-1), vr)
+
+    out = decode_attention(q, k, v, valid[:, None, None, :])
+    assert out.shape == (b, heads, hd)
+    torch.testing.assert_close(out, written_out(torch.arange(heads) // (heads // kv_heads)), **TOL)
+    if kv_heads < heads:
+        assert not torch.allclose(out, written_out(torch.arange(heads) % kv_heads), **TOL)
+    whole = decode_attention(q[:1], k[:1], v[:1])  # nothing padded: no mask
+    torch.testing.assert_close(whole, out[:1], **TOL)
 
 
 def test_cached_prefix_from_other_pages_gives_same_logits(model):

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from cachecore.errors import InvalidPrompt, PromptTooLong
-from cachecore.model.llama import gather_kv
+from cachecore.model.llama import decode_attention, gather_kv
 from cachecore.pages import KVPages
 
 
@@ -122,10 +122,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
             if idx.groups:
                 res = _shared_prefix_attention(qd, kd, vd, valid, idx.groups, kv_rows, li * 2 * bs, bs)
             else:
-                res = F.scaled_dot_product_attention(
-                    qd[:, :, None, :],  # [B, heads, 1, hd]
-                    kd.transpose(1, 2), vd.transpose(1, 2), attn_mask=valid, enable_gqa=True,
-                )[:, :, 0, :]
+                res = decode_attention(qd, kd, vd, valid)
             if rows is None:
                 out = res
             else:
