@@ -48,8 +48,19 @@ class KVPages:
 
     # ---- per-layer access (model runner) ---------------------------------------------------------
 
-    def write_layer(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k``/``v`` (``[n, kv_heads, head_dim]``) of ``layer`` at token ``slots`` (``[n]`` long).
+    def slot_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows of ``slots`` (``[n]`` long) for ``write_layer``'s ``rows``: ``[2n]``, their K's rows at
+        layer 0, then their V's (a forward computes them once, not once per layer)."""
+        lay, bs = self.layout, self.layout.block_size
+        slots = slots.to(self.device)
+        k_rows = (slots // bs) * (lay.num_layers * 2 * bs) + slots % bs
+        return torch.cat((k_rows, k_rows + bs))
+
+    def write_layer(
+        self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, rows: torch.Tensor | None = None
+    ) -> None:
+        """Store ``k``/``v`` (``[n, kv_heads, head_dim]``) of ``layer`` at token ``slots`` (``[n]`` long);
+        ``rows``, when given, must be ``slot_rows(slots)``.
 
         Slots must be distinct and below ``num_blocks * block_size`` (not re-checked here: hot path).
         """
@@ -57,10 +68,7 @@ class KVPages:
         n = slots.shape[0]
         if k.shape != (n, lay.num_kv_heads, lay.head_dim) or v.shape != k.shape:
             raise InvalidKV(f"k/v shape {tuple(k.shape)}/{tuple(v.shape)} does not match {n} slots")
-        bs = lay.block_size
-        slots = slots.to(self.device)
-        k_rows = ((slots // bs) * lay.num_layers + layer) * (2 * bs) + slots % bs
-        rows = torch.cat((k_rows, k_rows + bs))
+        rows = (self.slot_rows(slots) if rows is None else rows) + layer * 2 * lay.block_size
         src = torch.cat((k.reshape(n, -1), v.reshape(n, -1))).to(self.kv.dtype)
         self._rows.index_copy_(0, rows, src)
 

@@ -11,7 +11,7 @@ from cachecore.device import pick_device
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.layout import KVLayout
 from cachecore.model.config import PRESETS, ModelConfig, preset
-from cachecore.model.llama import LlamaModel, decode_attention
+from cachecore.model.llama import LlamaModel, _rope, decode_attention
 from cachecore.model.tokenizer import ByteTokenizer, ChatTemplate
 from cachecore.model.weights import (
     load_safetensors,
@@ -112,6 +112,23 @@ def test_decode_attention_pairs_each_query_head_with_its_kv_head_and_skips_paddi
         assert not torch.allclose(out, written_out(torch.arange(heads) % kv_heads), **TOL)
     whole = decode_attention(q[:1], k[:1], v[:1])  # nothing padded: no mask
     torch.testing.assert_close(whole, out[:1], **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_turns_each_head_by_its_positions_angles_bit_for_bit(model, dtype):
+    """RoPE from ``rope_at``'s factors (one product with the cosines, one with the halves swapped and the
+    signed sines) equals the rotation written out half by half in fp32, bit for bit, at a slice of
+    positions and at scattered ones (the batched forward's)."""
+    hd = CFG.head_dim
+    x = torch.randn(5, CFG.n_heads + CFG.n_kv_heads, hd, generator=torch.Generator().manual_seed(1)).to(dtype)
+    for pos in (torch.arange(300, 305), torch.tensor([9, 0, 511, 3, 77])):
+        c, s = model.cos[pos][:, None, :].cpu(), model.sin[pos][:, None, :].cpu()
+        x1, x2 = x[..., : hd // 2].float(), x[..., hd // 2 :].float()
+        written_out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(dtype)
+        by_slice = model.rope_at(slice(300, 305)) if pos[0] == 300 else model.rope_at(pos.to(model.device))
+        got = _rope(x.to(model.device), *by_slice).cpu()
+        assert got.dtype == dtype and torch.equal(got, written_out)
+        assert not torch.equal(got, x)
 
 
 def test_cached_prefix_from_other_pages_gives_same_logits(model):

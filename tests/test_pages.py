@@ -98,6 +98,26 @@ def test_write_layer_then_gather_with_shuffled_block_table(pages):
     assert torch.equal(pages.kv[3, 1, 0], k[4:8]) and torch.equal(pages.kv[3, 1, 1], v[4:8])
 
 
+def test_write_layer_with_rows_computed_once_writes_where_slots_say_for_every_layer(pages):
+    """``slot_rows`` computed once serves every layer's write: the same bytes as ``write_layer`` working out
+    the rows itself, layer by layer, at the positions of the page layout."""
+    bs, table = LAYOUT.block_size, torch.tensor([7, 2, 5])
+    pos = torch.arange(1, 10)
+    slots = (table[pos // bs] * bs + pos % bs).to(pages.device)
+    rows = pages.slot_rows(slots)
+    assert rows.shape == (2 * len(pos),)
+    other = KVPages(LAYOUT, num_blocks=10, device=pages.device)
+    g = torch.Generator().manual_seed(2)
+    for layer in range(LAYOUT.num_layers):
+        k, v = (torch.randn(len(pos), 2, 8, generator=g).to(pages.device) for _ in range(2))
+        pages.write_layer(layer, slots, k, v, rows=rows)
+        other.write_layer(layer, slots, k, v)
+        assert torch.equal(pages.gather_layer(layer, table, 10)[0][1:], k)
+        assert torch.equal(pages.kv[2, layer, 1, :2], v[3:5])  # block 2 holds positions 4..7
+    assert torch.equal(pages.kv, other.kv)
+    assert (pages.kv.flatten(1).abs().sum(1) != 0).nonzero().flatten().tolist() == [2, 5, 7]  # only the table's
+
+
 def test_gather_reads_only_needed_blocks_and_positions(pages):
     table = torch.tensor([4, 9])
     pages.poison(torch.tensor([9]))

@@ -17,7 +17,7 @@ the shared prefix once per request: on 16 streams over 4 shared 1,024-token pref
 took twice as long.
 
 Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_attn_out``, ``_mlp``, ``_rms``,
-``norm``, ``lm_head``, ``cos``/``sin``), so it follows whatever those pieces compute. Each item's logits
+``norm``, ``lm_head``, ``rope_at``), so it follows whatever those pieces compute. Each item's logits
 equal what ``model.forward`` returns for it alone, within fp32 rounding (the batched matmuls sum in
 another order).
 
@@ -88,7 +88,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
     dev, bs = model.device, pages.layout.block_size
     idx = _StepIndex(items, bs, len(model.layers))
     tokens, pos, slots = idx.tokens.to(dev), idx.pos.to(dev), idx.slots.to(dev)
-    cos, sin = model.cos[pos], model.sin[pos]
+    rope, slot_rows = model.rope_at(pos), pages.slot_rows(slots)
     dec = None
     if idx.groups:
         idx.groups = [(m.to(dev), b.to(dev)) for m, b in idx.groups]
@@ -110,8 +110,8 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
 
     x = model.tok_emb[tokens]
     for li, layer in enumerate(model.layers):
-        q, k, v = model._qkv(layer, x, cos, sin)
-        pages.write_layer(li, slots, k, v)
+        q, k, v = model._qkv(layer, x, rope)
+        pages.write_layer(li, slots, k, v, rows=slot_rows)
         out = torch.empty_like(q)
         if dec is not None:
             rows, base, valid = dec

@@ -134,15 +134,15 @@ class LlamaModel:
         tokens, block_table = tokens.to(self.device), block_table.to(self.device, torch.int64)
         pos = torch.arange(start_pos, total, device=self.device)
         slots = block_table[pos // bs] * bs + pos % bs
-        cos, sin = self.cos[start_pos:total], self.sin[start_pos:total]
+        rope, rows = self.rope_at(slice(start_pos, total)), pages.slot_rows(slots)
         if start_pos == 0 or n == 1:
             mask = None  # square causal (is_causal) or one query that sees everything
         else:
             mask = torch.arange(total, device=self.device)[None, :] <= pos[:, None]
         x = self.tok_emb[tokens]
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            pages.write_layer(i, slots, k, v)
+            q, k, v = self._qkv(layer, x, rope)
+            pages.write_layer(i, slots, k, v, rows=rows)
             # from position 0 the pages hold exactly k and v (same dtype): attend over them as they are
             k_all, v_all = (k, v) if start_pos == 0 else gather_kv(pages, i, block_table, total)
             if n == 1:
@@ -172,11 +172,11 @@ class LlamaModel:
         """
         n = self._check_tokens(tokens, 0)
         cfg, hd = self.config, self.config.head_dim
-        cos, sin = self.cos[:n], self.sin[:n]
+        rope = self.rope_at(slice(0, n))
         future = torch.ones(n, n, dtype=torch.bool, device=self.device).triu(1)
         x = self.tok_emb[tokens.to(self.device)]
         for layer in self.layers:
-            q, k, v = self._qkv(layer, x, cos, sin)
+            q, k, v = self._qkv(layer, x, rope)
             group = cfg.n_heads // cfg.n_kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(hd)
@@ -188,20 +188,31 @@ class LlamaModel:
 
     # ---- pieces ------------------------------------------------------------------------------------
 
+    def rope_at(self, pos: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE factors ``(cos, sin)`` of positions ``pos`` (a slice, or an index tensor on the model's
+        device), each ``[n, 1, hd]``: the angles' cosines over both halves of a head, their sines negated
+        over the first half, so that ``_rope`` turns a head with two products and one sum. Built once per
+        forward, used by every layer."""
+        cos, sin = self.cos[pos], self.sin[pos]
+        return torch.cat((cos, cos), dim=-1)[:, None], torch.cat((-sin, sin), dim=-1)[:, None]
+
     def _qkv(
-        self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, layer: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q ``[n, heads, hd]``, k and v ``[n, kv_heads, hd]`` of ``x`` ``[n, dim]`` at the positions whose
-        angles are ``cos``/``sin`` ``[n, hd/2]``: projections (with biases when configured), q/k head
-        norms when configured, then RoPE on q and k."""
+        factors are ``rope`` (``rope_at``): projections (with biases when configured), q/k head norms when
+        configured, then RoPE on q and k."""
         cfg, hd = self.config, self.config.head_dim
         qkv = F.linear(self._rms(x, layer.attn_norm), layer.wqkv, layer.bqkv)
-        q, k, v = qkv.split([cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd], dim=-1)
-        n = x.shape[0]
-        q, k = q.view(n, cfg.n_heads, hd), k.view(n, cfg.n_kv_heads, hd)
-        if layer.q_norm is not None:
-            q, k = self._rms(q, layer.q_norm), self._rms(k, layer.k_norm)
-        return _rope(q, cos, sin), _rope(k, cos, sin), v.reshape(n, cfg.n_kv_heads, hd)
+        n, heads, kv_heads = x.shape[0], cfg.n_heads, cfg.n_kv_heads
+        v = qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd)
+        if layer.q_norm is None:
+            # q's and k's heads lie side by side in qkv: one rotation for both (per-op cost dominates a decode)
+            qk = _rope(qkv[:, : (heads + kv_heads) * hd].view(n, heads + kv_heads, hd), *rope)
+            return qk[:, :heads], qk[:, heads:], v
+        q = qkv[:, : heads * hd].view(n, heads, hd)
+        k = qkv[:, heads * hd : (heads + kv_heads) * hd].view(n, kv_heads, hd)
+        return _rope(self._rms(q, layer.q_norm), *rope), _rope(self._rms(k, layer.k_norm), *rope), v
 
     def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
         """Output projection of the attention ``[n, heads * hd]`` (with its bias when configured)."""
@@ -263,8 +274,8 @@ def decode_attention(
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head of ``x`` ``[n, heads, hd]`` by per-position angles ``[n, hd/2]``."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    c, s = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+    """Rotate the two halves ``x1``, ``x2`` of each head of ``x`` ``[n, heads, hd]`` by the factors of
+    ``LlamaModel.rope_at``, in fp32: ``x1 * cos - x2 * sin`` then ``x2 * cos + x1 * sin`` (written as
+    ``x * cos + halves_swapped(x) * sin``, bit for bit the same values, as transformers computes them)."""
+    xf = x.float()
+    return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
