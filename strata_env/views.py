@@ -218,7 +218,7 @@ class WorkerEnv(_MasterKeyPaths):
     home: Path  # STRATA_HOME
     master_key: str | None  # STRATA_MASTER_KEY (read where it is used: workers.config.master_key)
     master_key_path: Path | None  # STRATA_MASTER_KEY_FILE (else $STRATA_HOME/master.key)
-    l3_url: str  # STRATA_L3_URL: file:///path (default $STRATA_HOME/l3), redis://host:port/db, or none
+    l3_url: str  # STRATA_L3_URL: file:///path (default $STRATA_HOME/l3), redis[+cluster]://host:port[/db], or none
     weights_root: Path | None  # STRATA_WEIGHTS_ROOT
     device: str | None  # STRATA_DEVICE
     test_hooks: bool  # STRATA_TEST_HOOKS=1

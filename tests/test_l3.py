@@ -2,8 +2,9 @@
 RemoteStore round trips, retention, quotas, scoped deletes, and the fault matrix (F1-F6 + no plaintext).
 
 Redis tests run against a real ``redis-server`` this module starts on a free port (never 6379) and
-stops at the end; the filesystem tests use ``tmp_path``. Each fault test would fail if its defence
-were removed (noted per test).
+stops at the end, and the backend and store tests (``raw``) again against a real three-node Redis
+Cluster (``redis+cluster://``, started the same way); the filesystem tests use ``tmp_path``. Each
+fault test would fail if its defence were removed (noted per test).
 """
 
 from __future__ import annotations
@@ -153,17 +154,148 @@ def redis_up(redis_server):
     return redis_server
 
 
+# ---------------------------------------------------------------------- a real Redis Cluster
+class RedisClusterNodes:
+    """Three ``redis-server`` processes in cluster mode (three primaries, no replicas) on free ports,
+    joined by ``redis-cli --cluster create``: what ``redis+cluster://`` URLs are tested against."""
+
+    def __init__(self, workdir: str, n: int = 3) -> None:
+        ports: list[int] = []
+        while len(ports) < 2 * n:  # a client port and a cluster bus port per node
+            port = _free_port()
+            if port not in ports:
+                ports.append(port)
+        self.ports, self.bus_ports = ports[:n], ports[n:]
+        self.workdir = workdir
+        self.procs: dict[int, subprocess.Popen] = {}
+        self._client = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}/"
+
+    def start_node(self, i: int) -> None:
+        import redis
+
+        port = self.ports[i]
+        self.procs[port] = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-port", str(self.bus_ports[i]),
+             "--cluster-config-file", os.path.join(self.workdir, f"nodes-{port}.conf"),
+             "--save", "", "--appendonly", "no", "--dir", self.workdir, "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, socket_timeout=1).ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline or self.procs[port].poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.02)
+
+    def stop_node(self, i: int) -> None:
+        proc = self.procs.pop(self.ports[i], None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+
+    def running(self) -> bool:
+        return all(p in self.procs and self.procs[p].poll() is None for p in self.ports)
+
+    def create(self) -> None:
+        for i in range(len(self.ports)):
+            self.start_node(i)
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)  # fmt: skip
+        self.wait_ok()
+
+    def start(self) -> None:
+        """Start the nodes that are not running (each rejoins from its nodes file, empty)."""
+        for i, port in enumerate(self.ports):
+            if port not in self.procs or self.procs[port].poll() is not None:
+                self.start_node(i)
+        self.wait_ok()
+
+    def stop(self) -> None:
+        for i in range(len(self.ports)):
+            self.stop_node(i)
+
+    def wait_ok(self) -> None:
+        """Until every node reports ``cluster_state:ok`` (the only wait the fixture has)."""
+        import redis
+
+        deadline = time.monotonic() + 30
+        for port in self.ports:
+            node = redis.Redis(port=port, socket_timeout=1)
+            while node.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the Redis Cluster did not reach cluster_state:ok")
+                time.sleep(0.02)
+
+    def nodes(self) -> list:
+        """A plain client per node."""
+        import redis
+
+        return [redis.Redis(port=port, socket_timeout=10) for port in self.ports]
+
+    def client(self):
+        """A cluster client (follows the slot map), opened once."""
+        from redis.cluster import RedisCluster
+
+        if self._client is None:
+            self._client = RedisCluster(host="127.0.0.1", port=self.ports[0], socket_timeout=10)
+        return self._client
+
+    def flushall(self) -> None:
+        """Empty every node; the cluster client reads the slot map again (a test may have moved a slot)."""
+        for node in self.nodes():
+            node.flushall()
+        if self._client is not None:
+            self._client.nodes_manager.initialize()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.skip("redis-server/redis-cli are not on PATH (the Redis Cluster tests need real servers)")
+    nodes = RedisClusterNodes(str(tmp_path_factory.mktemp("redis-cluster")))
+    try:
+        nodes.create()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture
+def redis_cluster_up(redis_cluster):
+    """The module's cluster, every node running, empty (nodes a test stopped are restarted)."""
+    if not redis_cluster.running():
+        redis_cluster.start()
+    redis_cluster.flushall()
+    return redis_cluster
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def redis_any(request):
+    """A standalone server, then a cluster: for the Redis backend's own tests (``.url``, ``.client()``,
+    ``.stop()``, ``.start()`` on either)."""
+    return request.getfixturevalue("redis_up" if request.param == "redis" else "redis_cluster_up")
+
+
 class Raw:
     """Direct access to a backend's stored bytes, around the store (to damage or move objects)."""
 
-    def __init__(self, kind: str, backend, server: RedisServer | None = None) -> None:
+    def __init__(self, kind: str, backend, server: RedisServer | RedisClusterNodes | None = None) -> None:
         self.kind, self.backend, self.server = kind, backend, server
 
     def _path(self, name: str) -> str:
         return os.path.join(self.backend.root, *name.split("/"))
 
     def _key(self, name: str) -> bytes:
-        return (self.backend.prefix + name).encode()
+        return self.backend._key(name)
 
     def get(self, name: str) -> bytes:
         if self.kind == "fs":
@@ -190,20 +322,20 @@ class Raw:
         else:
             client, meta = self.server.client(), self.backend._mtime_key
             for a, b in ((self._key(src), self._key(dst)), (meta(self._key(src)), meta(self._key(dst)))):
-                client.copy(a, b, replace=True)
+                client.set(b, client.get(a))  # not COPY: on a cluster the two names are in two slots
                 if not copy:
                     client.delete(a)
 
 
-@pytest.fixture(params=["fs", "redis"])
+@pytest.fixture(params=["fs", "redis", "redis-cluster"])
 def raw(request, tmp_path):
     if request.param == "fs":
         backend = open_backend(f"file://{tmp_path / 'l3'}")
         yield Raw("fs", backend)
     else:
-        server = request.getfixturevalue("redis_up")
+        server = request.getfixturevalue("redis_up" if request.param == "redis" else "redis_cluster_up")
         backend = open_backend(server.url)
-        yield Raw("redis", backend, server)
+        yield Raw(request.param, backend, server)
         backend.close()
 
 

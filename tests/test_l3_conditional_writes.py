@@ -4,7 +4,8 @@ two writers of one object exactly one writes, nothing torn), batched writes that
 or replaced meanwhile is read whole or not at all), batched probes, objects of the earlier Redis
 layout, and the engine's chunk writer batching a commit's chunks.
 
-Redis tests run against the real ``redis-server`` of :mod:`tests.test_l3` (a free port, never 6379).
+Redis tests run against the real ``redis-server`` of :mod:`tests.test_l3` (a free port, never 6379), and
+those that are not about one server (pausing it) against its real Redis Cluster too.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from tests.test_l3 import (  # noqa: F401  (fixtures)
     _store,
     _tag,
     raw,
+    redis_any,
+    redis_cluster,
+    redis_cluster_up,
     redis_server,
     redis_up,
 )
@@ -85,7 +89,7 @@ def test_two_stores_writing_one_chunk_at_once_write_it_once(raw, monkeypatch):  
     the first. The loser keeps the object in its accounting: it is there."""
     ring = _keyring("t1")
     a = _store(raw, ring)
-    b = _store(open_backend(raw.backend.url) if raw.kind == "redis" else raw.backend, ring)
+    b = _store(open_backend(raw.backend.url) if raw.kind != "fs" else raw.backend, ring)
     ns, tokens, hashes, kv = _request(41, CB)
     tag = _tag(ns)
     for store in (a, b):
@@ -178,6 +182,7 @@ def test_a_redis_batch_whose_reply_is_lost_is_found_by_the_next_listing(redis_up
 
 
 def test_put_new_many_reports_a_redis_failure_as_a_partial_write(redis_up):  # noqa: F811
+    """A Redis Cluster with a node down: tests/test_l3_redis_cluster.py (no restart of every node here)."""
     backend = open_backend(redis_up.url)
     redis_up.stop()
     try:
@@ -193,8 +198,8 @@ def test_put_new_many_reports_a_redis_failure_as_a_partial_write(redis_up):  # n
 
 
 # ====================================================================== windowed reads (Redis)
-def test_a_value_bigger_than_one_window_is_read_exactly(redis_up):  # noqa: F811
-    backend = open_backend(redis_up.url + "?window=4096")
+def test_a_value_bigger_than_one_window_is_read_exactly(redis_any):  # noqa: F811
+    backend = open_backend(redis_any.url + "?window=4096")
     data = os.urandom(4096 * 10 + 123)
     backend.put("t1/m/r/v1/aa", data)
     out = memoryview(bytearray(len(data)))
@@ -204,7 +209,7 @@ def test_a_value_bigger_than_one_window_is_read_exactly(redis_up):  # noqa: F811
     assert backend.get_into("t1/m/r/v1/zz", out) is None
     assert backend.head("t1/m/r/v1/aa", 13) == data[:13] and backend.head("t1/m/r/v1/zz", 13) is None
     # the store, on chunks of many windows
-    store = _store(open_backend(redis_up.url + "?window=1000"), _keyring("t1"))
+    store = _store(open_backend(redis_any.url + "?window=1000"), _keyring("t1"))
     ns, tokens, hashes, kv = _request(45, 2 * CB)
     tag = _tag(ns)
     assert store.put_chunks(_chunks(hashes, tokens, kv, store), tag) == [True, True]
@@ -212,15 +217,15 @@ def test_a_value_bigger_than_one_window_is_read_exactly(redis_up):  # noqa: F811
     backend.close()
 
 
-def test_a_value_replaced_or_deleted_while_read_in_windows_is_whole_or_missing_never_mixed(redis_up):  # noqa: F811
+def test_a_value_replaced_or_deleted_while_read_in_windows_is_whole_or_missing_never_mixed(redis_any):  # noqa: F811
     """A writer replaces the value (same length, other bytes) and deletes it, over and over, while a
     reader reads it in 64 windows. Defence: the windows are read in one MULTI/EXEC; read one by one,
     reads mix the two values."""
-    backend = open_backend(redis_up.url + "?window=4096")
+    backend = open_backend(redis_any.url + "?window=4096")
     a, b = os.urandom(4096 * 64), os.urandom(4096 * 64)
     stop = threading.Event()
-    client = redis_up.client()
-    key = (backend.prefix + "t1/m/r/v1/aa").encode()
+    client = redis_any.client()
+    key = backend._key("t1/m/r/v1/aa")
 
     def churn() -> None:
         while not stop.is_set():
@@ -249,8 +254,8 @@ def test_a_value_replaced_or_deleted_while_read_in_windows_is_whole_or_missing_n
     backend.close()
 
 
-def test_a_chunk_deleted_before_its_read_is_a_miss_not_garbage(redis_up):  # noqa: F811
-    store = _store(open_backend(redis_up.url + "?window=1000"), _keyring("t1"))
+def test_a_chunk_deleted_before_its_read_is_a_miss_not_garbage(redis_any):  # noqa: F811
+    store = _store(open_backend(redis_any.url + "?window=1000"), _keyring("t1"))
     ns, tokens, hashes, kv = _request(46, 2 * CB)
     tag = _tag(ns)
     assert store.put_chunks(_chunks(hashes, tokens, kv, store), tag) == [True, True]
@@ -273,15 +278,15 @@ def test_a_probe_asks_the_backend_once_for_the_whole_chain(raw):  # noqa: F811
     assert calls == [4]
 
 
-def test_an_object_of_the_earlier_redis_layout_is_a_miss_and_swept(redis_up):  # noqa: F811
+def test_an_object_of_the_earlier_redis_layout_is_a_miss_and_swept(redis_any):  # noqa: F811
     """Before, an object was a hash. Defence: a WRONGTYPE reply is a miss, not a backend failure (which
     would skip L3 for everyone), and the listing reports it for the sweep to delete."""
-    backend = open_backend(redis_up.url)
+    backend = open_backend(redis_any.url)
     store = _store(backend, _keyring("t1"))
     ns, tokens, hashes, kv = _request(48, CB)
     tag = _tag(ns)
     name = _names(store, tag, hashes)[0]
-    redis_up.client().hset((backend.prefix + name).encode(), mapping={"d": b"old", "h": b"old", "t": b"1.0"})
+    redis_any.client().hset(backend._key(name), mapping={"d": b"old", "h": b"old", "t": b"1.0"})
     got = store.get(hashes, tokens, tag, CB)
     assert got.stopped == "miss" and store.stats["failures"] == 0
     assert backend.head(name, 13) is None

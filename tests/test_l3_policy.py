@@ -18,7 +18,20 @@ import pytest
 
 from cachecore import crypto
 from tests.l3_workers import CHUNK_TOKENS, DAY, L3Site, cached_tokens, prompt
-from tests.test_l3 import CB, _keyring, _names, _put_all, _request, _store, _tag, raw, redis_server, redis_up  # noqa: F401
+from tests.test_l3 import (  # noqa: F401  (fixtures)
+    CB,
+    _keyring,
+    _names,
+    _put_all,
+    _request,
+    _store,
+    _tag,
+    raw,
+    redis_cluster,
+    redis_cluster_up,
+    redis_server,
+    redis_up,
+)
 
 _EXPIRES_AT = 5  # byte offset of the frame's expiry (after format version u8 and key version u32)
 

@@ -8,8 +8,8 @@ worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | 
 ``STRATA_EVICTION_POLICY`` (which cached KV every tier gives up first: ``fair_lru``, the default, or
 another name of ``cachecore.eviction.registry.EVICTION_POLICIES`` such as ``value_aware``),
 ``STRATA_L3_URL`` (the encrypted remote tier: ``file:///path``, default ``$STRATA_HOME/l3``;
-``redis://host:port/db``; ``none``), ``STRATA_L3_MB`` (its capacity, default 4096),
-``STRATA_L3_SWEEP_SECONDS`` (retention sweep period, default 300), the master key
+``redis://host:port/db``; ``redis+cluster://host:port``, a Redis Cluster; ``none``), ``STRATA_L3_MB``
+(its capacity, default 4096), ``STRATA_L3_SWEEP_SECONDS`` (retention sweep period, default 300), the master key
 (``STRATA_MASTER_KEY``, base64 of 32 bytes, or the file ``STRATA_MASTER_KEY_FILE``, default
 ``$STRATA_HOME/master.key``: the control plane creates it; the worker only reads it),
 ``STRATA_PREFILL_CHUNK`` (tokens per prefill turn, default 256: smaller bounds how long one tenant's

@@ -4,6 +4,8 @@
 - ``file:///abs/path`` (``?fsync=0`` to skip fsyncs, for benchmarks only) -> :class:`FileBackend`
 - ``redis://host:port/db`` (``rediss://`` for TLS; ``?timeout=0.2&connect_timeout=0.2&prefix=...``)
   -> :class:`RedisBackend` (imports redis-py only when used)
+- ``redis+cluster://host:port`` (``rediss+cluster://`` for TLS; any one node of a Redis Cluster, the
+  same options) -> :class:`RedisBackend` on the cluster
 - ``none`` -> ``None`` (L3 disabled)
 """
 
@@ -37,7 +39,10 @@ def _open_redis(url: str, **options: object) -> Backend:
     return RedisBackend(url, **options)  # type: ignore[arg-type]
 
 
-_SCHEMES: dict[str, Callable[..., Backend]] = {"file": _open_file, "redis": _open_redis, "rediss": _open_redis}
+_SCHEMES: dict[str, Callable[..., Backend]] = {
+    "file": _open_file, "redis": _open_redis, "rediss": _open_redis,
+    "redis+cluster": _open_redis, "rediss+cluster": _open_redis,
+}  # fmt: skip
 
 
 def register_backend(scheme: str, factory: Callable[..., Backend]) -> None:
