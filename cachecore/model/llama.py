@@ -278,4 +278,5 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     ``LlamaModel.rope_at``, in fp32: ``x1 * cos - x2 * sin`` then ``x2 * cos + x1 * sin`` (written as
     ``x * cos + halves_swapped(x) * sin``, bit for bit the same values, as transformers computes them)."""
     xf = x.float()
-    return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
+    # in place where the result is fresh: a prefill's q/k are megabytes, and each temporary costs a pass
+    return (xf * cos).add_(xf.roll(x.shape[-1] // 2, dims=-1).mul_(sin)).to(x.dtype)
