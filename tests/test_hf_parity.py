@@ -154,14 +154,14 @@ def test_llama3_rope_scaling_is_what_makes_the_logits_match(tmp_path):
                "output.weight": loaded.model.lm_head}
     for i, layer in enumerate(loaded.model.layers):
         p = f"layers.{i}."
-        q, k, v = layer.wqkv.split([loaded.config.n_heads * loaded.config.head_dim,
+        q, k, v = layer.wqkv.weight.split([loaded.config.n_heads * loaded.config.head_dim,
                                     loaded.config.n_kv_heads * loaded.config.head_dim,
                                     loaded.config.n_kv_heads * loaded.config.head_dim])
-        w1, w3 = layer.w13.chunk(2)
+        w1, w3 = layer.w13.weight.chunk(2)
         weights.update({p + "attention_norm.weight": layer.attn_norm, p + "ffn_norm.weight": layer.ffn_norm,
                         p + "attention.wq.weight": q, p + "attention.wk.weight": k, p + "attention.wv.weight": v,
-                        p + "attention.wo.weight": layer.wo, p + "feed_forward.w1.weight": w1,
-                        p + "feed_forward.w3.weight": w3, p + "feed_forward.w2.weight": layer.w2})
+                        p + "attention.wo.weight": layer.wo.weight, p + "feed_forward.w1.weight": w1,
+                        p + "feed_forward.w3.weight": w3, p + "feed_forward.w2.weight": layer.w2.weight})
     unscaled = LlamaModel(replace(loaded.config, rope_scaling=None), weights, "cpu")
     ref = _hf_logits(hf, ids)
     torch.testing.assert_close(loaded.model.forward_dense(torch.tensor(ids)), ref, atol=ATOL, rtol=ATOL)

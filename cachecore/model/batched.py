@@ -17,7 +17,7 @@ the shared prefix once per request: on 16 streams over 4 shared 1,024-token pref
 took twice as long.
 
 Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_attn_out``, ``_mlp``, ``_rms``,
-``norm``, ``lm_head``, ``rope_at``), so it follows whatever those pieces compute. Each item's logits
+``logits``, ``rope_at``), so it follows whatever those pieces compute. Each item's logits
 equal what ``model.forward`` returns for it alone, within fp32 rounding (the batched matmuls sum in
 another order).
 
@@ -138,7 +138,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
         x = x + model._attn_out(layer, out.reshape(x.shape[0], -1))
         x = x + model._mlp(layer, x)
     last = idx.last.to(dev)
-    return F.linear(model._rms(x.index_select(0, last), model.norm), model.lm_head).float()
+    return model.logits(x.index_select(0, last))
 
 
 class _StepIndex:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.layout import torch_dtype
 from cachecore.model.config import ModelConfig, RopeScaling
+from cachecore.model.linear import Linear
 from cachecore.model.weights import validate_weights
 from cachecore.pages import KVPages
 
@@ -50,13 +51,11 @@ def rope_scaled(scaling: RopeScaling, inv_freq: torch.Tensor) -> torch.Tensor:
 
 class _Layer(NamedTuple):
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # rows: wq, then wk, then wv (fused: one matmul)
-    wo: torch.Tensor
+    wqkv: Linear  # rows: wq, then wk, then wv (fused: one matmul); q, k, v biases when config.qkv_bias
+    wo: Linear  # output projection (its bias when config.o_bias)
     ffn_norm: torch.Tensor
-    w13: torch.Tensor  # rows: w1 (gate), then w3 (up)
-    w2: torch.Tensor
-    bqkv: torch.Tensor | None = None  # q, k, v biases (config.qkv_bias)
-    bo: torch.Tensor | None = None  # output projection bias (config.o_bias)
+    w13: Linear  # rows: w1 (gate), then w3 (up)
+    w2: Linear
     q_norm: torch.Tensor | None = None  # per-head RMSNorm weights [head_dim] (config.qk_norm)
     k_norm: torch.Tensor | None = None
 
@@ -65,8 +64,9 @@ class LlamaModel:
     """Decoder with ``config`` and ``weights`` (names as in ``weights.weight_shapes``) on ``device``.
 
     Weights are validated (``ValueError``), cast to ``config.dtype`` and moved to ``device`` once.
-    Without ``output.weight`` the lm head is tied to the embeddings. Stateless between calls: all
-    sequence state lives in the pages and the caller's block table.
+    Without ``output.weight`` the lm head is tied to the embeddings. The weight matmuls are
+    ``Linear``s (on a CPU, oneDNN over weights reordered here). Stateless between calls: all sequence
+    state lives in the pages and the caller's block table.
     """
 
     def __init__(
@@ -79,22 +79,23 @@ class LlamaModel:
         self.tok_emb = w["tok_embeddings.weight"]
         self.device = self.tok_emb.device
         self.tied = "output.weight" not in w
-        self.lm_head = self.tok_emb if self.tied else w["output.weight"]
+        # tied: the embedding itself, plain (a reordered copy would hold the vocabulary twice)
+        self.head = Linear(self.tok_emb, pack=False) if self.tied else Linear(w.pop("output.weight"))
         self.norm = w["norm.weight"]
         self.layers: list[_Layer] = []
         for i in range(config.n_layers):
             p = f"layers.{i}."
             a = p + "attention."
+            qkv = ("wq", "wk", "wv")
             self.layers.append(
                 _Layer(
                     attn_norm=w[p + "attention_norm.weight"],
-                    wqkv=torch.cat([w[a + f"{n}.weight"] for n in ("wq", "wk", "wv")]),
-                    wo=w[a + "wo.weight"],
+                    wqkv=Linear(torch.cat([w[a + f"{n}.weight"] for n in qkv]),
+                                torch.cat([w[a + f"{n}.bias"] for n in qkv]) if config.qkv_bias else None),
+                    wo=Linear(w[a + "wo.weight"], w[a + "wo.bias"] if config.o_bias else None),
                     ffn_norm=w[p + "ffn_norm.weight"],
-                    w13=torch.cat([w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]]),
-                    w2=w[p + "feed_forward.w2.weight"],
-                    bqkv=torch.cat([w[a + f"{n}.bias"] for n in ("wq", "wk", "wv")]) if config.qkv_bias else None,
-                    bo=w[a + "wo.bias"] if config.o_bias else None,
+                    w13=Linear(torch.cat([w[p + "feed_forward.w1.weight"], w[p + "feed_forward.w3.weight"]])),
+                    w2=Linear(w[p + "feed_forward.w2.weight"]),
                     q_norm=w[a + "q_norm.weight"] if config.qk_norm else None,
                     k_norm=w[a + "k_norm.weight"] if config.qk_norm else None,
                 )
@@ -160,7 +161,7 @@ class LlamaModel:
                 )[0].transpose(0, 1)
             x = x + self._attn_out(layer, attn.reshape(n, -1))
             x = x + self._mlp(layer, x)
-        return F.linear(self._rms(x, self.norm), self.lm_head).float()
+        return self.logits(x)
 
     # ---- reference path ----------------------------------------------------------------------------
 
@@ -184,9 +185,18 @@ class LlamaModel:
             attn = torch.einsum("hqk,khd->qhd", probs, v.float()).to(x.dtype)
             x = x + self._attn_out(layer, attn.reshape(n, -1))
             x = x + self._mlp(layer, x)
-        return F.linear(self._rms(x, self.norm), self.lm_head).float()
+        return self.logits(x)
 
     # ---- pieces ------------------------------------------------------------------------------------
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        """The output projection's plain weight ``[vocab, dim]`` (tied: the embedding itself)."""
+        return self.head.weight
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits (fp32) of hidden states ``x`` ``[n, dim]``: final norm, then the output projection."""
+        return self.head(self._rms(x, self.norm)).float()
 
     def rope_at(self, pos: slice | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE factors ``(cos, sin)`` of positions ``pos`` (a slice, or an index tensor on the model's
@@ -203,7 +213,7 @@ class LlamaModel:
         factors are ``rope`` (``rope_at``): projections (with biases when configured), q/k head norms when
         configured, then RoPE on q and k."""
         cfg, hd = self.config, self.config.head_dim
-        qkv = F.linear(self._rms(x, layer.attn_norm), layer.wqkv, layer.bqkv)
+        qkv = layer.wqkv(self._rms(x, layer.attn_norm))
         n, heads, kv_heads = x.shape[0], cfg.n_heads, cfg.n_kv_heads
         v = qkv[:, (heads + kv_heads) * hd :].view(n, kv_heads, hd)
         if layer.q_norm is None:
@@ -216,11 +226,11 @@ class LlamaModel:
 
     def _attn_out(self, layer: _Layer, attn: torch.Tensor) -> torch.Tensor:
         """Output projection of the attention ``[n, heads * hd]`` (with its bias when configured)."""
-        return F.linear(attn, layer.wo, layer.bo)
+        return layer.wo(attn)
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(self._rms(x, layer.ffn_norm), layer.w13).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w2)
+        gate, up = layer.w13(self._rms(x, layer.ffn_norm)).chunk(2, dim=-1)
+        return layer.w2(F.silu(gate) * up)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         xf = x.float()
