@@ -15,9 +15,9 @@ generates exactly ``--output`` tokens) and its shared-prefix workload: 4 groups,
   block size 32, prefix caching, ``--l1-mb`` of KV cache, ``max_num_seqs`` = Strata's ``max_batch``,
   seed 0); every request in one ``generate`` call (its engine batches them as they come). vLLM sets
   its own threads (``VLLM_CPU_OMP_THREADS_BIND=auto``: on 2 cores one OpenMP thread on core 0, core 1
-  left to its front end); Strata runs torch's default (every core), as each is deployed, or
-  ``--threads`` compute threads (``--threads 1``: as many as vLLM's on 2 cores; on a loaded machine
-  two threads wait on each other at every parallel region, one does not).
+  left to its front end); Strata runs the worker's compute threads (``WorkerConfig.compute_threads``:
+  every core but one, or ``STRATA_TORCH_THREADS``), as each is deployed, or ``--threads`` of them
+  (on 2 cores two threads wait on each other and on the stream readers at every parallel region).
 
 Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
 prefixes in the measured batch), then the batch; output tokens/s is output tokens over that
@@ -113,14 +113,16 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--streams", type=int, default=16, help="requests sent at once")
     ap.add_argument("--output", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--l1-mb", type=int, default=256, help="KV memory of each engine (STRATA_L1_MB)")
-    ap.add_argument("--threads", type=int, default=0, help="Strata's torch threads (default 0: torch's default)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="Strata's torch threads (default 0: the worker's, every core but one)")
     args = ap.parse_args(argv)
     if args.streams < 1 or args.output < 1 or args.l1_mb < 1 or args.threads < 0:
         ap.error("--streams, --output and --l1-mb must be >= 1, --threads >= 0")
-    if args.threads:
-        import torch
+    import torch
 
-        torch.set_num_threads(args.threads)
+    from workers.config import WorkerConfig
+
+    torch.set_num_threads(args.threads or WorkerConfig().compute_threads())
     cfg = QUICK if args.quick else FULL
     from bench.engines import build
 
@@ -130,7 +132,6 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         prime, batch = workload(ids, cfg["prefix"], args.streams, seed=1)
         st = strata_side(path, prime, batch, args.output, args.l1_mb)
         vl = vllm_side(path, prime, batch, args.output, args.l1_mb, st["max_batch"], cfg["max_pos"])
-    import torch
 
     ratio = st["tps"] / vl["tps"]
     print(f"in-process: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
