@@ -12,7 +12,7 @@ import torch
 
 from cachecore.engine import CacheEngine
 from cachecore.errors import InvalidPrompt, PromptTooLong
-from cachecore.model.batched import BatchItem, _StepIndex, forward_batch
+from cachecore.model.batched import BatchItem, _attend_fused, _attend_math, _StepIndex, forward_batch
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
 from cachecore.runner import CompletionRunner, SamplingParams
@@ -151,3 +151,22 @@ def test_decodes_on_a_shared_prefix_attend_it_together_and_equal_each_alone(load
         assert int(torch.argmax(row)) == int(torch.argmax(want))
     # two decodes in one sequence's last block are never grouped; nor is a lone one
     assert _StepIndex(items[:1] + items[4:], BS, model.config.n_layers).groups == []
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_cpu_attention_and_the_written_out_form_agree_with_log_sum_exp(masked):
+    """The cascade's two attention forms (``_attend_fused`` on a CPU, ``_attend_math`` elsewhere) give
+    the same output and log-sum-exp within fp32 rounding, padding masked or not."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 2, 4, 16, generator=g)
+    k, v = torch.randn(3, 2, 40, 16, generator=g), torch.randn(3, 2, 40, 16, generator=g)
+    mask = None
+    if masked:
+        mask = torch.zeros(3, 1, 1, 40).masked_fill_(torch.arange(40) >= torch.tensor([40, 7, 1])[:, None, None, None],
+                                                     float("-inf"))
+    out_f, lse_f = _attend_fused(q, k, v, mask)
+    out_m, lse_m = _attend_math(q, k, v, mask)
+    torch.testing.assert_close(out_f, out_m, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse_f, lse_m, atol=1e-5, rtol=1e-5)
+    if masked:  # item 2 sees only position 0: its output is that value row
+        torch.testing.assert_close(out_f[2], v[2, :, :1].expand(2, 4, 16), atol=1e-6, rtol=1e-6)

@@ -89,13 +89,16 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
     idx = _StepIndex(items, bs, len(model.layers))
     tokens, pos, slots = idx.tokens.to(dev), idx.pos.to(dev), idx.slots.to(dev)
     rope, slot_rows = model.rope_at(pos), pages.slot_rows(slots)
-    dec = None
+    dec = cascade_mask = None
     if idx.groups:
         idx.groups = [(m.to(dev), b.to(dev)) for m, b in idx.groups]
     if idx.decode:
         rows = idx.decode_rows.to(dev)
         dec = (None if idx.all_decode else rows, idx.decode_base.to(dev),
                None if idx.decode_mask is None else idx.decode_mask.to(dev))
+        if idx.groups and dec[2] is not None:  # the cascade's additive form of the padding mask
+            cascade_mask = torch.zeros(dec[2].shape, dtype=model.tok_emb.dtype, device=dev)
+            cascade_mask.masked_fill_(~dec[2], float("-inf"))
     kv_rows = pages.kv.view(-1, pages.layout.num_kv_heads * pages.layout.head_dim)  # one row per token slot
     chunk_meta = []
     for i in idx.chunks:
@@ -120,7 +123,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor
             vd = kv_rows.index_select(0, k_rows + bs).view(*base.shape, *k.shape[1:])
             qd = q if rows is None else q.index_select(0, rows)
             if idx.groups:
-                res = _shared_prefix_attention(qd, kd, vd, valid, idx.groups, kv_rows, li * 2 * bs, bs)
+                res = _shared_prefix_attention(qd, kd, vd, cascade_mask, idx.groups, kv_rows, li * 2 * bs, bs)
             else:
                 res = decode_attention(qd, kd, vd, valid)
             if rows is None:
@@ -211,42 +214,57 @@ class _StepIndex:
         return pre
 
 
-def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: torch.Tensor | None,
+def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                              groups: list[tuple[torch.Tensor, torch.Tensor]], kv_rows: torch.Tensor,
                              layer_row: int, bs: int) -> torch.Tensor:
     """Decode attention ``[B, heads, hd]`` of queries ``q`` ``[B, heads, hd]`` when groups of them share
     leading blocks: each group's shared K/V is read from the pages once and attended by all its queries
-    in one matmul, each item's own rest (``k``/``v`` ``[B, L, kv_heads, hd]``, ``valid`` ``[B, 1, 1, L]``
-    or None) separately, and the two softmaxes merged through their log-sum-exps (cascade attention).
-    In fp32, equal to attention over the whole context within rounding."""
+    in one call, each item's own rest (``k``/``v`` ``[B, L, kv_heads, hd]``, ``mask`` ``[B, 1, 1, L]``
+    additive, 0 or -inf, or None) separately, and the two softmaxes merged through their log-sum-exps
+    (cascade attention): the merged row is ``rest + sigmoid(lse_shared - lse_rest) * (shared - rest)``.
+    Equal to attention over the whole context within rounding."""
     b, heads, hd = q.shape
     kvh = k.shape[2]
-    grp, scale = heads // kvh, 1.0 / math.sqrt(hd)
-    qf = q.float().view(b, kvh, grp, hd)
-    s = torch.matmul(qf, k.float().permute(0, 2, 3, 1)) * scale  # [B, kv_heads, grp, L]
-    if valid is not None:
-        s = s.masked_fill(~valid, float("-inf"))
-    out, lse = _attend(s, v.float().permute(0, 2, 1, 3))  # [B, kv_heads, grp, hd]
+    grp = heads // kvh
+    qf = q.view(b, kvh, grp, hd)
+    out, lse = _attend(qf, k.transpose(1, 2), v.transpose(1, 2), mask)  # [B, kv_heads, grp, hd], [..., 1]
     for members, rows in groups:
         m, n = members.shape[0], rows.shape[0]
-        kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd).float()
-        vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd).float()
-        qg = qf.index_select(0, members).transpose(0, 1).reshape(kvh, m * grp, hd)
-        sp = torch.bmm(qg, kp.permute(1, 2, 0)) * scale  # [kv_heads, m * grp, n]
-        op, lse_p = _attend(sp, vp.transpose(0, 1))  # [kv_heads, m * grp, hd]
+        kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd)
+        vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd)
+        qg = qf.index_select(0, members).transpose(0, 1).reshape(1, kvh, m * grp, hd)
+        op, lse_p = _attend(qg, kp.transpose(0, 1)[None], vp.transpose(0, 1)[None])  # [1, kv_heads, m * grp, ...]
         op = op.view(kvh, m, grp, hd).transpose(0, 1)
         lse_p = lse_p.view(kvh, m, grp, 1).transpose(0, 1)
         lse_s, out_s = lse.index_select(0, members), out.index_select(0, members)
-        top = torch.maximum(lse_p, lse_s)
-        wp, ws = torch.exp(lse_p - top), torch.exp(lse_s - top)
-        out[members] = (op * wp + out_s * ws) / (wp + ws)
-    return out.reshape(b, heads, hd).to(q.dtype)
+        out[members] = (out_s + torch.sigmoid(lse_p - lse_s) * (op - out_s)).to(out.dtype)
+    return out.reshape(b, heads, hd)
 
 
-def _attend(scores: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax of ``scores`` ``[..., q, L]`` over ``L`` applied to ``v`` ``[..., L, hd]``, and its log-sum-exp
-    ``[..., q, 1]`` (one exp pass: ``torch.logsumexp`` then ``exp(s - lse)`` took two)."""
-    top = scores.amax(dim=-1, keepdim=True)
-    e = torch.exp(scores - top)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` ``[N, H, Q, hd]`` over ``k``/``v`` ``[N, H, L, hd]`` (``mask``: additive,
+    broadcast to ``[N, H, Q, L]``, or None) in ``q``'s dtype, and its log-sum-exp ``[N, H, Q, 1]``
+    (fp32). On a CPU one fused kernel (``_attend_fused``), elsewhere ``_attend_math``."""
+    return (_attend_fused if q.device.type == "cpu" else _attend_math)(q, k, v, mask)
+
+
+def _attend_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_attend`` through torch's flash attention for CPU (one pass over K/V, the softmax blocked
+    online; it returns the log-sum-exp). A 16-stream decode step over 4 shared 1,024-token prefixes
+    (bench.vllm_cpu's model, 1 thread, same process, alternating): median 52.9 -> 44.7 ms."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)
+    return out, lse[..., None]
+
+
+def _attend_math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_attend`` written out in fp32: scores, softmax (one exp pass) and values."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        s = s + mask
+    top = s.amax(dim=-1, keepdim=True)
+    e = torch.exp(s - top)
     total = e.sum(dim=-1, keepdim=True)
-    return torch.matmul(e, v) / total, top + torch.log(total)
+    return (torch.matmul(e, v.float()) / total).to(q.dtype), top + torch.log(total)
