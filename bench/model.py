@@ -1,6 +1,7 @@
 """Model speed: Strata's runner against transformers on the same Hugging Face checkpoint and device.
 
     .venv/bin/python -m bench.model [--quick] [--prompt 2048] [--decode 64] [--device cpu|cuda] [--dtype ...]
+                                    [--threads N]
 
 A random Llama checkpoint the size of the ``small`` preset (dim 512, 12 layers, 8 query / 2 KV heads,
 FFN 1408; ``--quick``: dim 128, 2 layers) is saved with ``save_pretrained`` to a temporary directory
@@ -17,6 +18,12 @@ Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunk
 ``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
 forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it.
+
+All three run with the worker's compute threads (``WorkerConfig.compute_threads``: every core but one,
+or ``STRATA_TORCH_THREADS``), as the worker deploys the engine, or ``--threads`` of them. On 2 cores
+with ``--threads 2`` the model alone gains from the second core and the runner does not: its loop
+thread, the stream's reader and the second compute thread share two cores (stop 34: decode 73.7 model
+vs 47.7 runner tok/s at 2 threads; 50.8 vs 53.0 at 1).
 
 Both decode the same greedy tokens (checked: ``tokens_match``), so the two did the same work. Goal on
 CPU: Strata at least 1.0x transformers in both. transformers is a bench/test-only dependency.
@@ -170,7 +177,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=None, help="best of this many rounds (default 5; 2 with --quick)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when present)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads of all three (default 0: the worker's, every core but one)")
     args = ap.parse_args(argv)
+    if args.threads < 0:
+        ap.error("--threads must be >= 0")
+    from workers.config import WorkerConfig
+
+    torch.set_num_threads(args.threads or WorkerConfig().compute_threads())
     prompt = args.prompt or (256 if args.quick else 2048)
     decode = args.decode or (16 if args.quick else 64)
     rounds = args.rounds or (2 if args.quick else 5)
