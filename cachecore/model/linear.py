@@ -35,10 +35,9 @@ class Linear:
     """``weight`` ``[out, in]`` (and ``bias`` ``[out]`` or None) applied to ``x`` ``[..., in]``;
     ``pack=False`` keeps the plain weight (one shared with another use, such as a tied embedding)."""
 
-    __slots__ = ("_plain", "_packed", "bias", "shape")
+    __slots__ = ("_plain", "_packed", "bias")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> None:
-        self.shape = tuple(weight.shape)
         self.bias = bias
         self._plain: torch.Tensor | None = weight
         self._packed: torch.Tensor | None = None

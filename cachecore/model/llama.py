@@ -80,7 +80,7 @@ class LlamaModel:
         self.device = self.tok_emb.device
         self.tied = "output.weight" not in w
         # tied: the embedding itself, plain (a reordered copy would hold the vocabulary twice)
-        self.head = Linear(self.tok_emb, pack=False) if self.tied else Linear(w.pop("output.weight"))
+        self.head = Linear(self.tok_emb, pack=False) if self.tied else Linear(w["output.weight"])
         self.norm = w["norm.weight"]
         self.layers: list[_Layer] = []
         for i in range(config.n_layers):
