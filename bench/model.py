@@ -19,10 +19,13 @@ Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunk
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
 forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it.
 
-All three run with the worker's compute threads (``WorkerConfig.compute_threads``: every core but one,
-or ``STRATA_TORCH_THREADS``), as the worker deploys the engine, or ``--threads`` of them. On 2 cores
-with ``--threads 2`` the model alone gains from the second core and the runner does not: its loop
-thread, the stream's reader and the second compute thread share two cores (stop 34: decode 73.7 model
+All three run on the worker's threads, as the worker deploys the engine: the runner's scheduler
+gives a step of prompt chunks alone every core and a step with a decode every core but one
+(``WorkerConfig.step_threads``, ``cachecore.scheduler.threads``); transformers and the model alone get
+the same per phase (prefill on every core, decode on every core but one), so each phase compares
+like with like. ``--threads N``: all three on N threads throughout. On 2 cores a second thread helps
+a prefill (tall matmuls, nothing else streaming) and not a decode step, where it waits at every
+parallel region for a core the loop thread and the stream's reader hold (stop 34: decode 73.7 model
 vs 47.7 runner tok/s at 2 threads; 50.8 vs 53.0 at 1).
 
 Both decode the same greedy tokens (checked: ``tokens_match``), so the two did the same work. Goal on
@@ -47,6 +50,8 @@ from cachecore.layout import torch_dtype
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
 from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
+from cachecore.scheduler import Scheduler
+from cachecore.scheduler.threads import StepThreads
 
 SMALL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1408}
 QUICK = {"dim": 128, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 256}
@@ -71,9 +76,11 @@ def _prompt(vocab: int, n: int) -> list[int]:
     return torch.randint(1, vocab, (n,), generator=g).tolist()
 
 
-def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int) -> Figures:
-    """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored)."""
-    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1")
+def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, threads: StepThreads | None) -> Figures:
+    """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored), its
+    scheduler's steps on ``threads`` (None: the process's torch threads)."""
+    gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1",
+                           scheduler=Scheduler(engine, threads=threads))
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
     params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
     t0 = time.perf_counter()
@@ -91,9 +98,11 @@ def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int) -> F
     return Figures(len(prompt) / prefill_s, decode_tps, tokens)
 
 
-def model_run(loaded, prompt: list[int], decode: int) -> Figures:
-    """Strata's decoder alone: one paged forward over the prompt, then one-token paged forwards."""
+def model_run(loaded, prompt: list[int], decode: int, threads: tuple[int, int]) -> Figures:
+    """Strata's decoder alone: one paged forward over the prompt, then one-token paged forwards
+    (``threads``: torch threads of the prefill and of the decode)."""
     layout, model = loaded.layout, loaded.model
+    torch.set_num_threads(threads[0])
     blocks = -(-(len(prompt) + decode) // layout.block_size)
     pages = KVPages(layout, blocks, model.device)
     table = torch.randperm(blocks).to(model.device)  # scattered blocks, as a pool hands them out
@@ -101,6 +110,7 @@ def model_run(loaded, prompt: list[int], decode: int) -> Figures:
     token = model.forward(torch.tensor(prompt, device=model.device), 0, table, pages)[-1].argmax()
     tokens, times = [int(token)], [time.perf_counter()]
     prefill_s = times[0] - t0
+    torch.set_num_threads(threads[1])
     for i in range(decode - 1):
         token = model.forward(token.view(1), len(prompt) + i, table, pages)[-1].argmax()
         tokens.append(int(token))
@@ -109,10 +119,11 @@ def model_run(loaded, prompt: list[int], decode: int) -> Figures:
     return Figures(len(prompt) / prefill_s, decode_tps, tokens)
 
 
-def hf_run(hf, prompt: list[int], decode: int, device: torch.device) -> Figures:
+def hf_run(hf, prompt: list[int], decode: int, device: torch.device, threads: tuple[int, int]) -> Figures:
     """The same with transformers: a forward over the prompt, then one-token forwards over its cache."""
     from transformers import DynamicCache
 
+    torch.set_num_threads(threads[0])
     ids = torch.tensor([prompt], device=device)
     # the cache argument is ``past_key_values`` up to transformers 5.19 (the one vLLM's CPU build
     # allows), ``cache`` in later releases; an unknown keyword is swallowed and the cache unused
@@ -125,6 +136,7 @@ def hf_run(hf, prompt: list[int], decode: int, device: torch.device) -> Figures:
         if device.type == "cuda":
             torch.cuda.synchronize()
         prefill_s = time.perf_counter() - t0
+        torch.set_num_threads(threads[1])
         tokens, times = [int(token)], [time.perf_counter()]
         for _ in range(decode - 1):
             out = hf(token.view(1, 1), **{arg: cache}, use_cache=True)
@@ -136,7 +148,7 @@ def hf_run(hf, prompt: list[int], decode: int, device: torch.device) -> Figures:
 
 
 def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str | None, dtype: str | None,
-        workdir: Path) -> dict:
+        workdir: Path, step_threads: StepThreads | None = None) -> dict:
     """Build the checkpoint under ``workdir``, measure both, return the figures (best of ``rounds``)."""
     from tests.hf_checkpoints import build_checkpoint  # the same random checkpoints the parity tests prove
 
@@ -151,9 +163,11 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
     prompt = _prompt(loaded.config.vocab_size, prompt_len)
     best: dict[str, Figures] = {}
     matched = True
-    runs = {"transformers": lambda: hf_run(hf, prompt, decode, dev),
-            "strata": lambda: strata_run(loaded, engine, prompt, decode),
-            "model": lambda: model_run(loaded, prompt, decode)}
+    # the runner's scheduler sets its own per step; the two others get the same per phase
+    threads = (step_threads.burst, step_threads.steady) if step_threads else (torch.get_num_threads(),) * 2
+    runs = {"transformers": lambda: hf_run(hf, prompt, decode, dev, threads),
+            "strata": lambda: strata_run(loaded, engine, prompt, decode, step_threads),
+            "model": lambda: model_run(loaded, prompt, decode, threads)}
     for i in range(rounds):
         # A shared machine's load drifts: each round runs the three in another order, best round kept.
         order = list(runs)[i % 3:] + list(runs)[:i % 3]
@@ -165,7 +179,7 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
             best[name] = Figures(max(fig.prefill_tps, old.prefill_tps if old else 0.0),
                                  max(fig.decode_tps, old.decode_tps if old else 0.0), fig.tokens)
     return {"device": str(dev), "dtype": loaded.config.dtype, "sizes": sizes, "prompt": prompt_len,
-            "decode": decode, "threads": torch.get_num_threads(), "tokens_match": matched,
+            "decode": decode, "threads": threads, "tokens_match": matched,
             "transformers": best["transformers"], "strata": best["strata"], "model": best["model"]}
 
 
@@ -178,23 +192,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when present)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU)")
     ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of all three (default 0: the worker's, every core but one)")
+                    help="torch threads of all three throughout (default 0: the worker's, per step or phase)")
     args = ap.parse_args(argv)
     if args.threads < 0:
         ap.error("--threads must be >= 0")
     from workers.config import WorkerConfig
 
     torch.set_num_threads(args.threads or WorkerConfig().compute_threads())
+    step_threads = None if args.threads else WorkerConfig().step_threads(str(pick_device(args.device)))
     prompt = args.prompt or (256 if args.quick else 2048)
     decode = args.decode or (16 if args.quick else 64)
     rounds = args.rounds or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="strata-bench-model-") as tmp:
         r = run(quick=args.quick, prompt_len=prompt, decode=decode, rounds=rounds, device=args.device,
-                dtype=args.dtype, workdir=Path(tmp))
+                dtype=args.dtype, workdir=Path(tmp), step_threads=step_threads)
     hf, st, md = r["transformers"], r["strata"], r["model"]
     s = r["sizes"]
     print(f"model speed: random Llama checkpoint dim {s['dim']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} "
-          f"heads, FFN {s['ffn']}; {r['device']} {r['dtype']}, {r['threads']} threads; prompt {r['prompt']} tokens, "
+          f"heads, FFN {s['ffn']}; {r['device']} {r['dtype']}, {r['threads'][0]} threads prefilling and "
+          f"{r['threads'][1]} decoding; prompt {r['prompt']} tokens, "
           f"decode {r['decode']} tokens, best of {rounds}")
     print(f"{'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
     print(f"{'transformers':<14} {hf.prefill_tps:>14.1f} {hf.decode_tps:>13.1f}")

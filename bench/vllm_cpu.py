@@ -15,8 +15,9 @@ generates exactly ``--output`` tokens) and its shared-prefix workload: 4 groups,
   block size 32, prefix caching, ``--l1-mb`` of KV cache, ``max_num_seqs`` = Strata's ``max_batch``,
   seed 0); every request in one ``generate`` call (its engine batches them as they come). vLLM sets
   its own threads (``VLLM_CPU_OMP_THREADS_BIND=auto``: on 2 cores one OpenMP thread on core 0, core 1
-  left to its front end); Strata runs the worker's compute threads (``WorkerConfig.compute_threads``:
-  every core but one, or ``STRATA_TORCH_THREADS``), as each is deployed, or ``--threads`` of them
+  left to its front end); Strata runs the worker's threads, as each is deployed: a step with a decode
+  on every core but one (``WorkerConfig.compute_threads``, or ``STRATA_TORCH_THREADS``), a step of
+  prompt chunks alone on every core (``WorkerConfig.step_threads``); ``--threads N``: N throughout
   (on 2 cores two threads wait on each other and on the stream readers at every parallel region).
 
 Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
@@ -50,7 +51,8 @@ def workload(ids: list[int], prefix: int, n: int, seed: int) -> tuple[list[list[
     return [p + fresh(QUESTION) for p in shared], [shared[i % GROUPS] + fresh(QUESTION) for i in range(n)]
 
 
-def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int) -> dict:
+def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int,
+                step_threads: bool = True) -> dict:
     from bench.throughput import drive
     from cachecore.engine import CacheEngine
     from cachecore.model.loader import RevisionSpec, load_model
@@ -64,7 +66,8 @@ def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], outp
     engine = CacheEngine(loaded.layout, num_blocks=blocks, device="cpu")
     engine.set_inflight_limit("a", blocks * loaded.block_size)
     sched = Scheduler(engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch, lean_budget=cfg.lean_budget,
-                      contended_budget=cfg.contended_budget, anticipate_ms=cfg.anticipate_ms)
+                      contended_budget=cfg.contended_budget, anticipate_ms=cfg.anticipate_ms,
+                      threads=cfg.step_threads("cpu") if step_threads else None)
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
                            prefill_chunk=cfg.prefill_chunk)
     ns = loaded.namespace(secrets.token_bytes(32))
@@ -72,7 +75,9 @@ def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], outp
     drive(gen, ns, [(prime[0][:QUESTION], "a")], 1, params)  # warm-up: allocator, kernels
     drive(gen, ns, [(p, "a") for p in prime], 1, params)
     run = drive(gen, ns, [(p, "a") for p in batch], len(batch), params)
+    burst = sched.advance.threads.burst if sched.advance.threads is not None else 0
     return {"tps": run.tps, "hit": run.hit, "wall": run.wall, "ttft_p50": run.p(0.5), "max_batch": sched.max_batch,
+            "burst_threads": burst, "burst_steps": sched.counters["burst_steps"],
             "token_budget": sched.token_budget, "chunk": gen.prefill_chunk, "blocks": blocks}
 
 
@@ -130,12 +135,14 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         path = Path(tmp)
         ids = build(path, cfg)
         prime, batch = workload(ids, cfg["prefix"], args.streams, seed=1)
-        st = strata_side(path, prime, batch, args.output, args.l1_mb)
+        st = strata_side(path, prime, batch, args.output, args.l1_mb, step_threads=not args.threads)
         vl = vllm_side(path, prime, batch, args.output, args.l1_mb, st["max_batch"], cfg["max_pos"])
 
     ratio = st["tps"] / vl["tps"]
+    burst = st["burst_threads"]
+    threads = f"{torch.get_num_threads()} threads" + (f" ({burst} for steps of prompt chunks alone)" if burst else "")
     print(f"in-process: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
-          f"FFN {cfg['ffn']}; cpu float32, strata {torch.get_num_threads()} threads; {args.streams} requests at once "
+          f"FFN {cfg['ffn']}; cpu float32, strata {threads}; {args.streams} requests at once "
           f"over {GROUPS} shared {cfg['prefix']}-token prefixes + {QUESTION}-token questions, "
           f"{args.output} output tokens")
     print(f"strata: token budget {st['token_budget']}, max_batch {st['max_batch']}, chunk {st['chunk']}, "
@@ -146,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x)")
     result = (f"RESULT strata_vs_vllm={ratio:.2f} strata_tps={st['tps']:.1f} vllm_tps={vl['tps']:.1f} "
               f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams} "
-              f"strata_threads={torch.get_num_threads()}")
+              f"strata_threads={torch.get_num_threads()} strata_burst_threads={burst} "
+              f"strata_burst_steps={st['burst_steps']}")
     print(result)
     return dict(kv.split("=") for kv in result.split()[1:])
 

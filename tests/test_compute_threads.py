@@ -1,9 +1,18 @@
-"""The engine's compute threads: every core but one by default, the operator's number when set."""
+"""The engine's compute threads: every core but one by default, the operator's number when set; a step of
+prompt chunks alone on every core (``cachecore.scheduler.threads``)."""
 
 from __future__ import annotations
 
-import pytest
+import secrets
 
+import pytest
+import torch
+
+from cachecore.engine import CacheEngine
+from cachecore.model.loader import RevisionSpec, load_model
+from cachecore.runner import CompletionRunner, SamplingParams
+from cachecore.scheduler import Scheduler
+from cachecore.scheduler.threads import StepThreads
 from workers.config import WorkerConfig
 
 
@@ -17,3 +26,61 @@ def test_strata_torch_threads_is_taken_as_given():
     assert cfg.compute_threads(2) == 2
     assert cfg.compute_threads(64) == 2
     assert WorkerConfig.from_env({}).compute_threads(8) == 7
+
+
+# ---------------------------------------------------------------------- per-step threads (cachecore.scheduler.threads)
+def test_step_threads_default_every_core_for_prompt_chunks_one_less_with_a_decode():
+    plan = WorkerConfig().step_threads("cpu", cores=4)
+    assert (plan.steady, plan.burst) == (3, 4)
+    assert WorkerConfig().step_threads("cpu", cores=1).burst == 1
+    assert WorkerConfig(torch_threads=2).step_threads("cpu", cores=8).burst == 2  # the operator's number, always
+    assert WorkerConfig().step_threads("cuda:0") is None  # GPU kernels do not run on these threads
+
+
+def test_a_step_is_a_burst_only_when_every_item_is_a_prompt_chunk():
+    plan = StepThreads(1, 2)
+    assert plan.threads_for([(0, 256), (32, 64)]) == 2
+    assert plan.threads_for([(0, 256), (40, 41)]) == 1  # one decode in the step
+    assert plan.threads_for([(63, 64)]) == 1  # a one-token item (a fully cached prompt's last token)
+    with pytest.raises(ValueError):
+        StepThreads(2, 1)
+    with pytest.raises(ValueError):
+        StepThreads(0, 1)
+
+
+def test_enter_sets_the_calling_threads_torch_threads_only_when_they_change(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    plan = StepThreads(1, 2)
+    for spans in ([(0, 64)], [(0, 64)], [(64, 65)], [(65, 66)], [(0, 32)]):
+        plan.enter(spans)
+    assert calls == [2, 1, 2]
+
+
+def test_the_loop_runs_prompt_steps_on_burst_threads_and_decodes_on_steady_with_the_same_tokens():
+    loaded = load_model("threads-llama", "tiny", RevisionSpec(label="r1", seed=9), device="cpu")
+    prompt = torch.randint(0, 256, (80,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=6, stop_at_eos=False)
+
+    def serve(threads):
+        engine = CacheEngine(loaded.layout, num_blocks=32, device="cpu")
+        sched = Scheduler(engine, threads=threads)
+        gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="threads-llama", revision="r1",
+                               scheduler=sched, prefill_chunk=32)
+        seen, forward = [], gen.forward_items
+
+        def recording(items):  # on the loop thread, inside the step: the threads its forward runs on
+            seen.append((max(end - start for _, start, end in items), torch.get_num_threads()))
+            return forward(items)
+
+        gen.forward_items = recording
+        out = gen.complete(loaded.namespace(secrets.token_bytes(32)), prompt, owner="t", params=params)
+        return out.token_ids, seen, sched.counters["burst_steps"]
+
+    before = torch.get_num_threads()
+    plain, _, no_bursts = serve(None)
+    tokens, seen, bursts = serve(StepThreads(1, 2))
+    assert torch.get_num_threads() == before  # the caller's threads are not the loop's
+    assert tokens == plain and no_bursts == 0
+    assert [t for n, t in seen if n > 1] == [2, 2, 2] and bursts == 3  # 80 prompt tokens in 32-token chunks
+    assert {t for n, t in seen if n == 1} == {1}  # every decode step

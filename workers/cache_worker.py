@@ -123,7 +123,8 @@ class CacheWorker:
                                   l3=self.l3.store if self.l3 is not None else None, events=self.events)
         self.scheduler = Scheduler(self.engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch,
                                    lean_budget=cfg.lean_budget, contended_budget=cfg.contended_budget,
-                                   anticipate_ms=cfg.anticipate_ms)
+                                   anticipate_ms=cfg.anticipate_ms,
+                                   threads=cfg.step_threads(str(loaded.model.device)))
         self.test_hooks = test_hooks
         self.counters: Counter[str] = Counter()  # cancelled, tenant_busy (reported by info/stats)
         self.slots = RequestSlots(counters=self.counters, holding=self._holding)

@@ -23,7 +23,9 @@ tenants had work in the last few steps, default 64; 0 = the full budget always; 
 a tenant below its share that just finished one, default 40; 0 = never, at most 1000),
 ``STRATA_TORCH_THREADS``
 (compute threads of the engine; default 0: every core but one, at least one, so the scheduler's loop,
-the stream threads and the web tier keep a core, as vLLM's CPU build leaves one to its front end),
+the stream threads and the web tier keep a core, as vLLM's CPU build leaves one to its front end; a
+step of prompt chunks alone runs on every core, ``cachecore.scheduler.threads``; when set, every step
+runs on that many),
 ``STRATA_WEIGHTS_ROOT`` (when set, a checkpoint and every file in it must
 resolve inside it, symlinks followed), ``STRATA_VLLM_CONNECTOR`` (default 1; 0: a vLLM deployment keeps its
 prefixes in vLLM's device cache only, without Strata's L2 and L3). Read in the worker's process (the Ray actor inherits
@@ -36,12 +38,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import strata_env
 from cachecore.config import EngineConfig
 from cachecore.eviction.registry import DEFAULT_EVICTION_POLICY
 from strata_env import WorkerEnv
 from strata_env import masterkey as keyreader
+
+if TYPE_CHECKING:  # torch stays out of the processes that only read the configuration (the web tier)
+    from cachecore.scheduler.threads import StepThreads
 
 # A worker environment variable holds a value that cannot be used (the one error of strata_env; the
 # checks across variables below raise it too).
@@ -83,6 +89,18 @@ class WorkerConfig:
             return self.torch_threads
         n = cores if cores is not None else (os.cpu_count() or 1)
         return max(1, n - 1)
+
+    def step_threads(self, device: str, cores: int | None = None) -> StepThreads | None:
+        """The scheduler's per-step threads on a CPU (``cachecore.scheduler.threads``): steps with a
+        decode on ``compute_threads``, steps of prompt chunks alone on every core (``torch_threads``
+        when set: every step on that many). None on other devices, whose kernels do not run on these."""
+        if not str(device).startswith("cpu"):
+            return None
+        from cachecore.scheduler.threads import StepThreads
+
+        steady = self.compute_threads(cores)
+        burst = self.torch_threads or max(steady, cores if cores is not None else (os.cpu_count() or 1))
+        return StepThreads(steady, burst)
 
     @classmethod
     def from_env(cls, environ=None) -> WorkerConfig:

@@ -19,17 +19,20 @@ from typing import Any
 from cachecore.scheduler.batch import Plan
 from cachecore.scheduler.events import Prefilled, TokenOut
 from cachecore.scheduler.request import Logits, Request
+from cachecore.scheduler.threads import StepThreads
 
 
 class Advance:
     """Runs a plan's forwards and moves its requests on. Collaborators: the engine (marks, commits,
     prefill records), the scheduler's ``CachedPrefixes`` index (committed blocks), its counters and
-    first-token stats, and its ``finish(req, reason)`` / ``fail(req, exc)``. ``last_step_s``: the
+    first-token stats, and its ``finish(req, reason)`` / ``fail(req, exc)``; ``threads`` (CPU only):
+    each step's intra-op threads (``threads.py``), None to leave them as they are. ``last_step_s``: the
     forward time of the last step (the longest an anticipation hold lasts)."""
 
     def __init__(self, engine, *, index, counters, first_tokens, finish: Callable[[Request, Any], None],
-                 fail: Callable[[Request, BaseException], None]) -> None:
+                 fail: Callable[[Request, BaseException], None], threads: StepThreads | None = None) -> None:
         self.engine = engine
+        self.threads = threads
         self.index = index
         self.counters = counters
         self.first_tokens = first_tokens
@@ -44,6 +47,8 @@ class Advance:
         total = plan.tokens
         self.counters["steps"] += 1
         self.counters["tokens"] += total
+        if self.threads is not None and self.threads.enter((s, e) for _, s, e in plan.items) > self.threads.steady:
+            self.counters["burst_steps"] += 1
         for items in by_runner.values():
             runner = items[0][0].runner
             t0 = time.perf_counter()

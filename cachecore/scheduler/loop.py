@@ -62,6 +62,7 @@ from cachecore.scheduler.queue import CachedPrefixes, FairQueue
 from cachecore.scheduler.request import Failed, Request, State
 from cachecore.scheduler.settings import SchedulerSettings
 from cachecore.scheduler.stats import FirstTokenStats
+from cachecore.scheduler.threads import StepThreads
 from cachecore.scheduler.work import Work, WorkQueue
 
 _DEFAULTS = SchedulerSettings()
@@ -95,8 +96,9 @@ class Scheduler:
                  start_thread: bool = True, quantum: int = _DEFAULTS.quantum,
                  lean_budget: int = _DEFAULTS.lean_budget, contended_budget: int = _DEFAULTS.contended_budget,
                  contended_window: int = _DEFAULTS.contended_window,
-                 anticipate_ms: int = _DEFAULTS.anticipate_ms) -> None:
-        """Settings as in ``SchedulerSettings`` (``ValueError`` when one is invalid)."""
+                 anticipate_ms: int = _DEFAULTS.anticipate_ms, threads: StepThreads | None = None) -> None:
+        """Settings as in ``SchedulerSettings`` (``ValueError`` when one is invalid); ``threads``: each
+        step's intra-op threads on a CPU (``threads.py``), None to leave torch's as they are."""
         self.settings = SchedulerSettings(
             token_budget=token_budget, max_batch=max_batch, age_steps=age_steps, policy=policy, quantum=quantum,
             lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window,
@@ -117,7 +119,8 @@ class Scheduler:
         # steps, tokens, decode_tokens, prefill_tokens, preemptions, deferred, lean_steps, contended_steps,
         # max_wait_steps, step_seconds (forward time of every step), work_jobs, work_tokens (charged),
         # work_seconds (jobs run between steps: ``submit_work``), holds (``anticipate.py``: waits before a
-        # step), held_arrivals (the tenant held for arrived within the hold)
+        # step), held_arrivals (the tenant held for arrived within the hold), burst_steps (steps of prompt
+        # chunks only, run on more threads: ``threads.py``)
         self.counters: Counter[str] = Counter()
         self.first_tokens = FirstTokenStats()  # per tenant: scheduling delay vs step time of first tokens
         self.max_wait_seconds = 0.0
@@ -133,7 +136,7 @@ class Scheduler:
                                    holders=lambda: [*self.waiting, *self.running], requeue=self._requeue,
                                    fail=self._fail)
         self.advance = Advance(engine, index=self.index, counters=self.counters, first_tokens=self.first_tokens,
-                               finish=self._finish, fail=self._fail)
+                               finish=self._finish, fail=self._fail, threads=threads)
 
     # ------------------------------------------------------------------ caller side
     def set_weight(self, owner: str, weight: float) -> None:
