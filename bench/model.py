@@ -23,10 +23,11 @@ All three run on the worker's threads, as the worker deploys the engine: the run
 gives a step of prompt chunks alone every core and a step with a decode every core but one
 (``WorkerConfig.step_threads``, ``cachecore.scheduler.threads``); transformers and the model alone get
 the same per phase (prefill on every core, decode on every core but one), so each phase compares
-like with like. ``--threads N``: all three on N threads throughout. On 2 cores a second thread helps
-a prefill (tall matmuls, nothing else streaming) and not a decode step, where it waits at every
-parallel region for a core the loop thread and the stream's reader hold (stop 34: decode 73.7 model
-vs 47.7 runner tok/s at 2 threads; 50.8 vs 53.0 at 1).
+like with like. ``--threads N``: all three on N threads throughout. Each runs on a thread of its own
+that ends with its run (``cachecore.passing_thread``; the runner's loop thread ends before the next
+engine starts), as the worker loads on a passing thread and computes on its loop thread: one OpenMP
+pool in the process at a time. A pool left on another thread made the runner's 2-thread prefill
+steps wait on sleeping threads (2,050-2,079 tok/s against 2,556 without, same code otherwise).
 
 Both decode the same greedy tokens (checked: ``tokens_match``), so the two did the same work. Goal on
 CPU: Strata at least 1.0x transformers in both. transformers is a bench/test-only dependency.
@@ -49,10 +50,12 @@ from cachecore.engine import CacheEngine
 from cachecore.layout import torch_dtype
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
+from cachecore.passing_thread import on_passing_thread
 from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 from cachecore.scheduler.threads import StepThreads
 
+LOOP_EXIT_S = 0.05  # the runner's loop thread ends this long after its last request
 SMALL = {"dim": 512, "layers": 12, "heads": 8, "kv_heads": 2, "ffn": 1408}
 QUICK = {"dim": 128, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 256}
 
@@ -80,7 +83,7 @@ def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, thre
     """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored), its
     scheduler's steps on ``threads`` (None: the process's torch threads)."""
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1",
-                           scheduler=Scheduler(engine, threads=threads))
+                           scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S))
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
     params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
     t0 = time.perf_counter()
@@ -95,6 +98,7 @@ def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, thre
             raise RuntimeError("the bench generation was aborted")
     engine.check_integrity()
     decode_tps = _per_second(times)
+    time.sleep(4 * LOOP_EXIT_S)  # the loop thread ends, and its thread pool with it, before the next engine runs
     return Figures(len(prompt) / prefill_s, decode_tps, tokens)
 
 
@@ -148,8 +152,10 @@ def hf_run(hf, prompt: list[int], decode: int, device: torch.device, threads: tu
 
 
 def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str | None, dtype: str | None,
-        workdir: Path, step_threads: StepThreads | None = None) -> dict:
-    """Build the checkpoint under ``workdir``, measure both, return the figures (best of ``rounds``)."""
+        workdir: Path, threads: tuple[int, int] = (1, 1), step_threads: StepThreads | None = None) -> dict:
+    """Build the checkpoint under ``workdir``, measure both, return the figures (best of ``rounds``).
+    ``threads``: transformers' and the model's threads prefilling and decoding, each engine's run on a
+    thread of its own (``on_passing_thread``); ``step_threads``: the runner's scheduler's."""
     from tests.hf_checkpoints import build_checkpoint  # the same random checkpoints the parity tests prove
 
     dev = pick_device(device)
@@ -163,11 +169,9 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
     prompt = _prompt(loaded.config.vocab_size, prompt_len)
     best: dict[str, Figures] = {}
     matched = True
-    # the runner's scheduler sets its own per step; the two others get the same per phase
-    threads = (step_threads.burst, step_threads.steady) if step_threads else (torch.get_num_threads(),) * 2
-    runs = {"transformers": lambda: hf_run(hf, prompt, decode, dev, threads),
+    runs = {"transformers": lambda: on_passing_thread(hf_run, hf, prompt, decode, dev, threads, threads=threads[0]),
             "strata": lambda: strata_run(loaded, engine, prompt, decode, step_threads),
-            "model": lambda: model_run(loaded, prompt, decode, threads)}
+            "model": lambda: on_passing_thread(model_run, loaded, prompt, decode, threads, threads=threads[0])}
     for i in range(rounds):
         # A shared machine's load drifts: each round runs the three in another order, best round kept.
         order = list(runs)[i % 3:] + list(runs)[:i % 3]
@@ -198,14 +202,18 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--threads must be >= 0")
     from workers.config import WorkerConfig
 
-    torch.set_num_threads(args.threads or WorkerConfig().compute_threads())
-    step_threads = None if args.threads else WorkerConfig().step_threads(str(pick_device(args.device)))
+    # This thread only sets up, on one thread; each engine runs on a thread of its own (as the worker loads
+    # on a passing thread and computes on its loop thread: one OpenMP pool at a time, passing_thread.py).
+    torch.set_num_threads(1)
+    cfg = WorkerConfig(torch_threads=args.threads)  # 0: the worker's defaults
+    step_threads = cfg.step_threads(str(pick_device(args.device)))
+    threads = (step_threads.burst, step_threads.steady) if step_threads else (cfg.compute_threads(),) * 2
     prompt = args.prompt or (256 if args.quick else 2048)
     decode = args.decode or (16 if args.quick else 64)
     rounds = args.rounds or (2 if args.quick else 5)
     with tempfile.TemporaryDirectory(prefix="strata-bench-model-") as tmp:
         r = run(quick=args.quick, prompt_len=prompt, decode=decode, rounds=rounds, device=args.device,
-                dtype=args.dtype, workdir=Path(tmp), step_threads=step_threads)
+                dtype=args.dtype, workdir=Path(tmp), threads=threads, step_threads=step_threads)
     hf, st, md = r["transformers"], r["strata"], r["model"]
     s = r["sizes"]
     print(f"model speed: random Llama checkpoint dim {s['dim']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} "

@@ -109,8 +109,10 @@ class CacheWorker:
             cfg = replace(cfg, l1_mb=cfg.l1_mb if l1_mb is None else l1_mb,
                           l2_mb=cfg.l2_mb if l2_mb is None else l2_mb)
         self.config = cfg
-        # Ray pins OMP threads to the actor's CPU request (0 -> 1 thread): set them ourselves.
-        torch.set_num_threads(cfg.compute_threads())
+        # This thread (the actor's) computes nothing: one intra-op thread, never a thread pool. The weights
+        # load on a passing thread and the forwards run on the scheduler's loop thread, on the worker's
+        # compute threads (``load_revision``, ``WorkerConfig.step_threads``): one pool in the process.
+        torch.set_num_threads(1)
         self.block_size = block_size
         self.dtype = dtype  # None: the preset's (or the checkpoint's serving) dtype; staged revisions use it too
         loaded = load_revision(deployment, preset, revision, config=cfg, device=device, block_size=block_size,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from cachecore.model.hf_config import weights_root
 from cachecore.model.loader import LoadedModel, RevisionSpec, load_model
+from cachecore.passing_thread import on_passing_thread
 from cachecore.runner import CompletionRunner
 from workers.config import WorkerConfig
 
@@ -36,10 +37,16 @@ class Revision:
 def load_revision(deployment: str, preset: str, revision: dict, *, config: WorkerConfig, device: str | None,
                   block_size: int, dtype: str | None) -> LoadedModel:
     """Load ``revision`` (a ``RevisionSpec`` as a dict) of the deployment; a checkpoint's files may not
-    lead outside ``config.weights_root``."""
-    with weights_root(config.weights_root):
-        return load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size,
-                          dtype=dtype)
+    lead outside ``config.weights_root``. The load runs on the worker's compute threads, on a thread
+    of its own that ends with it (``cachecore.passing_thread``: the loop thread's thread pool stays the
+    process's only one)."""
+
+    def load() -> LoadedModel:
+        with weights_root(config.weights_root):
+            return load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size,
+                              dtype=dtype)
+
+    return on_passing_thread(load, threads=config.compute_threads(), name="strata-load-revision")
 
 
 class RevisionManager:

@@ -50,6 +50,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from cachecore.allocator import keep_freed_memory
 from cachecore.errors import OutOfBlocks
 from cachecore.hashing import chain_hashes
 from cachecore.scheduler.admission import Admission
@@ -104,6 +105,7 @@ class Scheduler:
             lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window,
             anticipate_ms=anticipate_ms)
         self.anticipation = Anticipation(anticipate_ms / 1000)
+        keep_freed_memory()  # every forward runs on the loop thread, off the main heap (``cachecore.allocator``)
         self.engine = engine
         self.token_budget, self.max_batch, self.age_steps, self.policy = token_budget, max_batch, age_steps, policy
         self.lean_budget, self.contended_budget = lean_budget, contended_budget
