@@ -52,22 +52,27 @@ def workload(ids: list[int], prefix: int, n: int, seed: int) -> tuple[list[list[
 
 
 def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int,
-                step_threads: bool = True) -> dict:
+                threads: int = 0) -> dict:
+    """Strata's side, as the worker runs it: the weights loaded on a passing thread, forwards on the
+    scheduler's loop thread with the worker's per-step threads (``threads``: ``STRATA_TORCH_THREADS``,
+    0 for the worker's defaults)."""
     from bench.throughput import drive
     from cachecore.engine import CacheEngine
     from cachecore.model.loader import RevisionSpec, load_model
+    from cachecore.passing_thread import on_passing_thread
     from cachecore.runner import CompletionRunner, SamplingParams
     from cachecore.scheduler import Scheduler
     from workers.config import WorkerConfig
 
-    cfg = WorkerConfig()
-    loaded = load_model("bench-vllm-cpu", "", RevisionSpec(label="r1", checkpoint_path=str(path)), device="cpu")
+    cfg = WorkerConfig(torch_threads=threads)
+    loaded = on_passing_thread(load_model, "bench-vllm-cpu", "", RevisionSpec(label="r1", checkpoint_path=str(path)),
+                               device="cpu", threads=cfg.compute_threads())
     blocks = max(64, cfg.blocks(l1_mb, loaded.layout.bytes_per_block))  # as the worker sizes its pool
     engine = CacheEngine(loaded.layout, num_blocks=blocks, device="cpu")
     engine.set_inflight_limit("a", blocks * loaded.block_size)
     sched = Scheduler(engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch, lean_budget=cfg.lean_budget,
                       contended_budget=cfg.contended_budget, anticipate_ms=cfg.anticipate_ms,
-                      threads=cfg.step_threads("cpu") if step_threads else None)
+                      threads=cfg.step_threads("cpu"))
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name="bench", revision="r1", scheduler=sched,
                            prefill_chunk=cfg.prefill_chunk)
     ns = loaded.namespace(secrets.token_bytes(32))
@@ -75,9 +80,9 @@ def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], outp
     drive(gen, ns, [(prime[0][:QUESTION], "a")], 1, params)  # warm-up: allocator, kernels
     drive(gen, ns, [(p, "a") for p in prime], 1, params)
     run = drive(gen, ns, [(p, "a") for p in batch], len(batch), params)
-    burst = sched.advance.threads.burst if sched.advance.threads is not None else 0
     return {"tps": run.tps, "hit": run.hit, "wall": run.wall, "ttft_p50": run.p(0.5), "max_batch": sched.max_batch,
-            "burst_threads": burst, "burst_steps": sched.counters["burst_steps"],
+            "threads": sched.advance.threads.steady, "burst_threads": sched.advance.threads.burst,
+            "burst_steps": sched.counters["burst_steps"],
             "token_budget": sched.token_budget, "chunk": gen.prefill_chunk, "blocks": blocks}
 
 
@@ -119,15 +124,14 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     ap.add_argument("--output", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--l1-mb", type=int, default=256, help="KV memory of each engine (STRATA_L1_MB)")
     ap.add_argument("--threads", type=int, default=0,
-                    help="Strata's torch threads (default 0: the worker's, every core but one)")
+                    help="Strata's threads on every step, as STRATA_TORCH_THREADS (default 0: the worker's per step)")
     args = ap.parse_args(argv)
     if args.streams < 1 or args.output < 1 or args.l1_mb < 1 or args.threads < 0:
         ap.error("--streams, --output and --l1-mb must be >= 1, --threads >= 0")
     import torch
 
-    from workers.config import WorkerConfig
 
-    torch.set_num_threads(args.threads or WorkerConfig().compute_threads())
+    torch.set_num_threads(1)  # this thread only sets up; Strata computes on its scheduler's loop thread
     cfg = QUICK if args.quick else FULL
     from bench.engines import build
 
@@ -135,12 +139,12 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         path = Path(tmp)
         ids = build(path, cfg)
         prime, batch = workload(ids, cfg["prefix"], args.streams, seed=1)
-        st = strata_side(path, prime, batch, args.output, args.l1_mb, step_threads=not args.threads)
+        st = strata_side(path, prime, batch, args.output, args.l1_mb, threads=args.threads)
         vl = vllm_side(path, prime, batch, args.output, args.l1_mb, st["max_batch"], cfg["max_pos"])
 
     ratio = st["tps"] / vl["tps"]
-    burst = st["burst_threads"]
-    threads = f"{torch.get_num_threads()} threads" + (f" ({burst} for steps of prompt chunks alone)" if burst else "")
+    threads = f"{st['threads']} threads" + (f" ({st['burst_threads']} for steps of prompt chunks alone)"
+                                            if st["burst_threads"] > st["threads"] else "")
     print(f"in-process: random Llama dim {cfg['dim']}, {cfg['layers']} layers, {cfg['heads']}/{cfg['kv_heads']} heads, "
           f"FFN {cfg['ffn']}; cpu float32, strata {threads}; {args.streams} requests at once "
           f"over {GROUPS} shared {cfg['prefix']}-token prefixes + {QUESTION}-token questions, "
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x)")
     result = (f"RESULT strata_vs_vllm={ratio:.2f} strata_tps={st['tps']:.1f} vllm_tps={vl['tps']:.1f} "
               f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams} "
-              f"strata_threads={torch.get_num_threads()} strata_burst_threads={burst} "
+              f"strata_threads={st['threads']} strata_burst_threads={st['burst_threads']} "
               f"strata_burst_steps={st['burst_steps']}")
     print(result)
     return dict(kv.split("=") for kv in result.split()[1:])
