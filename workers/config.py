@@ -81,10 +81,11 @@ class WorkerConfig:
 
     def compute_threads(self, cores: int | None = None) -> int:
         """The engine's compute threads: ``torch_threads`` when set, else every core but one (at least
-        one). On 2 cores one compute thread served 16 streams 1.4x faster than two over HTTP
-        (``bench.engines``: the second thread waits at every parallel region for a core the loop
-        thread, the streams and the web tier hold), while a lone long prompt prefills slower; set
-        ``STRATA_TORCH_THREADS`` to every core for a machine that serves one request at a time."""
+        one). On 2 cores shared with the web tier, one compute thread served 16 streams over HTTP at
+        218-222 tok/s and two at 188-192 (the second waits at every parallel region for a core the
+        web tier and the client hold); on cores of its own the engine scales (``bench.vllm_cpu``
+        in-process: 300 -> 406-438 tok/s on two). Steps of prompt chunks alone run on every core
+        (``step_threads``). Set ``STRATA_TORCH_THREADS`` to every core where the web tier runs elsewhere."""
         if self.torch_threads:
             return self.torch_threads
         n = cores if cores is not None else (os.cpu_count() or 1)
