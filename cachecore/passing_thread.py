@@ -28,11 +28,13 @@ T = TypeVar("T")
 
 def on_passing_thread(fn: Callable[..., T], *args, threads: int, name: str = "strata-passing", **kwargs) -> T:
     """``fn(*args, **kwargs)`` on a new thread with ``threads`` intra-op threads (and the caller's
-    context variables), waited for; returns its result or raises its exception."""
+    context variables), waited for; returns its result or raises its exception. The default for threads
+    started later stays the caller's count."""
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"threads must be a positive int, got {threads!r}")
     ctx = contextvars.copy_context()
     outcome: dict[str, object] = {}
+    previous = torch.get_num_threads()
 
     def run() -> None:
         torch.set_num_threads(threads)
@@ -40,6 +42,10 @@ def on_passing_thread(fn: Callable[..., T], *args, threads: int, name: str = "st
             outcome["result"] = ctx.run(fn, *args, **kwargs)
         except BaseException as exc:  # re-raised in the caller's thread
             outcome["error"] = exc
+        finally:
+            # torch.set_num_threads also sets the default of threads not started yet: give it back, so a
+            # helper thread started later does not run (and keep) a pool of this size
+            torch.set_num_threads(previous)
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()

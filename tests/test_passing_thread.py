@@ -22,12 +22,18 @@ def test_runs_on_a_thread_of_its_own_with_the_threads_asked_and_the_callers_cont
         def probe(x, *, y):
             return x + y, threading.current_thread(), torch.get_num_threads(), VAR.get()
 
-        (total, thread, threads, var) = on_passing_thread(probe, 1, y=2, threads=2, name="probe")
+        asked = torch.get_num_threads() + 1  # not the caller's count
+        (total, thread, threads, var) = on_passing_thread(probe, 1, y=2, threads=asked, name="probe")
     finally:
         VAR.reset(token)
-    assert total == 3 and threads == 2 and var == "caller's"
+    assert total == 3 and threads == asked and var == "caller's"
     assert thread is not threading.current_thread() and thread.name == "probe"
     assert not thread.is_alive()  # it ended: its thread pool with it
+    later = {}
+    helper = threading.Thread(target=lambda: later.update(threads=torch.get_num_threads()))
+    helper.start()
+    helper.join()
+    assert later["threads"] == torch.get_num_threads()  # a thread started later gets the caller's default
 
 
 def test_its_exception_is_raised_in_the_caller():
