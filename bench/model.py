@@ -81,7 +81,7 @@ def _prompt(vocab: int, n: int) -> list[int]:
 
 def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, threads: StepThreads | None) -> Figures:
     """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored), its
-    scheduler's steps on ``threads`` (None: the process's torch threads)."""
+    scheduler's steps on ``threads`` (None: the loop thread's default torch threads)."""
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1",
                            scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S))
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     cfg = WorkerConfig(torch_threads=args.threads)  # 0: the worker's defaults
     step_threads = cfg.step_threads(str(pick_device(args.device)))
-    threads = (step_threads.burst, step_threads.steady) if step_threads else (cfg.compute_threads(),) * 2
+    threads = (step_threads.burst, step_threads.steady)
     prompt = args.prompt or (256 if args.quick else 2048)
     decode = args.decode or (16 if args.quick else 64)
     rounds = args.rounds or (2 if args.quick else 5)

@@ -5,9 +5,10 @@ run a parallel region, for as long as that thread lives. A worker's forwards run
 loop thread; when another long-lived thread (the actor's main thread loading the weights, a Ray method
 thread staging a revision) has also run parallel regions, the process holds two pools, more OpenMP
 threads than cores, and libgomp's waits between regions turn from spinning to sleeping: every region
-of every step then wakes its threads through the kernel. A 16-sequence decode step on 2 threads took
-41-43 ms on the loop thread after the main thread had run on 2 threads, against 25.7 ms when it had
-not (the main thread's own figure: 23.9-25.4 ms).
+of every step then wakes its threads through the kernel. A 16-sequence decode step on 2 threads, off
+the main thread: 38-42.5 ms (1.43 cores busy) after the main thread had run on 2 threads, 31-35 ms
+(1.98 cores) when it had not, 24.6-24.9 ms with freed memory kept as well (``cachecore.allocator``);
+the main thread's own figure is 23.9-25.4 ms.
 
 ``on_passing_thread`` runs such work (loading a revision: reading, converting and reordering its
 weights, all parallel) on a thread that ends with it, on ``threads`` intra-op threads: its pool goes

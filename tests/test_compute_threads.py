@@ -34,7 +34,8 @@ def test_step_threads_default_every_core_for_prompt_chunks_one_less_with_a_decod
     assert (plan.steady, plan.burst) == (3, 4)
     assert WorkerConfig().step_threads("cpu", cores=1).burst == 1
     assert WorkerConfig(torch_threads=2).step_threads("cpu", cores=8).burst == 2  # the operator's number, always
-    assert WorkerConfig().step_threads("cuda:0") is None  # GPU kernels do not run on these threads
+    gpu = WorkerConfig().step_threads("cuda:0", cores=4)  # the kernels run on the GPU: no bursts of host threads
+    assert (gpu.steady, gpu.burst) == (3, 3)
 
 
 def test_a_step_is_a_burst_only_when_every_item_is_a_prompt_chunk():

@@ -25,7 +25,7 @@ from cachecore.scheduler.threads import StepThreads
 class Advance:
     """Runs a plan's forwards and moves its requests on. Collaborators: the engine (marks, commits,
     prefill records), the scheduler's ``CachedPrefixes`` index (committed blocks), its counters and
-    first-token stats, and its ``finish(req, reason)`` / ``fail(req, exc)``; ``threads`` (CPU only):
+    first-token stats, and its ``finish(req, reason)`` / ``fail(req, exc)``; ``threads``:
     each step's intra-op threads (``threads.py``), None to leave them as they are. ``last_step_s``: the
     forward time of the last step (the longest an anticipation hold lasts)."""
 

@@ -99,7 +99,7 @@ class Scheduler:
                  contended_window: int = _DEFAULTS.contended_window,
                  anticipate_ms: int = _DEFAULTS.anticipate_ms, threads: StepThreads | None = None) -> None:
         """Settings as in ``SchedulerSettings`` (``ValueError`` when one is invalid); ``threads``: each
-        step's intra-op threads on a CPU (``threads.py``), None to leave torch's as they are."""
+        step's intra-op threads (``threads.py``), None to leave torch's as they are."""
         self.settings = SchedulerSettings(
             token_budget=token_budget, max_batch=max_batch, age_steps=age_steps, policy=policy, quantum=quantum,
             lean_budget=lean_budget, contended_budget=contended_budget, contended_window=contended_window,

@@ -1,16 +1,18 @@
-"""How many intra-op threads a step's forward runs on a CPU: :class:`StepThreads`.
+"""How many intra-op threads a step's forward runs on: :class:`StepThreads`.
 
 A worker shares its cores with what serves its streams (the loop thread between steps, the threads
 reading each request's events, the web tier on a small machine), so its forwards run on every core but
 one (``WorkerConfig.compute_threads``): a step with decodes in it is short, and a second compute thread
-waits at every parallel region for a core that one of those holds (on 2 cores one thread served 16
-streams 1.4x faster than two over HTTP). A step of prompt chunks alone is another matter: nothing is
-streaming tokens through it (every request in it is still before its first token), its matmuls are
-tall, and the first tokens of every request in it wait for the whole step. Such a step runs on
-``burst`` threads (every core), then the next step with a decode goes back to ``steady``.
+waits at every parallel region for a core that one of those holds (on 2 cores shared with the web tier,
+16 streams over HTTP: 218-222 tok/s on one thread per step, 188-192 on two). A step of prompt chunks
+alone is another matter: nothing is streaming tokens through it (every request in it is still before
+its first token), its matmuls are tall, and the first tokens of every request in it wait for the whole
+step. Such a step runs on ``burst`` threads (every core on a CPU), then the next step with a decode
+goes back to ``steady``. On a GPU both are the same (``WorkerConfig.step_threads``).
 
-Measured on 2 cores (``bench.model``, same session, the runner as the worker runs it, 2,048-token
-prompt in 256-token chunks): prefill 1,416 -> 2,439 tok/s, decode unchanged (49.8 tok/s both).
+Measured on 2 cores (``bench.model``, the runner as the worker runs it, 2,048-token prompt in 256-token
+chunks): prefill 1,416 tok/s on one thread, 2,556 with bursts (and one OpenMP pool in the process,
+``cachecore.passing_thread``), decode unchanged (48.6-49.8 tok/s).
 
 The thread count is the calling thread's (OpenMP's per-thread setting; torch keeps it per thread), so
 ``enter`` must be called on the thread that runs the forwards: the scheduler's loop thread.
