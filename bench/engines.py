@@ -563,13 +563,12 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
     return fields
 
 
-# ---------------------------------------------------------------------- the benchmark
 def cpu_table(systems: dict[str, System], top: int = 5) -> None:
     """Where the machine's cores went during each system's 16-stream sweep: the busiest processes (share
     of one core over the sweep), and the threads of the process that runs the forwards."""
     print(f"CPU during the {CPU_LEVEL}-stream sweep ({os.cpu_count()} cores; share of one core over the sweep's wall "
-          "time, every process on the machine that used 1% or more):")
-    print(f"cpu {'system':<12} {'busy':>5}  {'process':<44} {'share':>6}  threads of the engine process")
+          "time; the five busiest processes on the machine):")
+    print(f"cpu {'system':<12} {'busy':>5}  {'process':<44} {'share':>6}  threads (engine processes)")
     for s in systems.values():
         if s.cpu is None:
             continue
@@ -580,6 +579,7 @@ def cpu_table(systems: dict[str, System], top: int = 5) -> None:
     print()
 
 
+# ---------------------------------------------------------------------- the benchmark
 def _on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt  # unwinds through every finally: servers and actors are stopped
 
