@@ -62,6 +62,14 @@ class Cancelled(CacheError, RuntimeError):
     code = "cancelled"
 
 
+class RequestStopped(CacheError, RuntimeError):
+    """The platform stopped the request while its client waited (its tenant was suspended or
+    offboarded, or the data key it ran under was shredded); its blocks were released. Retryable: a
+    new request gets the tenant's current answer (served under the new key, or refused)."""
+
+    code = "request_stopped"
+
+
 class InvalidKV(CacheError, ValueError):
     """KV bytes handed to ``store`` do not match the layout (shape, dtype or block count)."""
 

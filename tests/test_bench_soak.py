@@ -51,6 +51,17 @@ def test_outcomes_ok_retryable_throttled_and_bad():
                            WIN) == "bad"
 
 
+def test_request_stopped_is_accepted_only_for_the_tenant_whose_key_the_operators_shred():
+    ops = sample(0, 1, 503, retry_after=True, error="request_stopped", profile="ops")
+    ops_stream = sample(0, 1, 200, stream_error=True, stream_retryable=True, error="request_stopped", profile="ops")
+    steady = sample(0, 1, 503, retry_after=True, error="request_stopped", profile="steady")
+    client_gone = sample(0, 1, 499, error="cancelled", profile="ops")  # never an answer a waiting client gets
+    assert [checks.classify(s, []) for s in (ops, ops_stream, steady, client_gone)] == [
+        "stopped", "stopped", "retryable", "bad"]
+    s = checks.summarize([ops, ops_stream, steady, client_gone], [])
+    assert s.stopped == 2 and s.outside_ok == 2 and s.bad == [steady, client_gone]
+
+
 def test_a_quota_429_is_throttling_only_for_tenants_meant_to_hit_their_quota():
     quota = sample(0, 1, 429, retry_after=True, error="rate_limited", profile="quota")
     steady = sample(0, 1, 429, retry_after=True, error="rate_limited", profile="steady")

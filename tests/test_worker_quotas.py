@@ -104,7 +104,7 @@ def test_a_zero_inflight_quota_admits_nothing_and_null_is_the_default(worker):
     engine.check_integrity()
 
 
-def test_cancel_tenant_ends_its_streams_with_cancelled_and_no_more_tokens(worker):
+def test_cancel_tenant_ends_its_streams_with_request_stopped_and_no_more_tokens(worker):
     salt = secrets.token_bytes(32)
     victim = [worker.stream(_req("gone", salt, _prompt(40, 10 + i), max_tokens=200, request_id=f"gone-{i}"))
               for i in range(2)]
@@ -122,7 +122,7 @@ def test_cancel_tenant_ends_its_streams_with_cancelled_and_no_more_tokens(worker
     for s in (*victim, waiting_free):
         rest = list(s)
         assert [e["type"] for e in rest] == ["error"]  # no token after the cancel
-        assert rest[0]["code"] == "cancelled" and "tenant suspended" in rest[0]["message"]
+        assert rest[0]["code"] == "request_stopped" and "tenant suspended" in rest[0]["message"]
     tail = list(bystander)  # another tenant's stream runs to its end
     assert tail[-1]["type"] == "finished" and tail[-1]["usage"]["completion_tokens"] == 40
     assert worker.cancel_tenant("gone") == {"cancelled": 0, "remaining": 0}  # idempotent

@@ -3,11 +3,13 @@ that a tenant's streams and KV API calls share, and stopping requests (one by id
 a tenant that was suspended, offboarded or had its data key shredded).
 
 :class:`RequestSlots` owns that state (slots taken per tenant, request key -> tenant, request key ->
-why it was cancelled) under its own lock; its collaborators are the replica's ``counters``
-(``tenant_busy`` counted here) and ``holding(tenant)``, the engine's count of the tenant's requests
-still holding blocks, which ``cancel_tenant`` waits on. A stream polls ``cancelled(key)`` every
-scheduler step (``should_abort``), so a cancel stops it at its next step whether or not its client
-reads. Plain Python (the web tier imports ``MAX_CONCURRENCY`` and the quota helpers from here).
+why it was stopped, by its client or by the platform) under its own lock; its collaborators are the
+replica's ``counters`` (``tenant_busy`` counted here) and ``holding(tenant)``, the engine's count of
+the tenant's requests still holding blocks, which ``cancel_tenant`` waits on. A stream polls
+``cancelled(key)`` every scheduler step (``should_abort``), so a cancel stops it at its next step
+whether or not its client reads; it ends with ``stop_error(key)``: ``cancelled`` (499, its client
+went away) or ``request_stopped`` (503, retryable: the platform stopped it while its client waits).
+Plain Python (the web tier imports ``MAX_CONCURRENCY`` and the quota helpers from here).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from cachecore.errors import TenantBusy
+from cachecore.errors import CacheError, Cancelled, RequestStopped, TenantBusy
 from workers.protocol import WorkerRequest, error_event
 from workers.stops import apply_stops
 
@@ -45,7 +47,8 @@ class RequestSlots:
         self._lock = threading.Lock()
         self._per_tenant: Counter[str] = Counter()  # slots taken per tenant (streams and KV calls)
         self._running: dict[str, str] = {}  # request key (request_id, or one of ours) -> tenant
-        self._cancelled: OrderedDict[str, str] = OrderedDict()  # request key -> why it was cancelled
+        # request key -> why it was stopped, and whether by the platform (else its client went away)
+        self._cancelled: OrderedDict[str, tuple[str, bool]] = OrderedDict()
 
     def admitted_stream(self, req: dict, serve) -> Iterator[dict]:
         """The stream of one request on this replica, whichever engine serves it: ``req`` read back as
@@ -106,25 +109,38 @@ class RequestSlots:
 
     def cancelled(self, key: str) -> str | None:
         """Why the request ``key`` was cancelled, or None while it may run (polled every step)."""
-        return self._cancelled.get(key)
+        marked = self._cancelled.get(key)
+        return marked[0] if marked is not None else None
+
+    def stop_error(self, key: str) -> CacheError | None:
+        """What the stopped request ``key`` ends with: ``Cancelled`` when its client went away
+        (nobody reads it), ``RequestStopped`` when the platform stopped it (its client still waits
+        and may retry); None while it may run."""
+        marked = self._cancelled.get(key)
+        if marked is None:
+            return None
+        why, by_platform = marked
+        return RequestStopped(why) if by_platform else Cancelled(why)
 
     def cancel(self, request_id: str) -> bool:
         """Stop the request ``request_id`` at its next chunk or token (its client went away); its
         blocks are released. Remembered for a while, so a cancel that overtakes its request works too.
         Returns whether such a request is running now."""
         with self._lock:
-            self._mark_cancelled(str(request_id), "the request was cancelled")
+            self._mark_cancelled(str(request_id), "the request was cancelled", by_platform=False)
             return str(request_id) in self._running
 
-    def _mark_cancelled(self, key: str, why: str) -> None:  # caller holds self._lock
-        self._cancelled[key] = why
+    def _mark_cancelled(self, key: str, why: str, *, by_platform: bool) -> None:  # caller holds self._lock
+        if key in self._cancelled and not by_platform:  # the platform's stop stands: its client may read it
+            return
+        self._cancelled[key] = (why, by_platform)
         while len(self._cancelled) > _CANCEL_MEMORY:
             self._cancelled.popitem(last=False)
 
     def cancel_tenant(self, tenant: str, *, reason: str = "", wait_seconds: float = CANCEL_TENANT_WAIT_S) -> dict:
         """Stop every running or waiting request of ``tenant`` on this replica (it was suspended,
         offboarded, or its data key shredded): each stops at its next step, and its stream ends with a
-        ``cancelled`` error and no more tokens. Returns once their blocks are released or after
+        retryable ``request_stopped`` error and no more tokens. Returns once their blocks are released or after
         ``wait_seconds``: ``{"cancelled": requests marked, "remaining": requests still holding
         blocks}`` (0 means done). Idempotent; requests that start after it returns are not affected
         (the control plane refuses them once the tenant's status changed)."""
@@ -134,7 +150,7 @@ class RequestSlots:
             # KV calls last one lookup or copy and poll nothing: only streams are stopped
             keys = [k for k, t in self._running.items() if t == tenant and not k.startswith(_KV_KEY)]
             for k in keys:
-                self._mark_cancelled(k, why)
+                self._mark_cancelled(k, why, by_platform=True)
         deadline = time.monotonic() + wait_seconds
         while self._holding(tenant) and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError, Cancelled
+from cachecore.errors import CacheError
 from cachecore.events import EventLog
 from cachecore.routing.hashes import namespace_fields, request_salt
 from cachecore.runner import Finished, Prefilled, SamplingParams, TokenOut
@@ -63,7 +63,7 @@ from workers.revisions import Revision, RevisionManager, load_revision
 from workers.router_stats import DecodeClock, router_section
 from workers.worker_l3 import WorkerL3
 
-RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy"})
+RETRYABLE = frozenset({"revision_changed", "out_of_blocks", "inflight_limit", "tenant_busy", "request_stopped"})
 
 
 class RevisionChanged(CacheError):
@@ -266,10 +266,10 @@ class CacheWorker:
                     resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
                     if ev.finish_reason == "aborted":
-                        why = self.slots.cancelled(key)
-                        if why is not None:
+                        stopped = self.slots.stop_error(key)
+                        if stopped is not None:
                             self.counters["cancelled"] += 1
-                            raise Cancelled(why)
+                            raise stopped
                         raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
                     yield finished_event(finish_reason=ev.finish_reason, revision=revision,
                                          prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,

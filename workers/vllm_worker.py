@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import strata_env
-from cachecore.errors import BackendUnavailable, CacheError, Cancelled, InflightLimit, InvalidPrompt, PromptTooLong
+from cachecore.errors import BackendUnavailable, CacheError, InflightLimit, InvalidPrompt, PromptTooLong
 from cachecore.events import AllCleared, BlockStored, EventBatch, EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.loadcost import PRIORS
@@ -81,7 +81,7 @@ from workers.vllm_kv_api import VllmKVApi
 from workers.vllm_revision import VllmRevision
 
 logger = logging.getLogger("strata.vllm")
-RETRYABLE = frozenset({"revision_changed", "inflight_limit", "tenant_busy", "engine_busy"})
+RETRYABLE = frozenset({"revision_changed", "inflight_limit", "tenant_busy", "engine_busy", "request_stopped"})
 START_TIMEOUT_S = 900.0  # a vLLM engine start (weights, compile) on a slow CPU
 _END = object()
 _POLL_S = 0.05  # how often a waiting stream checks for cancellation
@@ -435,10 +435,10 @@ class VllmWorker:
                     del self._held[r.tenant]
 
     def _stopped(self, key: str, rev: VllmRevision) -> CacheError:
-        why = self.slots.cancelled(key)
-        if why is not None:
+        stopped = self.slots.stop_error(key)
+        if stopped is not None:
             self.counters["cancelled"] += 1
-            return Cancelled(why)
+            return stopped
         return RevisionChanged(f"revision {rev.label} was replaced while this request ran; retry")
 
     def _hashes(self, rev: VllmRevision, req: WorkerRequest) -> list[bytes]:

@@ -7,12 +7,15 @@ A request's outcome (:func:`classify`):
 - ``ok``: answered 200 and, when streamed, not ended by an error event;
 - ``throttled``: the tenant's own quota (429 with ``Retry-After``, or a ``tenant_busy`` /
   ``inflight_limit`` stream end) for a tenant meant to hit its quotas (``burst``, ``quota``);
+- ``stopped``: a ``request_stopped`` answer (503 with ``Retry-After``, or a retryable stream end) to a
+  tenant whose running requests the operators stop on purpose (``ops``: its data key is shredded):
+  the platform doing what it was asked, so allowed anywhere, and counted;
 - ``retryable``: a 429/503 with ``Retry-After``, a retryable stream error event, or, inside a
   ``web_restart`` window only, a refused connection or a cut transfer;
 - ``bad``: anything else (a 500, a 503 without ``Retry-After``, a non-retryable stream end...).
 
-Outside every fault window each request must be ``ok`` (or ``throttled``); inside one, ``retryable``
-is allowed too; ``bad`` never is.
+Outside every fault window each request must be ``ok`` (or ``throttled``, ``stopped``); inside one,
+``retryable`` is allowed too; ``bad`` never is.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from bench._soak.faults import Window
 from bench._soak.load import Sample
 
 THROTTLED_PROFILES = frozenset({"burst", "quota"})
+STOPPED_PROFILES = frozenset({"ops"})  # the operators shred its data key, which stops its running requests
 QUOTA_CODES = frozenset({"tenant_busy", "inflight_limit", "rate_limited"})
+ACCEPTED = ("ok", "throttled", "stopped")  # outcomes allowed anywhere
 FINAL_JOB_STATES = ("succeeded", "partial", "failed")
 
 
@@ -44,6 +49,9 @@ def classify(sample: Sample, windows: list[Window]) -> str:
     quota = (sample.status == 429 and sample.retry_after) or (sample.stream_error and sample.error in QUOTA_CODES)
     if quota and sample.profile in THROTTLED_PROFILES:
         return "throttled"
+    stopped = (sample.status == 503 and sample.retry_after) or (sample.stream_error and sample.stream_retryable)
+    if stopped and sample.error == "request_stopped" and sample.profile in STOPPED_PROFILES:
+        return "stopped"
     if sample.status in (429, 503) and sample.retry_after:
         return "retryable"
     if sample.stream_error and sample.stream_retryable:
@@ -62,6 +70,7 @@ class RequestSummary:
     inside_ok: int
     retryable_inside: int
     throttled: int
+    stopped: int
     status_500: int
     bad: list[Sample]
 
@@ -71,25 +80,27 @@ class RequestSummary:
 
 
 def summarize(samples: list[Sample], windows: list[Window]) -> RequestSummary:
-    outside = outside_ok = inside = inside_ok = retry_in = throttled = s500 = 0
+    outside = outside_ok = inside = inside_ok = retry_in = throttled = stopped = s500 = 0
     bad: list[Sample] = []
     for s in samples:
         outcome = classify(s, windows)
         in_window = bool(covering(s, windows))
         s500 += s.status is not None and s.status >= 500 and s.status != 503
         throttled += outcome == "throttled"
+        stopped += outcome == "stopped"
         if in_window:
             inside += 1
-            inside_ok += outcome in ("ok", "throttled")
+            inside_ok += outcome in ACCEPTED
             retry_in += outcome == "retryable"
             if outcome == "bad":
                 bad.append(s)
         else:
             outside += 1
-            outside_ok += outcome in ("ok", "throttled")
-            if outcome != "ok" and outcome != "throttled":
+            outside_ok += outcome in ACCEPTED
+            if outcome not in ACCEPTED:
                 bad.append(s)
-    return RequestSummary(len(samples), outside, outside_ok, inside, inside_ok, retry_in, throttled, s500, bad)
+    return RequestSummary(len(samples), outside, outside_ok, inside, inside_ok, retry_in, throttled, stopped, s500,
+                          bad)
 
 
 def percentile(values: list[float], q: float) -> float | None:

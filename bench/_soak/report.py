@@ -18,7 +18,8 @@ def table(*, setup: str, faults: list[FaultEvent], summary: RequestSummary,
     for e in faults:
         healed = "never" if e.healed is None else f"{e.healed:.1f}"
         lines.append(f"  {e.kind:<14}{e.start:>8.1f}{healed:>9}  {e.detail}")
-    lines += ["", f"requests: {summary.total} (throttled by own quota: {summary.throttled})",
+    lines += ["", f"requests: {summary.total} (throttled by own quota: {summary.throttled}; "
+                      f"stopped by a key shred: {summary.stopped})",
               f"  outside fault windows: {summary.outside_ok}/{summary.outside} ok ({summary.outside_ratio:.2%})",
               f"  inside fault windows:  {summary.inside_ok}/{summary.inside} ok, {summary.retryable_inside} retryable",
               "", f"  {'phase':<14}{'streams':>8}{'TTFT p50 ms':>13}{'p99 ms':>9}"]

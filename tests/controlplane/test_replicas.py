@@ -382,6 +382,33 @@ def test_a_replica_that_does_not_answer_makes_the_flush_partial(two_replicas, ac
     assert verify["replicas"]["cache-worker:tiny-two:1"] == {"ok": False, "reason": "unreachable"}
 
 
+def test_a_probe_that_fails_while_attempts_are_left_is_retried_not_recorded_partial(two_replicas, actor, monkeypatch):
+    """The soak's failure: a flush reached every replica, then its verification ran while the L3
+    backend was down (the probe's call refused, ``l3_unavailable``). The job retries, flushes that
+    replica again and verifies, instead of ending ``partial`` on a passing fault."""
+    from controlplane.jobs import services
+    from controlplane.jobs.models import FlushJob
+
+    calls, backend_down = [], [True]
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        calls.append((method, replica))
+        if method == "probe" and replica == 1 and backend_down[0]:
+            raise Unavailable("worker tiny-two failed probe: the L3 backend did not answer")
+        return {"ok": True, "remaining_blocks": 0} if method == "probe" else {"blocks_freed": 1}
+
+    monkeypatch.setattr(gateway, "call", call)
+    job = services.flush_job_request(actor=actor, scope="model", model="tiny-two", reason="test")
+    with pytest.raises(services.RetryLater, match="1 replica\\(s\\) not verified"):
+        services.job_execute(job_id=job.pk)
+    backend_down[0] = False
+    job = services.job_execute(job_id=job.pk)
+    assert job.status == FlushJob.Status.SUCCEEDED and job.verified and job.attempts == 2
+    assert [c for c in calls if c[0] == "flush"] == [("flush", 0), ("flush", 1), ("flush", 1)]  # 1 again
+    retry = next(s for s in job.steps if s["step"] == "verify_retry")
+    assert retry["replicas"] == ["cache-worker:tiny-two:1"]
+
+
 def test_stats_list_every_replica_and_metrics_label_them(two_replicas, admin_client, monkeypatch):
     from prometheus_client.parser import text_string_to_metric_families
 

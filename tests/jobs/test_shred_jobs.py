@@ -169,11 +169,16 @@ def test_a_worker_still_down_on_the_last_attempt_leaves_the_job_partial(setup, a
 
 
 def test_a_probe_that_still_finds_objects_fails_verification(setup, actor, monkeypatch):
-    from controlplane.jobs.services import job_execute
+    from controlplane.jobs.services import RetryLater, job_execute
     from controlplane.tenants.datakeys import data_key_shred
 
-    _fake(monkeypatch, remaining=4)
-    job = job_execute(job_id=data_key_shred(actor=actor, tenant=setup, version=1, reason=REASON).pk)
+    fake = _fake(monkeypatch, remaining=4)
+    job = data_key_shred(actor=actor, tenant=setup, version=1, reason=REASON)
+    with pytest.raises(RetryLater, match="dropping the key there again"):  # attempts are left: the drop is redone
+        job_execute(job_id=job.pk)
+    drops = len(fake.of("drop_data_key"))
+    job = job_execute(job_id=job.pk, final_attempt=True)
+    assert len(fake.of("drop_data_key")) == 2 * drops  # every unverified worker dropped the key again
     assert job.status == "partial" and job.verified is False
     assert "keys_verify_failed" in [s["step"] for s in job.steps]
 
@@ -293,9 +298,10 @@ def test_a_replica_that_started_during_a_flush_is_flushed_on_the_retry(setup, ac
     fake = StartsDuringTheFlush()
     monkeypatch.setattr("controlplane.runtime.gateway.call", fake)
     job = services.flush_job_request(actor=actor, scope="tenant", tenant=setup, reason="model updated")
-    with pytest.raises(services.RetryLater, match="started during the flush"):
+    with pytest.raises(services.RetryLater, match="not verified: flushing them again"):
         services.job_execute(job_id=job.pk)
     job = services.job_execute(job_id=job.pk)
     assert job.status == "succeeded" and job.verified and job.attempts == 2
     assert [d for d, _ in fake.of("flush")] == ["tiny-a", "tiny-b", "tiny-b"]  # tiny-a flushed once
-    assert "replicas_started" in [s["step"] for s in job.steps]
+    retry = next(s for s in job.steps if s["step"] == "verify_retry")
+    assert retry["replicas"] == ["cache-worker:tiny-b:0"] and retry["redo"] == ["cache-worker:tiny-b:0"]

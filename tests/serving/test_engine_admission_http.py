@@ -1,7 +1,7 @@
 """Admission in front of either engine, over HTTP (``engine_platform``: the reference engine and
 vLLM): a tenant's concurrent-request slots and in-flight tokens are bounded on the replica (429 with
 Retry-After, other tenants unaffected), a client that disconnects stops its request on the worker,
-and suspending a tenant ends its running stream with ``cancelled``."""
+and suspending a tenant ends its running stream with ``request_stopped``."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_a_client_that_disconnects_stops_its_request_on_the_worker(platform):
         time.sleep(0.1)
 
 
-def test_suspending_a_tenant_ends_its_running_stream_with_cancelled(platform, actor):
+def test_suspending_a_tenant_ends_its_running_stream_with_request_stopped(platform, actor):
     from controlplane.tenants.services import tenant_update
 
     with httpx.Client() as client:
@@ -101,4 +101,4 @@ def test_suspending_a_tenant_ends_its_running_stream_with_cancelled(platform, ac
         finally:
             cm.__exit__(None, None, None)
     errors = [json.loads(e) for e in rest if e != "[DONE]" and "error" in json.loads(e)]
-    assert errors and errors[-1]["error"]["code"] == "cancelled"
+    assert errors and errors[-1]["error"]["code"] == "request_stopped"

@@ -4,7 +4,9 @@
   tokens too);
 - a KV call while the tenant's only concurrent slot is held by a streaming completion is a 429 with
   Retry-After;
-- suspending a tenant ends its running stream with a ``cancelled`` error and no more tokens.
+- suspending a tenant ends its running stream with a retryable ``request_stopped`` error and no more
+  tokens, and its running non-streamed completion with a 503 ``request_stopped`` and Retry-After (its
+  client still waits: not the 499 of a client that went away).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def test_a_kv_call_while_the_only_slot_streams_is_429(platform, slow):
             cm.__exit__(None, None, None)
 
 
-def test_suspending_a_tenant_ends_its_running_stream_with_cancelled(platform, slow, actor):
+def test_suspending_a_tenant_ends_its_running_stream_with_request_stopped(platform, slow, actor):
     from controlplane.tenants.services import tenant_update
 
     with httpx.Client() as client:
@@ -128,7 +130,7 @@ def test_suspending_a_tenant_ends_its_running_stream_with_cancelled(platform, sl
         finally:
             cm.__exit__(None, None, None)
     errors = [e for e in rest if isinstance(e, dict) and "error" in e]
-    assert rest[-1] == "[DONE]" and len(errors) == 1 and errors[0]["error"]["code"] == "cancelled"
+    assert rest[-1] == "[DONE]" and len(errors) == 1 and errors[0]["error"]["code"] == "request_stopped"
     after = rest[rest.index(errors[0]):]
     assert not any(isinstance(e, dict) and e.get("choices") for e in after)  # no token after the cancel
     tokens_before = sum(1 for e in rest if isinstance(e, dict) and e.get("choices"))
@@ -136,3 +138,31 @@ def test_suspending_a_tenant_ends_its_running_stream_with_cancelled(platform, sl
     from controlplane.audit.models import AuditEvent
 
     assert AuditEvent.objects.filter(action="tenant.requests_stopped", tenant="acme").exists()
+
+
+def test_suspending_a_tenant_answers_its_running_completion_503_request_stopped(platform, slow, actor):
+    import threading
+    import time
+
+    from controlplane.runtime import gateway
+    from controlplane.tenants.services import tenant_update
+
+    tenant = platform.tenants["globex"]
+    answer: list[httpx.Response] = []
+    call = threading.Thread(target=lambda: answer.append(httpx.post(
+        f"{platform.url}/v1/completions", timeout=120, headers={"Authorization": f"Bearer {platform.keys['globex']}"},
+        json={"model": SLOW, "prompt": "hello there", "max_tokens": 2000, "temperature": 0})))
+    call.start()
+    try:
+        deadline = time.monotonic() + 60
+        while gateway.call(slow, "info")["running"] < 1:
+            assert time.monotonic() < deadline and call.is_alive(), answer and answer[0].text
+            time.sleep(0.05)
+        tenant_update(actor=actor, tenant=tenant, status="suspended")
+        call.join(timeout=60)
+    finally:
+        tenant_update(actor=actor, tenant=tenant, status="active")
+    resp = answer[0]
+    assert resp.status_code == 503, resp.text  # the client is still there: told to retry, not 499
+    assert resp.json()["error"]["code"] == "request_stopped" and "tenant suspended" in resp.json()["error"]["message"]
+    assert int(resp.headers["Retry-After"]) >= 1

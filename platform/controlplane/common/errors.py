@@ -171,6 +171,7 @@ WORKER_ERRORS = {
     "inflight_limit": (429, 1),
     "tenant_busy": (429, 1),
     "cancelled": (499, None),  # the client went away; nobody reads this answer
+    "request_stopped": (503, 1),  # the platform stopped it (suspension, offboarding, key shred): retry
     "worker_failed": (503, 2),
 }
 

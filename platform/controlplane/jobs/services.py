@@ -387,28 +387,34 @@ def _execute_flush(job: FlushJob, final_attempt: bool) -> FlushJob:
         raise RetryLater(f"{len(failed)} worker(s) unreachable")
     verified, per_replica = _verify(job, scope)
     _step(job, "verified" if verified else "verify_failed", replicas=per_replica)
-    if not verified and not final_attempt:
-        _flush_again_where_started(job, per_replica)
+    if not verified:
+        _retry_unverified(job, final_attempt, {"": per_replica}, "flushing them again")
     if job.kind == FlushJob.Kind.OFFBOARD:
         shred_failed, shred_verified = _shred(job, final_attempt)
         failed, verified = failed + shred_failed, verified and shred_verified
     return _finish(job, failed, verified)
 
 
-def _flush_again_where_started(job: FlushJob, per_replica: dict[str, dict]) -> None:
-    """A replica that was not running when the flush reached it (killed, being revived: nothing to
-    flush then) but answers the verification with blocks of the scope started meanwhile and served
-    since: its result is cleared and the job retried (``RetryLater``), which flushes it now, rather
-    than ending ``partial`` with a replica that never flushed."""
-    started = [name for name, probe in per_replica.items()
-               if not probe.get("ok") and not probe.get("absent")
-               and job.results.get(name, {}).get("status") == NOT_RUNNING]
-    if not started:
+def _retry_unverified(job: FlushJob, final_attempt: bool, probes: dict[str | None, dict[str, dict]],
+                      what: str) -> None:
+    """A verification that failed is retried while attempts are left, not recorded at once: a replica
+    that did not answer the probe, or whose backend (L3) did not, is a passing fault that a later
+    attempt gets past. ``probes`` maps the result key suffix of the phase each probe checks (``""``
+    for a flush, ``":drop:v<n>"`` for a shred; None: a phase not to redo) to the per-replica probes.
+    Each replica whose probe was not ok has that phase's result cleared, so the retry does it there
+    again (idempotent) before it verifies again: a replica that was not running when the job reached
+    it but started and cached the scope meanwhile, or one that still holds what the phase should have
+    removed. The last attempt records what still fails (``partial``)."""
+    unverified = {(suffix, name) for suffix, per_replica in probes.items()
+                  for name, probe in per_replica.items() if not probe.get("ok")}
+    if final_attempt or not unverified:
         return
-    job.results = {name: r for name, r in job.results.items() if name not in started}
-    _step(job, "replicas_started", replicas=started)
+    cleared = {name + suffix for suffix, name in unverified if suffix is not None}
+    job.results = {name: r for name, r in job.results.items() if name not in cleared}
+    replicas = sorted({name for _, name in unverified})
+    _step(job, "verify_retry", replicas=replicas, redo=sorted(cleared))
     _save(job, "results", "steps")
-    raise RetryLater(f"{len(started)} replica(s) started during the flush: flushing them")
+    raise RetryLater(f"{len(replicas)} replica(s) not verified: {what}")
 
 
 def _destroy_keys(job: FlushJob, versions: list[int]) -> None:
@@ -450,6 +456,9 @@ def _shred(job: FlushJob, final_attempt: bool) -> tuple[list[str], bool]:
     verified = all(ok for ok, _ in probes.values())
     _step(job, "keys_verified" if verified else "keys_verify_failed", versions=versions,
           replicas={f"v{v}": per_replica for v, (_, per_replica) in probes.items()})
+    if not verified:
+        _retry_unverified(job, final_attempt, {f":drop:v{v}": per_replica for v, (_, per_replica) in probes.items()},
+                          "dropping the key there again")
     return failed, verified
 
 
@@ -497,4 +506,6 @@ def _execute_rollout(job: FlushJob, final_attempt: bool) -> FlushJob:
     if old is not None:
         verified, per_replica = _verify(job, {"scope": "revision", "revision": old.label})
     _step(job, "verified" if verified else "verify_failed", old=old.label if old else None, replicas=per_replica)
+    if not verified:  # a switched worker does not switch again: the probe alone is retried
+        _retry_unverified(job, final_attempt, {None: per_replica}, "verifying again")
     return _finish(job, failed, verified)
