@@ -197,7 +197,11 @@ def test_a_client_that_disconnects_cancels_its_request_and_frees_its_blocks(plat
 
     small = slow
     before = gateway.call(small, "info")["cancelled"]
-    body = {"model": "small-cancel", "prompt": _tokens(64, 5), "max_tokens": 2000, "temperature": 0, "stream": stream}
+    # A whole answer must still be running when its client leaves after 1 s: a 2,048-token prompt (its
+    # prefill alone takes longer on a CPU), since this random model may emit its end token within a
+    # second of decoding a short one
+    prompt = _tokens(64, 5) if stream else _tokens(2048, 5)
+    body = {"model": "small-cancel", "prompt": prompt, "max_tokens": 2000, "temperature": 0, "stream": stream}
     headers = {"Authorization": f"Bearer {platform.keys['acme']}"}
     if stream:
         with httpx.stream("POST", f"{platform.url}/v1/completions", json=body, headers=headers, timeout=60) as r:
