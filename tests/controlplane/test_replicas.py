@@ -409,6 +409,32 @@ def test_a_probe_that_fails_while_attempts_are_left_is_retried_not_recorded_part
     assert retry["replicas"] == ["cache-worker:tiny-two:1"]
 
 
+def test_a_rollout_whose_probe_fails_retries_the_probe_without_switching_again(two_replicas, actor, monkeypatch):
+    from controlplane.jobs import services
+    from controlplane.jobs.models import FlushJob
+    from controlplane.registry.services import revision_create
+
+    revision_create(actor=actor, deployment=two_replicas, label="r2", seed=5)
+    calls, backend_down = [], [True]
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        calls.append((method, replica))
+        if method == "probe" and replica == 0 and backend_down[0]:
+            raise Unavailable("worker tiny-two failed probe: the L3 backend did not answer")
+        return {"ok": True, "remaining_blocks": 0} if method == "probe" else {"switched": True}
+
+    monkeypatch.setattr(gateway, "call", call)
+    job = services.rollout_request(actor=actor, model="tiny-two", revision="r2", reason="test")
+    with pytest.raises(services.RetryLater, match="not verified: verifying again"):
+        services.job_execute(job_id=job.pk)
+    backend_down[0] = False
+    job = services.job_execute(job_id=job.pk)
+    assert job.status == FlushJob.Status.SUCCEEDED and job.verified and job.attempts == 2
+    assert sorted(c for c in calls if c[0] != "probe") == [  # staged and switched once per replica
+        ("stage_revision", 0), ("stage_revision", 1), ("switch_revision", 0), ("switch_revision", 1)]
+    assert next(s for s in job.steps if s["step"] == "verify_retry")["redo"] == []
+
+
 def test_stats_list_every_replica_and_metrics_label_them(two_replicas, admin_client, monkeypatch):
     from prometheus_client.parser import text_string_to_metric_families
 
