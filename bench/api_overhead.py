@@ -75,7 +75,7 @@ import httpx
 
 GOAL_MS = 3.0
 GOAL_RPS_RATIO = 0.7
-PROMPT_TOKENS = 65  # 4 full blocks of 16 cached + the last token recomputed
+PROMPT_TOKENS = 65  # 4 full blocks of 16 cached + the last token recomputed (``--prompt-tokens``)
 
 
 # ---------------------------------------------------------------------- client process (no shared GIL)
@@ -667,6 +667,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=None, help="latency samples per path (300; quick 60)")
     ap.add_argument("--duration", type=float, default=None, help="seconds of load per path (8; quick 3)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                    help=f"prompt length in token ids, all but the last token cached ({PROMPT_TOKENS}); what a longer "
+                         "cached prompt adds per token on each path (at most the model's context minus 1)")
     ap.add_argument("--load-client", default="raw", choices=["raw", "httpx"],
                     help="the throughput run's HTTP client: a minimal HTTP/1.1 one (default) or httpx's AsyncClient")
     ap.add_argument("--latency-client", default="raw", choices=["raw", "httpx"],
@@ -692,8 +695,8 @@ def main(argv: list[str] | None = None) -> None:
         from controlplane.serving import context
         from controlplane.serving.schemas import CompletionRequest
 
-        expect = (PROMPT_TOKENS - 1) // p.block_size * p.block_size
-        bodies = [{"model": p.model, "prompt": [rng.randrange(256) for _ in range(PROMPT_TOKENS)],
+        expect = (args.prompt_tokens - 1) // p.block_size * p.block_size
+        bodies = [{"model": p.model, "prompt": [rng.randrange(256) for _ in range(args.prompt_tokens)],
                    "max_tokens": 1, "temperature": 0} for _ in p.keys]
         client = HttpClientProcess(p.url)
         try:
@@ -890,7 +893,8 @@ def main(argv: list[str] | None = None) -> None:
     rps_actor, p50_actor_load, err_actor = rps(load["actor"])
 
     print()
-    print(f"API overhead: 1-token completion of a fully cached {PROMPT_TOKENS}-token prompt ({expect} tokens cached), "
+    print(f"API overhead: 1-token completion of a fully cached {args.prompt_tokens}-token prompt "
+          f"({expect} tokens cached), "
           f"preset {args.preset}, {samples} interleaved samples per row ({t_lat:.1f} s)"
           + (" [quick: p99 of few samples is close to the max]" if args.quick else ""))
     print(f"{'path':<44} {'p50 ms':>8} {'p99 ms':>8} {'min ms':>8}  {'p50 vs actor':>12}")

@@ -91,17 +91,18 @@ class WorkerConfig:
         n = cores if cores is not None else (os.cpu_count() or 1)
         return max(1, n - 1)
 
-    def step_threads(self, device: str, cores: int | None = None) -> StepThreads:
+    def step_threads(self, device: str, cores: int | None = None, *, set_threads=None) -> StepThreads:
         """The scheduler's per-step threads (``cachecore.scheduler.threads``): steps with a decode on
         ``compute_threads``; on a CPU, steps of prompt chunks alone on every core (``torch_threads``
         when set: every step on that many). On other devices every step on ``compute_threads``: the
-        kernels run there, only the loop's host work runs on these."""
+        kernels run there, only the loop's host work runs on these. ``set_threads``: see ``StepThreads``."""
         from cachecore.scheduler.threads import StepThreads
 
         steady = self.compute_threads(cores)
         if not str(device).startswith("cpu") or self.torch_threads:
-            return StepThreads(steady, steady)
-        return StepThreads(steady, max(1, cores if cores is not None else (os.cpu_count() or 1)))
+            return StepThreads(steady, steady, set_threads=set_threads)
+        return StepThreads(steady, max(1, cores if cores is not None else (os.cpu_count() or 1)),
+                           set_threads=set_threads)
 
     @classmethod
     def from_env(cls, environ=None) -> WorkerConfig:

@@ -23,6 +23,15 @@ vLLM runs the connector twice, in two processes:
 Fetches from L2/L3 run on the service's loader threads while vLLM goes on; the copy into vLLM's
 pages is synchronous (vLLM computes the rest of the prompt in the same step); saves are
 write-through. Tensor parallelism is not supported (each rank would hold a shard of every block).
+
+The connector also carries the engine's per-step threads into vLLM's worker: the rule of Strata's own
+scheduler (``cachecore.scheduler.threads``). vLLM's worker runs on ``WorkerConfig.compute_threads``
+(every core but one); a step whose every request computes more than one token (prompt chunks, no
+decode: nobody is streaming through it and its first tokens wait for all of it) runs on every core.
+``build_connector_meta`` marks such a step (``prompt_only``) and ``handle_preemptions``, the first
+call vLLM makes with a step's metadata (``execute_model``, on the thread that runs the forward, before
+it builds the attention metadata: vLLM's CPU attention fixes its thread count there and checks it in
+the kernel), sets that thread's threads.
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ class StrataMetadata(KVConnectorMetadata):
     loads: list[_Load] = field(default_factory=list)
     saves: list[_Save] = field(default_factory=list)
     forgets: list[str] = field(default_factory=list)
+    prompt_only: bool = False  # the step computes prompt chunks only: its forward runs on burst threads
 
 
 @dataclass
@@ -117,11 +127,19 @@ class StrataConnector(KVConnectorBase_V1):
             self._reqs: dict[str, _Req] = {}
             self._forgets: list[str] = []
         else:
+            import torch
+
             from workers.config import WorkerConfig
             from workers.kv_tiers import TierService
 
-            self.service = TierService(WorkerConfig(**cfg["worker_config"]), self.layout,
+            worker_config = WorkerConfig(**cfg["worker_config"])
+            self.service = TierService(worker_config, self.layout,
                                        deployment=cfg["deployment"], revision=cfg["revision"])
+            # On a CPU only (elsewhere the kernels run on the device, and vLLM keeps its host threads);
+            # torch's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op.
+            device = str(getattr(vllm_config.device_config, "device_type", "") or "")
+            self._threads = (worker_config.step_threads(device, set_threads=torch._C.set_num_threads)
+                             if device.startswith("cpu") else None)
             self._server = TierServer(self.service, cfg["endpoint"])
             self._codec = None
             self._load_errors: set[int] = set()
@@ -174,7 +192,9 @@ class StrataConnector(KVConnectorBase_V1):
             st.staged = 0
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
-        meta = StrataMetadata(forgets=self._forgets)
+        counts = scheduler_output.num_scheduled_tokens
+        meta = StrataMetadata(forgets=self._forgets,
+                              prompt_only=bool(counts) and all(n > 1 for n in counts.values()))
         self._forgets = []
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)
@@ -230,6 +250,11 @@ class StrataConnector(KVConnectorBase_V1):
         return False, {KEY: {"loaded": st.loaded, "stop": st.outcome.get("stop")}}
 
     # ================================================================== worker side
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        """Nothing to do for preemptions (saves are synchronous); the step's threads (module docstring)."""
+        if self._threads is not None and isinstance(kv_connector_metadata, StrataMetadata):
+            self._threads.enter_step(kv_connector_metadata.prompt_only)
+
     def register_kv_caches(self, kv_caches) -> None:
         from workers.kv_pages import PageCodec
 

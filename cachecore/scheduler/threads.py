@@ -15,37 +15,50 @@ chunks): prefill 1,416 tok/s on one thread, 2,556 with bursts (and one OpenMP po
 ``cachecore.passing_thread``), decode unchanged (48.6-49.8 tok/s).
 
 The thread count is the calling thread's (OpenMP's per-thread setting; torch keeps it per thread), so
-``enter`` must be called on the thread that runs the forwards: the scheduler's loop thread.
+``enter`` must be called on the thread that runs the forwards: the scheduler's loop thread, or vLLM's
+worker thread (``workers.kv_connector``, which applies the same rule to vLLM's steps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
+
+
+def prompt_only(spans: Iterable[tuple[int, int]]) -> bool:
+    """Does a step whose items compute positions ``start..end`` carry prompt chunks only (every item
+    more than one position: no decode, no one-token item)?"""
+    return all(end - start > 1 for start, end in spans)
 
 
 class StepThreads:
     """``steady`` threads for a step with a decode (one new token of a request past its prompt) or a
     one-token item, ``burst`` threads for a step of prompt chunks only. Not thread-safe: the loop's."""
 
-    def __init__(self, steady: int, burst: int) -> None:
+    def __init__(self, steady: int, burst: int, *, set_threads: Callable[[int], None] | None = None) -> None:
         for name, value in (("steady", steady), ("burst", burst)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} threads must be a positive int, got {value!r}")
         if burst < steady:
             raise ValueError(f"burst threads ({burst}) must be at least the steady ones ({steady})")
         self.steady, self.burst = steady, burst
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op: it passes torch's own setter
+        self._set = set_threads
         self._current: int | None = None
 
     def threads_for(self, spans: Iterable[tuple[int, int]]) -> int:
         """The threads for a step whose items compute positions ``start..end`` (``(start, end)`` each)."""
-        return self.burst if all(end - start > 1 for start, end in spans) else self.steady
+        return self.burst if prompt_only(spans) else self.steady
 
     def enter(self, spans: Iterable[tuple[int, int]]) -> int:
         """Set this thread's intra-op threads for the step (only when they change); returns them."""
-        want = self.threads_for(spans)
+        return self.enter_step(prompt_only(spans))
+
+    def enter_step(self, prompt_only: bool) -> int:
+        """``enter`` for a step already known to compute prompt chunks only (``prompt_only``) or not."""
+        want = self.burst if prompt_only else self.steady
         if want != self._current:
-            torch.set_num_threads(want)
+            (self._set or torch.set_num_threads)(want)
             self._current = want
         return want
