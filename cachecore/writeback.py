@@ -54,6 +54,10 @@ class Writer:
         """Jobs submitted and not started yet (approximate)."""
         return self._queue.qsize()
 
+    def busy(self) -> bool:
+        """Whether a job is queued or running (approximate: read without a lock)."""
+        return self._queue.unfinished_tasks > 0
+
     def drain(self, timeout: float = 30.0) -> None:
         done = threading.Event()
         self._queue.put(done.set)
@@ -68,3 +72,5 @@ class Writer:
                 job()
             except Exception:  # a failed copy is a block not written to L2, never a crash
                 self.errors += 1
+            finally:
+                self._queue.task_done()

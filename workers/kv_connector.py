@@ -31,7 +31,10 @@ decode: nobody is streaming through it and its first tokens wait for all of it) 
 ``build_connector_meta`` marks such a step (``prompt_only``) and ``handle_preemptions``, the first
 call vLLM makes with a step's metadata (``execute_model``, on the thread that runs the forward, before
 it builds the attention metadata: vLLM's CPU attention fixes its thread count there and checks it in
-the kernel), sets that thread's threads.
+the kernel), sets that thread's threads. Not while the tier service writes L3 chunks in the
+background: a forward split over every core then waits at each parallel region for the core that
+write holds (on 2 cores, a warm request sent right after a cold one took 69.7 ms at p50, up to 174,
+against 32.2 on one thread; the cold one's 12 MB of chunks were being sealed and fsynced).
 """
 
 from __future__ import annotations
@@ -253,7 +256,7 @@ class StrataConnector(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Nothing to do for preemptions (saves are synchronous); the step's threads (module docstring)."""
         if self._threads is not None and isinstance(kv_connector_metadata, StrataMetadata):
-            self._threads.enter_step(kv_connector_metadata.prompt_only)
+            self._threads.enter_step(kv_connector_metadata.prompt_only and not self.service.writing())
 
     def register_kv_caches(self, kv_caches) -> None:
         from workers.kv_pages import PageCodec

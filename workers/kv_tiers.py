@@ -321,6 +321,10 @@ class TierService:
         self._writer.submit(job)
         return True
 
+    def writing(self) -> bool:
+        """Whether L3 chunks are being sealed and written (fsynced, on the file backend) right now."""
+        return self._writer is not None and self._writer.busy()
+
     def chunk_blocks(self) -> int:
         return self.l3.store.chunk_blocks if self.l3 is not None else 0
 

@@ -40,13 +40,30 @@ def test_a_step_is_prompt_only_when_every_request_in_it_computes_more_than_one_t
     assert isinstance(meta, StrataMetadata) and meta.prompt_only is prompt_only
 
 
-def test_the_worker_sets_its_threads_from_each_step_s_metadata_only_when_they_change():
-    calls: list[int] = []
+def _worker_side(calls: list[int], writing: list[bool]) -> StrataConnector:
     connector = object.__new__(StrataConnector)
     connector._threads = StepThreads(1, 2, set_threads=calls.append)
+    connector.service = SimpleNamespace(writing=lambda: writing[0])
+    return connector
+
+
+def test_the_worker_sets_its_threads_from_each_step_s_metadata_only_when_they_change():
+    calls: list[int] = []
+    connector = _worker_side(calls, [False])
     for prompt_only in (True, True, False, False, True):
         connector.handle_preemptions(StrataMetadata(prompt_only=prompt_only))
     assert calls == [2, 1, 2]
     connector._threads = None  # not on a CPU: vLLM's host threads are left alone
     connector.handle_preemptions(StrataMetadata(prompt_only=False))
     assert calls == [2, 1, 2]
+
+
+def test_a_prompt_step_stays_on_steady_threads_while_l3_chunks_are_being_written():
+    calls: list[int] = []
+    writing = [True]
+    connector = _worker_side(calls, writing)
+    connector.handle_preemptions(StrataMetadata(prompt_only=True))
+    assert calls == [1]  # the write holds a core: a forward split over both would wait for it
+    writing[0] = False
+    connector.handle_preemptions(StrataMetadata(prompt_only=True))
+    assert calls == [1, 2]
