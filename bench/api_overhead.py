@@ -1,11 +1,14 @@
 """What does the HTTP serving API add over calling the cache worker's Ray actor directly?
 
     .venv/bin/python -m bench.api_overhead [--quick] [--preset tiny] [--samples N] [--duration S] [--profile]
+                                           [--prompt-tokens N]
 
 A throwaway platform (``bench._platform``: SQLite, local Ray, uvicorn in a thread, 4 tenants) serves
 one model. Every request is a 1-token completion (``max_tokens=1``, temperature 0) of a short prompt
 that is FULLY cached (65 tokens: 64 cached, the last one recomputed, checked on every answer), so the
 model does the least work it can and the difference between the two paths is the API's own cost.
+``--prompt-tokens N`` sends N-token prompts instead (all but the last token cached): what a longer
+prompt adds on each path (at 1,009 tokens on ``tiny``, HTTP added 1.35 ms against 0.83 at 65).
 
 1. Latency, interleaved in random order round after round:
    - ``http``: ``POST /v1/completions`` over a keep-alive connection, from a separate client process
@@ -678,6 +681,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also run cProfile on the server's event loop thread (instrumented requests + 2 s of load)")
     args = ap.parse_args(argv)
+    if args.prompt_tokens < 2:
+        ap.error("--prompt-tokens must be at least 2 (a cached block needs a token after it)")
     samples = args.samples or (60 if args.quick else 300)
     duration = args.duration or (3.0 if args.quick else 8.0)
     profiled = 30 if args.quick else 100

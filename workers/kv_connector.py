@@ -50,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from cachecore.layout import KVLayout
+from cachecore.scheduler.threads import prompt_only
 from workers.kv_params import KEY, TransferParams
 from workers.kv_rpc import TierClient, TierServer
 from workers.kv_tiers import CHUNK_TOKENS
@@ -197,7 +198,7 @@ class StrataConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
         counts = scheduler_output.num_scheduled_tokens
         meta = StrataMetadata(forgets=self._forgets,
-                              prompt_only=bool(counts) and all(n > 1 for n in counts.values()))
+                              prompt_only=bool(counts) and prompt_only((0, n) for n in counts.values()))
         self._forgets = []
         for new in scheduler_output.scheduled_new_reqs:
             st = self._reqs.get(new.req_id)

@@ -382,6 +382,21 @@ def test_a_replica_that_does_not_answer_makes_the_flush_partial(two_replicas, ac
     assert verify["replicas"]["cache-worker:tiny-two:1"] == {"ok": False, "reason": "unreachable"}
 
 
+def _probe_down_on(down: int, answer: dict, monkeypatch) -> tuple[list, list[bool]]:
+    """Workers that record each call (method, replica) and answer ``answer``; replica ``down``'s probe
+    is refused (its L3 backend down) until the returned flag is set False."""
+    calls, backend_down = [], [True]
+
+    def call(spec, method, *args, replica=None, **kwargs):
+        calls.append((method, replica))
+        if method == "probe" and replica == down and backend_down[0]:
+            raise Unavailable("worker tiny-two failed probe: the L3 backend did not answer")
+        return {"ok": True, "remaining_blocks": 0} if method == "probe" else answer
+
+    monkeypatch.setattr(gateway, "call", call)
+    return calls, backend_down
+
+
 def test_a_probe_that_fails_while_attempts_are_left_is_retried_not_recorded_partial(two_replicas, actor, monkeypatch):
     """The soak's failure: a flush reached every replica, then its verification ran while the L3
     backend was down (the probe's call refused, ``l3_unavailable``). The job retries, flushes that
@@ -389,15 +404,7 @@ def test_a_probe_that_fails_while_attempts_are_left_is_retried_not_recorded_part
     from controlplane.jobs import services
     from controlplane.jobs.models import FlushJob
 
-    calls, backend_down = [], [True]
-
-    def call(spec, method, *args, replica=None, **kwargs):
-        calls.append((method, replica))
-        if method == "probe" and replica == 1 and backend_down[0]:
-            raise Unavailable("worker tiny-two failed probe: the L3 backend did not answer")
-        return {"ok": True, "remaining_blocks": 0} if method == "probe" else {"blocks_freed": 1}
-
-    monkeypatch.setattr(gateway, "call", call)
+    calls, backend_down = _probe_down_on(1, {"blocks_freed": 1}, monkeypatch)
     job = services.flush_job_request(actor=actor, scope="model", model="tiny-two", reason="test")
     with pytest.raises(services.RetryLater, match="1 replica\\(s\\) not verified"):
         services.job_execute(job_id=job.pk)
@@ -415,15 +422,7 @@ def test_a_rollout_whose_probe_fails_retries_the_probe_without_switching_again(t
     from controlplane.registry.services import revision_create
 
     revision_create(actor=actor, deployment=two_replicas, label="r2", seed=5)
-    calls, backend_down = [], [True]
-
-    def call(spec, method, *args, replica=None, **kwargs):
-        calls.append((method, replica))
-        if method == "probe" and replica == 0 and backend_down[0]:
-            raise Unavailable("worker tiny-two failed probe: the L3 backend did not answer")
-        return {"ok": True, "remaining_blocks": 0} if method == "probe" else {"switched": True}
-
-    monkeypatch.setattr(gateway, "call", call)
+    calls, backend_down = _probe_down_on(0, {"switched": True}, monkeypatch)
     job = services.rollout_request(actor=actor, model="tiny-two", revision="r2", reason="test")
     with pytest.raises(services.RetryLater, match="not verified: verifying again"):
         services.job_execute(job_id=job.pk)
