@@ -97,6 +97,10 @@ class ChunkWriter:
 
         return job
 
+    def writing(self) -> bool:
+        """Whether chunks are being sealed and written (fsynced, on the file backend) right now."""
+        return self._writer.busy()
+
     def drain(self) -> None:
         """Wait until every chunk submitted so far has landed (or skipped itself)."""
         self._writer.drain()

@@ -291,6 +291,11 @@ class CacheEngine(PrefixCache):
         self.pool.free(seq.blocks)
         self.fence.leave(seq.flush_gen)
 
+    def l3_writing(self) -> bool:
+        """Whether L3 chunks are being written in the background right now (the scheduler keeps a step
+        of prompt chunks on its steady threads meanwhile: ``cachecore.scheduler.threads``)."""
+        return self.chunk_writer is not None and self.chunk_writer.writing()
+
     def drain_writes(self) -> None:
         """Wait until every background write submitted so far has landed (tests, benchmarks)."""
         for writes in self._writes:

@@ -19,7 +19,7 @@ from typing import Any
 from cachecore.scheduler.batch import Plan
 from cachecore.scheduler.events import Prefilled, TokenOut
 from cachecore.scheduler.request import Logits, Request
-from cachecore.scheduler.threads import StepThreads
+from cachecore.scheduler.threads import StepThreads, prompt_only
 
 
 class Advance:
@@ -47,8 +47,13 @@ class Advance:
         total = plan.tokens
         self.counters["steps"] += 1
         self.counters["tokens"] += total
-        if self.threads is not None and self.threads.enter((s, e) for _, s, e in plan.items) > self.threads.steady:
-            self.counters["burst_steps"] += 1
+        if self.threads is not None:
+            prompt = prompt_only((s, e) for _, s, e in plan.items)
+            held = prompt and self.engine.l3_writing()  # see threads.py: a burst waits on the writer's core
+            if self.threads.enter_step(prompt and not held) > self.threads.steady:
+                self.counters["burst_steps"] += 1
+            elif held:
+                self.counters["burst_held"] += 1
         for items in by_runner.values():
             runner = items[0][0].runner
             t0 = time.perf_counter()

@@ -122,7 +122,8 @@ class Scheduler:
         # max_wait_steps, step_seconds (forward time of every step), work_jobs, work_tokens (charged),
         # work_seconds (jobs run between steps: ``submit_work``), holds (``anticipate.py``: waits before a
         # step), held_arrivals (the tenant held for arrived within the hold), burst_steps (steps of prompt
-        # chunks only, run on more threads: ``threads.py``)
+        # chunks only, run on more threads: ``threads.py``), burst_held (such steps kept on the steady
+        # threads because L3 chunks were being written)
         self.counters: Counter[str] = Counter()
         self.first_tokens = FirstTokenStats()  # per tenant: scheduling delay vs step time of first tokens
         self.max_wait_seconds = 0.0
