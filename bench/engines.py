@@ -57,6 +57,12 @@ replica actor). RESULT carries ``*_busy_cores_16`` and ``*_engine_cores_16``. On
 explains a throughput gap between the systems: whether an engine was held to one core while the
 other idled, or shared both with the web tier and the client.
 
+At 1 stream, strata/vllm's first tokens are split (means over the sweep's requests): the replica's own
+time from handing each request to vLLM's ``AsyncLLM`` to its first output (the replica's
+``stats()["totals"]["prefill_seconds"]``, read before and after the sweep), and the rest, outside the
+replica (web tier, the Ray hop to the replica, the client). Against ``vllm serve``'s whole answer
+from the same client, this says whether a TTFT gap lies in the engine or in the serving path.
+
 Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
 at 1 stream at most 5 ms above it. The reference engine's ratios are printed beside them.
 """
@@ -78,6 +84,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -244,6 +251,13 @@ class System:
     started_s: float = 0.0
     nice: str = "?"  # the niceness of the serving processes (the server or replica actor and its children)
     cpu: MachineCpu | None = None  # where the machine's CPU went during the 16-stream sweep
+    # strata/vllm: mean seconds from the replica handing a request to vLLM's AsyncLLM to its first output,
+    # over the 1-stream sweep (the replica's own timing: ``stats()["totals"]["prefill_seconds"]``)
+    replica_first_1: float | None = None
+
+    def ttft_mean(self, streams: int) -> float:
+        ok = [r["ttft"] for r in self.sweep[streams].ok]
+        return statistics.fmean(ok) if ok else float("nan")
 
     @property
     def hit(self) -> float:
@@ -333,7 +347,8 @@ def build(path: Path, cfg: dict) -> list[int]:
 
 # ---------------------------------------------------------------------- measuring one system
 def measure(system: System, client: ClientProcess, url: str, keys: list[str], model: str, wl: Workload,
-            output: int, say) -> None:
+            output: int, say, replica_seconds: Callable[[], float] | None = None) -> None:
+    """``replica_seconds``: the replica's cumulative time to first output (read around the 1-stream sweep)."""
     def drive(jobs, streams: int, max_tokens: int) -> Run:
         return client.drive(url=url, keys=keys, model=model, jobs=jobs, streams=streams, max_tokens=max_tokens)
 
@@ -352,6 +367,10 @@ def measure(system: System, client: ClientProcess, url: str, keys: list[str], mo
             with MachineCpu(labels={os.getpid(): here, client.proc.pid: "client (openai)"}, watch=ENGINES) as cpu:
                 system.sweep[c] = run = drive(wl.sweep[c], c, output)
             system.cpu = cpu
+        elif c == 1 and replica_seconds is not None:
+            before = replica_seconds()
+            system.sweep[c] = run = drive(wl.sweep[c], c, output)
+            system.replica_first_1 = (replica_seconds() - before) / len(run.ok) if run.ok else None
         else:
             system.sweep[c] = run = drive(wl.sweep[c], c, output)
         say(f"{system.name}: {c} streams {run.tps:.1f} tok/s, TTFT p50 {run.ttft(50) * 1000:.1f} ms"
@@ -368,6 +387,13 @@ def niceness(pid: int) -> str:
     except psutil.Error:
         return "?"
     return "/".join(str(v) for v in values)
+
+
+def _replica_seconds(handle) -> Callable[[], float]:
+    """The vLLM replica's cumulative seconds from handing a request to AsyncLLM to its first output."""
+    import ray
+
+    return lambda: float(ray.get(handle.stats.remote(), timeout=60)["totals"]["prefill_seconds"])
 
 
 def actor_niceness(handle) -> str:
@@ -523,6 +549,7 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
     print()
 
     cpu_table(systems)
+    split = ttft_split(systems)
 
     def cmp(name: str) -> tuple[float, float]:
         s = systems[name]
@@ -555,12 +582,32 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
             engine = s.cpu.engine()
             fields[f"{k}_busy_cores_16"] = f"{s.cpu.busy_cores:.2f}"
             fields[f"{k}_engine_cores_16"] = f"{engine.share:.2f}" if engine is not None else "0"
+    fields.update(split)
     fields.update(ratio_tps_16=f"{tps_ratio:.2f}", ttft_delta_1_ms=f"{ttft_delta:.1f}",
                   ref_ratio_tps_16=f"{ref_tps_ratio:.2f}", ref_ttft_delta_1_ms=f"{ref_ttft_delta:.1f}",
                   failed=str(failed), goal_throughput=str(goal_tps), goal_ttft=str(goal_ttft))
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
     sys.stdout.flush()
     return fields
+
+
+def ttft_split(systems: dict[str, System]) -> dict[str, str]:
+    """Where strata/vllm's first tokens went at 1 stream: inside the replica (its own timing) and
+    outside it (web tier, Ray hop, client), against ``vllm serve``'s whole answer; means over the sweep."""
+    peer, s = systems["vllm serve"], systems["strata/vllm"]
+    if s.replica_first_1 is None or 1 not in s.sweep or 1 not in peer.sweep:
+        return {}
+    client, inside, serve = s.ttft_mean(1), s.replica_first_1, peer.ttft_mean(1)
+    outside = client - inside
+    print(f"first output at 1 stream, means over {len(s.sweep[1].ok)} requests: vllm serve {ms(serve)} ms from "
+          f"its client; strata/vllm {ms(client)} ms = {ms(inside)} inside the replica (vLLM's AsyncLLM: request "
+          f"handed over -> first output) + {ms(outside)} outside it (web tier, Ray hop to the replica, client)")
+    print(f"  the gap to vllm serve, {(client - serve) * 1000:+.1f} ms = {(inside - serve) * 1000:+.1f} (strata/vllm's "
+          f"engine inside the replica against vllm serve's whole answer, HTTP and client included) "
+          f"{outside * 1000:+.1f} (outside the replica)")
+    print()
+    return {"serve_ttft_mean_1_ms": ms(serve), "strata_vllm_ttft_mean_1_ms": ms(client),
+            "strata_vllm_replica_first_mean_1_ms": ms(inside), "strata_vllm_outside_mean_1_ms": ms(outside)}
 
 
 def cpu_table(systems: dict[str, System], top: int = 5) -> None:
@@ -658,7 +705,8 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                     systems[name].started_s = time.perf_counter() - t0
                     systems[name].nice = actor_niceness(p.actor())
                     say(f"{name} up after {systems[name].started_s:.1f} s (block size {p.block_size})")
-                    measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say)
+                    measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say,
+                            replica_seconds=_replica_seconds(p.actor()) if engine == "vllm" else None)
                 finally:
                     p.stop_model(deployment)
         if args.dump is not None:
