@@ -49,7 +49,8 @@ class Advance:
         self.counters["tokens"] += total
         if self.threads is not None:
             prompt = prompt_only((s, e) for _, s, e in plan.items)
-            held = prompt and self.engine.l3_writing()  # see threads.py: a burst waits on the writer's core
+            # see threads.py: a burst would wait at every parallel region for the core the L3 writer holds
+            held = prompt and self.threads.burst > self.threads.steady and self.engine.l3_writing()
             if self.threads.enter_step(prompt and not held) > self.threads.steady:
                 self.counters["burst_steps"] += 1
             elif held:
