@@ -63,6 +63,23 @@ def test_enter_sets_the_calling_threads_torch_threads_only_when_they_change(monk
     assert calls == [2, 1, 2]
 
 
+def test_a_step_that_could_burst_is_held_on_steady_threads_while_background_work_holds_a_core():
+    calls, asked = [], []
+
+    def writing() -> bool:
+        asked.append(True)
+        return True
+
+    plan = StepThreads(1, 2, set_threads=calls.append)
+    assert plan.enter_step(False, writing) == 1 and not plan.last_held and not asked  # a decode step: not asked
+    assert plan.enter_step(True, writing) == 1 and plan.last_held and len(asked) == 1
+    assert plan.enter_step(True, lambda: False) == 2 and not plan.last_held
+    assert plan.enter_step(True) == 2 and not plan.last_held  # nothing to ask
+    gpu = StepThreads(2, 2, set_threads=calls.append)  # no burst possible: never asked, never held
+    assert gpu.enter_step(True, writing) == 2 and not gpu.last_held and len(asked) == 1
+    assert calls == [1, 2, 2]
+
+
 def _serve(threads, *, l3_writing: bool = False):
     """An 80-token prompt and 6 decodes through a real loop on the tiny model: (tokens, [(the step's
     largest item, the threads its forward ran on)], the loop's counters). ``l3_writing``: the engine

@@ -257,7 +257,7 @@ class StrataConnector(KVConnectorBase_V1):
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         """Nothing to do for preemptions (saves are synchronous); the step's threads (module docstring)."""
         if self._threads is not None and isinstance(kv_connector_metadata, StrataMetadata):
-            self._threads.enter_step(kv_connector_metadata.prompt_only and not self.service.writing())
+            self._threads.enter_step(kv_connector_metadata.prompt_only, self.service.writing)
 
     def register_kv_caches(self, kv_caches) -> None:
         from workers.kv_pages import PageCodec

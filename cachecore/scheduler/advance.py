@@ -48,12 +48,11 @@ class Advance:
         self.counters["steps"] += 1
         self.counters["tokens"] += total
         if self.threads is not None:
-            prompt = prompt_only((s, e) for _, s, e in plan.items)
             # see threads.py: a burst would wait at every parallel region for the core the L3 writer holds
-            held = prompt and self.threads.burst > self.threads.steady and self.engine.l3_writing()
-            if self.threads.enter_step(prompt and not held) > self.threads.steady:
+            threads = self.threads.enter_step(prompt_only((s, e) for _, s, e in plan.items), self.engine.l3_writing)
+            if threads > self.threads.steady:
                 self.counters["burst_steps"] += 1
-            elif held:
+            elif self.threads.last_held:
                 self.counters["burst_held"] += 1
         for items in by_runner.values():
             runner = items[0][0].runner

@@ -11,7 +11,8 @@ step. Such a step runs on ``burst`` threads (every core on a CPU), then the next
 goes back to ``steady``. On a GPU both are the same (``WorkerConfig.step_threads``).
 
 While L3 chunks are being written in the background (sealed and fsynced: ``CacheEngine.l3_writing``,
-``TierService.writing`` under vLLM), a step of prompt chunks stays on ``steady`` too: a forward split
+``TierService.writing`` under vLLM; each engine's loop passes its check as ``enter_step``'s ``held``, so the
+rule is here once), a step of prompt chunks stays on ``steady`` too: a forward split
 over every core waits at each parallel region for the core that work holds. Measured under vLLM on 2
 cores, a warm request sent right after a cold one: first output p50 69.7 ms (up to 174) with the burst,
 34.2 ms without.
@@ -52,6 +53,7 @@ class StepThreads:
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op: it passes torch's own setter
         self._set = set_threads
         self._current: int | None = None
+        self.last_held = False  # the last step could have burst but was held (``enter_step``'s ``held``)
 
     def threads_for(self, spans: Iterable[tuple[int, int]]) -> int:
         """The threads for a step whose items compute positions ``start..end`` (``(start, end)`` each)."""
@@ -61,9 +63,12 @@ class StepThreads:
         """Set this thread's intra-op threads for the step (only when they change); returns them."""
         return self.enter_step(prompt_only(spans))
 
-    def enter_step(self, prompt_only: bool) -> int:
-        """``enter`` for a step already known to compute prompt chunks only (``prompt_only``) or not."""
-        want = self.burst if prompt_only else self.steady
+    def enter_step(self, prompt_only: bool, held: Callable[[], bool] | None = None) -> int:
+        """``enter`` for a step already known to compute prompt chunks only (``prompt_only``) or not.
+        ``held``: is background work holding a core now (an L3 chunk being written)? Asked only when the
+        step could burst; a step it holds stays on ``steady`` threads and sets ``last_held``."""
+        self.last_held = bool(prompt_only and self.burst > self.steady and held is not None and held())
+        want = self.burst if prompt_only and not self.last_held else self.steady
         if want != self._current:
             (self._set or torch.set_num_threads)(want)
             self._current = want
