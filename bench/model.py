@@ -17,7 +17,11 @@ as the load of a shared machine drifts):
 Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunked prefill in
 ``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
-forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it.
+forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it. A third
+Strata row runs the runner with the whole prompt in one chunk, as the model alone takes it: the
+worker's chunks (``DEFAULT_PREFILL_CHUNK``, 256) let decodes run between them, and each chunk reads
+every weight again, so the two rows split the runner's prefill gap into what chunking costs and what
+the runner adds around the forwards.
 
 All three run on the worker's threads, as the worker deploys the engine: the runner's scheduler
 gives a step of prompt chunks alone every core and a step with a decode every core but one
@@ -51,7 +55,7 @@ from cachecore.layout import torch_dtype
 from cachecore.model.loader import RevisionSpec, load_model
 from cachecore.pages import KVPages
 from cachecore.passing_thread import on_passing_thread
-from cachecore.runner import CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
+from cachecore.runner import DEFAULT_PREFILL_CHUNK, CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
 from cachecore.scheduler.threads import StepThreads
 
@@ -79,11 +83,14 @@ def _prompt(vocab: int, n: int) -> list[int]:
     return torch.randint(1, vocab, (n,), generator=g).tolist()
 
 
-def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, threads: StepThreads | None) -> Figures:
+def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, threads: StepThreads | None,
+               prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Figures:
     """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored), its
-    scheduler's steps on ``threads`` (None: the loop thread's default torch threads)."""
+    scheduler's steps on ``threads`` (None: the loop thread's default torch threads), the prompt in
+    ``prefill_chunk``-token chunks."""
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1",
-                           scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S))
+                           scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S),
+                           prefill_chunk=prefill_chunk)
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
     params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
     t0 = time.perf_counter()
@@ -171,20 +178,21 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
     matched = True
     runs = {"transformers": lambda: on_passing_thread(hf_run, hf, prompt, decode, dev, threads, threads=threads[0]),
             "strata": lambda: strata_run(loaded, engine, prompt, decode, step_threads),
+            "one chunk": lambda: strata_run(loaded, engine, prompt, decode, step_threads, prefill_chunk=prompt_len),
             "model": lambda: on_passing_thread(model_run, loaded, prompt, decode, threads, threads=threads[0])}
     for i in range(rounds):
         # A shared machine's load drifts: each round runs the three in another order, best round kept.
-        order = list(runs)[i % 3:] + list(runs)[:i % 3]
+        order = list(runs)[i % len(runs):] + list(runs)[:i % len(runs)]
         figs = {name: runs[name]() for name in order}
-        hf_fig, st_fig, model_fig = figs["transformers"], figs["strata"], figs["model"]
-        matched &= hf_fig.tokens == st_fig.tokens == model_fig.tokens
-        for name, fig in (("transformers", hf_fig), ("strata", st_fig), ("model", model_fig)):
+        matched &= len({tuple(fig.tokens) for fig in figs.values()}) == 1
+        for name, fig in figs.items():
             old = best.get(name)
             best[name] = Figures(max(fig.prefill_tps, old.prefill_tps if old else 0.0),
                                  max(fig.decode_tps, old.decode_tps if old else 0.0), fig.tokens)
     return {"device": str(dev), "dtype": loaded.config.dtype, "sizes": sizes, "prompt": prompt_len,
             "decode": decode, "threads": threads, "tokens_match": matched,
-            "transformers": best["transformers"], "strata": best["strata"], "model": best["model"]}
+            "transformers": best["transformers"], "strata": best["strata"], "model": best["model"],
+            "one chunk": best["one chunk"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -214,26 +222,33 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="strata-bench-model-") as tmp:
         r = run(quick=args.quick, prompt_len=prompt, decode=decode, rounds=rounds, device=args.device,
                 dtype=args.dtype, workdir=Path(tmp), threads=threads, step_threads=step_threads)
-    hf, st, md = r["transformers"], r["strata"], r["model"]
+    hf, st, md, oc = r["transformers"], r["strata"], r["model"], r["one chunk"]
     s = r["sizes"]
     print(f"model speed: random Llama checkpoint dim {s['dim']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} "
           f"heads, FFN {s['ffn']}; {r['device']} {r['dtype']}, {r['threads'][0]} threads prefilling and "
           f"{r['threads'][1]} decoding; prompt {r['prompt']} tokens, "
           f"decode {r['decode']} tokens, best of {rounds}")
-    print(f"{'engine':<14} {'prefill tok/s':>14} {'decode tok/s':>13}")
-    print(f"{'transformers':<14} {hf.prefill_tps:>14.1f} {hf.decode_tps:>13.1f}")
-    print(f"{'strata runner':<14} {st.prefill_tps:>14.1f} {st.decode_tps:>13.1f}")
-    print(f"{'strata model':<14} {md.prefill_tps:>14.1f} {md.decode_tps:>13.1f}")
+    print(f"{'engine':<33} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(f"{'transformers':<33} {hf.prefill_tps:>14.1f} {hf.decode_tps:>13.1f}")
+    print(f"{'strata runner':<33} {st.prefill_tps:>14.1f} {st.decode_tps:>13.1f}")
+    print(f"{'strata model':<33} {md.prefill_tps:>14.1f} {md.decode_tps:>13.1f}")
+    print(f"{'  runner, the prompt in one chunk':<33} {oc.prefill_tps:>14.1f} {oc.decode_tps:>13.1f}")
     prefill_x, decode_x = st.prefill_tps / hf.prefill_tps, st.decode_tps / hf.decode_tps
     model_px, model_dx = md.prefill_tps / hf.prefill_tps, md.decode_tps / hf.decode_tps
-    print(f"{'runner / hf':<14} {prefill_x:>13.2f}x {decode_x:>12.2f}x   (goal >= 1.0x both)")
-    print(f"{'model / hf':<14} {model_px:>13.2f}x {model_dx:>12.2f}x")
+    print(f"{'runner / hf':<33} {prefill_x:>13.2f}x {decode_x:>12.2f}x   (goal >= 1.0x both)")
+    print(f"{'model / hf':<33} {model_px:>13.2f}x {model_dx:>12.2f}x")
+    print(f"runner / model alone: prefill {st.prefill_tps / md.prefill_tps:.2f}x "
+          f"in {DEFAULT_PREFILL_CHUNK}-token chunks "
+          f"(as the worker prefills, so decodes run between the chunks), {oc.prefill_tps / md.prefill_tps:.2f}x in one "
+          f"chunk (as the model alone); decode {st.decode_tps / md.decode_tps:.2f}x")
     print(f"greedy tokens identical: {r['tokens_match']}")
     print(f"RESULT prefill_x={prefill_x:.2f} decode_x={decode_x:.2f} model_prefill_x={model_px:.2f} "
           f"model_decode_x={model_dx:.2f} strata_prefill_tps={st.prefill_tps:.1f} "
           f"hf_prefill_tps={hf.prefill_tps:.1f} strata_decode_tps={st.decode_tps:.1f} "
           f"hf_decode_tps={hf.decode_tps:.1f} tokens_match={int(r['tokens_match'])} device={r['device']} "
-          f"dtype={r['dtype']}")
+          f"dtype={r['dtype']} runner_vs_model_prefill={st.prefill_tps / md.prefill_tps:.2f} "
+          f"one_chunk_vs_model_prefill={oc.prefill_tps / md.prefill_tps:.2f} "
+          f"runner_vs_model_decode={st.decode_tps / md.decode_tps:.2f} prefill_chunk={DEFAULT_PREFILL_CHUNK}")
 
 
 if __name__ == "__main__":
