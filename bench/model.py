@@ -18,7 +18,8 @@ Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunk
 ``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
 forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it. A third
-Strata row runs the runner with the whole prompt in one chunk, as the model alone takes it: the
+Strata row runs the runner with the whole prompt in one chunk and one step (the step's token budget,
+512 as deployed, raised to the prompt), as the model alone takes it: the
 worker's chunks (``DEFAULT_PREFILL_CHUNK``, 256) let decodes run between them, and each chunk reads
 every weight again, so the two rows split the runner's prefill gap into what chunking costs and what
 the runner adds around the forwards.
@@ -57,6 +58,7 @@ from cachecore.pages import KVPages
 from cachecore.passing_thread import on_passing_thread
 from cachecore.runner import DEFAULT_PREFILL_CHUNK, CompletionRunner, Finished, Prefilled, SamplingParams, TokenOut
 from cachecore.scheduler import Scheduler
+from cachecore.scheduler.settings import SchedulerSettings
 from cachecore.scheduler.threads import StepThreads
 
 LOOP_EXIT_S = 0.05  # the runner's loop thread ends this long after its last request
@@ -87,9 +89,10 @@ def strata_run(loaded, engine: CacheEngine, prompt: list[int], decode: int, thre
                prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Figures:
     """One cold prefill then ``decode`` greedy tokens through Strata's ``CompletionRunner`` (EOS ignored), its
     scheduler's steps on ``threads`` (None: the loop thread's default torch threads), the prompt in
-    ``prefill_chunk``-token chunks."""
+    ``prefill_chunk``-token chunks (the scheduler's step token budget raised to hold one when it is larger)."""
+    budget = max(SchedulerSettings().token_budget, prefill_chunk)
     gen = CompletionRunner(loaded.model, engine, loaded.tokenizer, model_name=loaded.name, revision="r1",
-                           scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S),
+                           scheduler=Scheduler(engine, threads=threads, idle_exit_s=LOOP_EXIT_S, token_budget=budget),
                            prefill_chunk=prefill_chunk)
     ns = loaded.namespace(secrets.token_bytes(32))  # a fresh namespace: nothing is cached
     params = SamplingParams(max_tokens=decode, temperature=0.0, stop_at_eos=False)
