@@ -57,10 +57,11 @@ replica actor). RESULT carries ``*_busy_cores_16`` and ``*_engine_cores_16``. On
 explains a throughput gap between the systems: whether an engine was held to one core while the
 other idled, or shared both with the web tier and the client.
 
-At 1 stream, strata/vllm's first tokens are split (means over the sweep's requests): the replica's own
-time from handing each request to vLLM's ``AsyncLLM`` to its first output (the replica's
-``stats()["totals"]["prefill_seconds"]``, read before and after the sweep), and the rest, outside the
-replica (web tier, the Ray hop to the replica, the client). Against ``vllm serve``'s whole answer
+At 1 stream, each Strata system's first tokens are split (means over the sweep's requests): the
+replica's own time to each request's first output, read from its ``stats()`` before and after the sweep
+(strata/vllm: from handing the request to vLLM's ``AsyncLLM``, ``totals.prefill_seconds``; strata/ref:
+from its arrival at the scheduler, the scheduler's per-tenant ``ttft_seconds``), and the rest, outside
+the replica (web tier, the Ray hop to the replica, the client). Against ``vllm serve``'s whole answer
 from the same client, this says whether a TTFT gap lies in the engine or in the serving path.
 
 Goals for Strata on vLLM against ``vllm serve``: >= 0.95x its output tokens/s at 16 streams, TTFT p50
@@ -251,8 +252,8 @@ class System:
     started_s: float = 0.0
     nice: str = "?"  # the niceness of the serving processes (the server or replica actor and its children)
     cpu: MachineCpu | None = None  # where the machine's CPU went during the 16-stream sweep
-    # strata/vllm: mean seconds from the replica handing a request to vLLM's AsyncLLM to its first output,
-    # over the 1-stream sweep (the replica's own timing: ``stats()["totals"]["prefill_seconds"]``)
+    # Strata: mean seconds from the replica taking a request to its first output over the 1-stream sweep,
+    # the replica's own timing (``_replica_seconds``)
     replica_first_1: float | None = None
 
     def ttft_mean(self, streams: int) -> float:
@@ -389,11 +390,19 @@ def niceness(pid: int) -> str:
     return "/".join(str(v) for v in values)
 
 
-def _replica_seconds(handle) -> Callable[[], float]:
-    """The vLLM replica's cumulative seconds from handing a request to AsyncLLM to its first output."""
+def _replica_seconds(handle, engine: str) -> Callable[[], float]:
+    """The replica's cumulative seconds from taking a request to its first output: vLLM's, from handing it
+    to AsyncLLM (``totals.prefill_seconds``); the reference engine's, from its arrival at the scheduler
+    (the scheduler's per-tenant ``ttft_seconds``, summed)."""
     import ray
 
-    return lambda: float(ray.get(handle.stats.remote(), timeout=60)["totals"]["prefill_seconds"])
+    def read() -> float:
+        stats = ray.get(handle.stats.remote(), timeout=60)
+        if engine == "vllm":
+            return float(stats["totals"]["prefill_seconds"])
+        return float(sum(t["ttft_seconds"] for t in stats["scheduler"]["tenants"].values()))
+
+    return read
 
 
 def actor_niceness(handle) -> str:
@@ -591,23 +600,39 @@ def report(systems: dict[str, System], cfg: dict, quick: bool, started: float, l
     return fields
 
 
+INSIDE = {"strata/vllm": "vLLM's AsyncLLM: request handed over -> first output",
+          "strata/ref": "its scheduler: request arrived -> first token"}
+
+
 def ttft_split(systems: dict[str, System]) -> dict[str, str]:
-    """Where strata/vllm's first tokens went at 1 stream: inside the replica (its own timing) and
+    """Where each Strata system's first tokens went at 1 stream: inside the replica (its own timing) and
     outside it (web tier, Ray hop, client), against ``vllm serve``'s whole answer; means over the sweep."""
-    peer, s = systems["vllm serve"], systems["strata/vllm"]
-    if s.replica_first_1 is None or 1 not in s.sweep or 1 not in peer.sweep:
-        return {}
-    client, inside, serve = s.ttft_mean(1), s.replica_first_1, peer.ttft_mean(1)
-    outside = client - inside
-    print(f"first output at 1 stream, means over {len(s.sweep[1].ok)} requests: vllm serve {ms(serve)} ms from "
-          f"its client; strata/vllm {ms(client)} ms = {ms(inside)} inside the replica (vLLM's AsyncLLM: request "
-          f"handed over -> first output) + {ms(outside)} outside it (web tier, Ray hop to the replica, client)")
-    print(f"  the gap to vllm serve, {(client - serve) * 1000:+.1f} ms = {(inside - serve) * 1000:+.1f} (strata/vllm's "
-          f"engine inside the replica against vllm serve's whole answer, HTTP and client included) "
-          f"{outside * 1000:+.1f} (outside the replica)")
-    print()
-    return {"serve_ttft_mean_1_ms": ms(serve), "strata_vllm_ttft_mean_1_ms": ms(client),
-            "strata_vllm_replica_first_mean_1_ms": ms(inside), "strata_vllm_outside_mean_1_ms": ms(outside)}
+    peer = systems["vllm serve"]
+    fields: dict[str, str] = {}
+    if 1 not in peer.sweep:
+        return fields
+    serve = peer.ttft_mean(1)
+    for name, what in INSIDE.items():
+        s = systems[name]
+        if s.replica_first_1 is None or 1 not in s.sweep:
+            continue
+        client, inside = s.ttft_mean(1), s.replica_first_1
+        outside = client - inside
+        if not fields:
+            print(f"first output at 1 stream, means over {len(s.sweep[1].ok)} requests: vllm serve {ms(serve)} ms "
+                  f"from its client")
+        print(f"  {name} {ms(client)} ms = {ms(inside)} inside the replica ({what}) + {ms(outside)} outside it "
+              f"(web tier, Ray hop to the replica, client)")
+        print(f"    the gap to vllm serve, {(client - serve) * 1000:+.1f} ms = {(inside - serve) * 1000:+.1f} "
+              f"({name}'s engine inside the replica against vllm serve's whole answer, HTTP and client included) "
+              f"{outside * 1000:+.1f} (outside the replica)")
+        key = name.replace("/", "_")
+        fields.update({f"{key}_ttft_mean_1_ms": ms(client), f"{key}_replica_first_mean_1_ms": ms(inside),
+                       f"{key}_outside_mean_1_ms": ms(outside)})
+    if fields:
+        print()
+        fields = {"serve_ttft_mean_1_ms": ms(serve), **fields}
+    return fields
 
 
 def cpu_table(systems: dict[str, System], top: int = 5) -> None:
@@ -706,7 +731,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
                     systems[name].nice = actor_niceness(p.actor())
                     say(f"{name} up after {systems[name].started_s:.1f} s (block size {p.block_size})")
                     measure(systems[name], client, p.url, p.keys, model, wl, cfg["output"], say,
-                            replica_seconds=_replica_seconds(p.actor()) if engine == "vllm" else None)
+                            replica_seconds=_replica_seconds(p.actor(), engine))
                 finally:
                     p.stop_model(deployment)
         if args.dump is not None:
