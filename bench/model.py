@@ -14,7 +14,7 @@ as the load of a shared machine drifts):
 - **decode**: tokens/s (1 / the median time between tokens) of ``--decode`` greedy tokens after that
   prompt: Strata's stream of token events, transformers' one-token forwards over its ``DynamicCache``.
 
-Strata is measured twice: the **runner** (``CompletionRunner``: admission, chunked prefill in
+Strata is measured three ways: the **runner** (``CompletionRunner``: admission, chunked prefill in
 ``STRATA_PREFILL_CHUNK``-sized turns as the worker runs it, sampling, bookkeeping, its scheduler) and the
 **model** alone (``LlamaModel.forward`` over KV pages through a block table, the prompt in one
 forward, then one-token forwards), so a gap shows whether it lies in the decoder or around it. A third
@@ -24,11 +24,11 @@ worker's chunks (``DEFAULT_PREFILL_CHUNK``, 256) let decodes run between them, a
 every weight again, so the two rows split the runner's prefill gap into what chunking costs and what
 the runner adds around the forwards.
 
-All three run on the worker's threads, as the worker deploys the engine: the runner's scheduler
+All four run on the worker's threads, as the worker deploys the engine: the runner's scheduler
 gives a step of prompt chunks alone every core and a step with a decode every core but one
 (``WorkerConfig.step_threads``, ``cachecore.scheduler.threads``); transformers and the model alone get
 the same per phase (prefill on every core, decode on every core but one), so each phase compares
-like with like. ``--threads N``: all three on N threads throughout. Each runs on a thread of its own
+like with like. ``--threads N``: all four on N threads throughout. Each runs on a thread of its own
 that ends with its run (``cachecore.passing_thread``; the runner's loop thread ends before the next
 engine starts), as the worker loads on a passing thread and computes on its loop thread: one OpenMP
 pool in the process at a time. A pool left on another thread made the runner's 2-thread prefill
@@ -184,7 +184,7 @@ def run(*, quick: bool, prompt_len: int, decode: int, rounds: int, device: str |
             "one chunk": lambda: strata_run(loaded, engine, prompt, decode, step_threads, prefill_chunk=prompt_len),
             "model": lambda: on_passing_thread(model_run, loaded, prompt, decode, threads, threads=threads[0])}
     for i in range(rounds):
-        # A shared machine's load drifts: each round runs the three in another order, best round kept.
+        # A shared machine's load drifts: each round runs the four in another order, best round kept.
         order = list(runs)[i % len(runs):] + list(runs)[:i % len(runs)]
         figs = {name: runs[name]() for name in order}
         matched &= len({tuple(fig.tokens) for fig in figs.values()}) == 1
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: CUDA when present)")
     ap.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: fp32 on CPU)")
     ap.add_argument("--threads", type=int, default=0,
-                    help="torch threads of all three throughout (default 0: the worker's, per step or phase)")
+                    help="torch threads of all four runs throughout (default 0: the worker's, per step or phase)")
     args = ap.parse_args(argv)
     if args.threads < 0:
         ap.error("--threads must be >= 0")

@@ -26,8 +26,9 @@ has no tenants), from 4 tenants (each group its own, as ``bench.engines``' tenan
 and from 4 tenants with the fair-share step bound off. While two or more tenants have work, each step
 carries at most ``contended_budget`` tokens (``cachecore.scheduler.fairness``: a tenant's new request
 never waits long behind another's step in flight); the two 4-tenant rows show what that bound costs in
-throughput. Measured this way on 2 cores, ``bench.engines``' closed loop in-process (its workload, 16
-streams): 225.8 tok/s from one tenant, 184.7 from 4, 218.9 from 4 without the bound.
+throughput. On 2 cores (stop 40, full run): 290.8 tok/s from one tenant, 247.6 from 4, 281.6 from 4
+without the bound, vLLM 294.5; a probe of ``bench.engines``' closed loop in-process (its workload, 16
+streams) gave 225.8, 184.7 and 218.9.
 
 Each engine first serves a warm-up request and then each group's prefix once (both sides hit the
 prefixes in the measured batch), then the batch; output tokens/s is output tokens over that
