@@ -305,23 +305,25 @@ class Supervisor:
     def _restart(self, child: Child) -> None:
         """Start ``child`` again; once it is ready, the dependents that wait for it (in start order)."""
         self._relaunch(child)
-        self.log(f"restarted {child.name} (pid {child.pid}, restart {child.restarts})")
         waiting = [d for d in self._dependents(child) if d.state == "waiting"]
         if not waiting:
             return
         if child.ready is not None and not self._wait_ready(child):
             return  # it died, or a stop came: watch() deals with that
         for dep in waiting:
-            self._relaunch(dep)
-            self.log(f"restarted {dep.name} (pid {dep.pid}) after {child.name}")
+            self._relaunch(dep, after=child)
 
-    def _relaunch(self, child: Child) -> None:
+    def _relaunch(self, child: Child, after: Child | None = None) -> None:
+        """Start ``child``'s process again; the restart is logged before the child shows as running, so
+        whoever sees it running (the status file, a test) finds the line too."""
         spec = child.launch or {}
         child.proc = self._spawn(spec["argv"], spec.get("env"), spec.get("cwd"), child.log_path)
         child.known = {}
         child.started, child.started_wall = time.monotonic(), time.time()
         child.last_restart = child.started_wall
         child.restarts += 1
+        self.log(f"restarted {child.name} (pid {child.pid}, restart {child.restarts})"
+                 + (f" after {after.name}" if after is not None else ""))
         child.state, child.due = "running", None
         self._write_status()
 
