@@ -99,6 +99,8 @@ def test_a_killed_child_is_restarted_with_backoff_and_the_restart_is_logged_and_
     assert child.pid != first and not alive(first)
     assert watched.logged(f"worker (pid {first}) killed by SIGKILL")
     assert watched.logged("restarting it in 0.2 s (restart 1)") and watched.logged("worker says hello")
+    # the status file is rewritten just after the child shows as running: wait for that write
+    assert wait_for(lambda: watched.child_status("worker")["restarts"] == 1)
     status = watched.child_status("worker")
     assert status["restarts"] == 1 and status["state"] == "running" and status["pid"] == child.pid
     assert status["last_exit"]["signal"] == "SIGKILL" and status["last_exit"]["code"] == -signal.SIGKILL
