@@ -41,12 +41,6 @@ class KVPages:
         # Row view: one row = one token's K (or V) of one layer; row index of (block, layer, kv, off)
         # is ((block * layers + layer) * 2 + kv) * block_size + off.
         self._rows = self.kv.view(-1, layout.num_kv_heads * layout.head_dim)
-        # Write record: ``written_at[b]`` is the number of the last write that touched block b
-        # (``write_count`` counts every write). A copy of some blocks' bytes taken after write number
-        # w is still their content while ``written_at`` of each is <= w (``SharedPrefixKV``).
-        self.write_count = 0
-        with torch.inference_mode(False):
-            self.written_at = torch.zeros(num_blocks, dtype=torch.long, device=self.device)
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +70,6 @@ class KVPages:
             raise InvalidKV(f"k/v shape {tuple(k.shape)}/{tuple(v.shape)} does not match {n} slots")
         rows = (self.slot_rows(slots) if rows is None else rows) + layer * 2 * lay.block_size
         src = torch.cat((k.reshape(n, -1), v.reshape(n, -1))).to(self.kv.dtype)
-        self._mark_written(rows[:n] // (lay.num_layers * 2 * lay.block_size))
         self._rows.index_copy_(0, rows, src)
 
     def gather_layer(
@@ -119,24 +112,12 @@ class KVPages:
         """
         ids = self._check_ids(block_ids)
         self._check_kv(kv, ids.shape[0], "kv")
-        self._mark_written(ids)
         self.kv.index_copy_(0, ids, kv)
 
     def poison(self, block_ids: torch.Tensor) -> None:
         """Fill blocks with NaN (tests: a freed block must never be read again)."""
         ids = self._check_ids(block_ids)
-        self._mark_written(ids)
         self.kv.index_fill_(0, ids, float("nan"))
-
-    def _mark_written(self, block_ids: torch.Tensor) -> None:
-        """Record a write to ``block_ids`` (before the bytes change, so a reader that checks the record
-        after copying never keeps a copy of bytes that changed under it)."""
-        self.write_count += 1
-        self.written_at.index_fill_(0, block_ids, self.write_count)
-
-    def unwritten_since(self, block_ids: torch.Tensor, count: int) -> bool:
-        """Whether no write touched ``block_ids`` after write number ``count``."""
-        return block_ids.numel() == 0 or int(self.written_at.index_select(0, block_ids).max()) <= count
 
     # ---- validation --------------------------------------------------------------------------------
 

@@ -24,13 +24,11 @@ import torch
 from cachecore.engine import CachedSequence, CacheEngine
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.model.batched import BatchItem, forward_batch
-from cachecore.model.shared_kv import SharedPrefixKV
 from cachecore.namespace import Namespace
 from cachecore.scheduler import Failed, Finished, Logits, Prefilled, Request, Scheduler, TokenOut
 from cachecore.scheduler.events import Event
 
 DEFAULT_PREFILL_CHUNK = 256
-SHARED_KV_MAX_BYTES = 256 << 20  # kept copies of shared prefixes: at most this, and a quarter of the pool
 _POLL_SECONDS = 0.05  # how often a waiting stream polls should_abort
 
 __all__ = ["Completion", "Event", "Finished", "CompletionRunner", "Prefilled", "SamplingParams", "TokenOut"]
@@ -86,8 +84,6 @@ class CompletionRunner:
         self._allowed_cpu = allowed
         self._eos = frozenset(getattr(tokenizer, "eos_ids", None) or {tokenizer.eos_id})
         self._texts: dict[int, str] = {}  # token id -> its text (``decode_token``; decoding one id is pure)
-        # the K/V of prefixes that decode groups share, kept between this runner's steps (loop thread)
-        self.shared_kv = SharedPrefixKV(min(engine.pages.nbytes // 4, SHARED_KV_MAX_BYTES))
 
     # ------------------------------------------------------------------ validation
     def validate(self, tokens: Sequence[int], max_tokens: int = 0) -> list[int]:
@@ -115,7 +111,7 @@ class CompletionRunner:
     def forward_items(self, items: list[tuple[CachedSequence, int, int]]) -> torch.Tensor:
         """One batched forward over ``seq.tokens[start:end]`` of each item; last logits on the CPU."""
         batch = [BatchItem(seq.tokens[start:end], start, seq.block_table) for seq, start, end in items]
-        return forward_batch(self.model, self.engine.pages, batch, self.shared_kv).cpu()
+        return forward_batch(self.model, self.engine.pages, batch).cpu()
 
     def sample(self, logits: torch.Tensor, req: Request):
         if req.generator is None and req.params.seed is not None:

@@ -141,7 +141,7 @@ def test_decodes_on_a_shared_prefix_attend_it_together_and_equal_each_alone(load
     starts = [48 + 5, 48 + 20, 52, 48 + 16, 17]
     items = [BatchItem([3 + i], s, t) for i, (s, t) in enumerate(zip(starts, tables, strict=True))]
     idx = _StepIndex(items, BS, model.config.n_layers)
-    assert [g[0].tolist() for g in idx.groups] == [[0, 1, 2, 3]]  # item 4 starts elsewhere
+    assert [m.tolist() for m, _ in idx.groups] == [[0, 1, 2, 3]]  # item 4 starts elsewhere
     assert idx.groups[0][1].shape == (2 * BS,)  # the blocks all four share: 0 and 1
     got = forward_batch(model, pages, items)
     assert bool(torch.isfinite(got).all())

@@ -14,8 +14,7 @@ read those blocks once per layer for the whole group: the group's queries attend
 in one matmul and each item its own rest, the two softmaxes merged through their log-sum-exps
 (cascade attention). Without it every decode copied its whole context out of the pages each layer,
 the shared prefix once per request: on 16 streams over 4 shared 1,024-token prefixes a decode step
-took twice as long. With a ``SharedPrefixKV`` the shared blocks' K/V are copied out once and reused
-by the following steps while no write touches those blocks (``cachecore.model.shared_kv``).
+took twice as long.
 
 Built only from the model's public pieces (``tok_emb``, ``layers``, ``_qkv``, ``_attn_out``, ``_mlp``, ``_rms``,
 ``logits``, ``rope_at``), so it follows whatever those pieces compute. Each item's logits
@@ -38,7 +37,6 @@ import torch.nn.functional as F
 
 from cachecore.errors import InvalidPrompt, PromptTooLong
 from cachecore.model.llama import decode_attention, gather_kv
-from cachecore.model.shared_kv import SharedPrefixKV
 from cachecore.pages import KVPages
 
 
@@ -78,15 +76,13 @@ def _check(model, pages: KVPages, items: list[BatchItem]) -> None:
 
 
 @torch.inference_mode()
-def forward_batch(model, pages: KVPages, items: list[BatchItem], shared_kv: SharedPrefixKV | None = None
-                  ) -> torch.Tensor:
+def forward_batch(model, pages: KVPages, items: list[BatchItem]) -> torch.Tensor:
     """Logits ``[len(items), vocab]`` (fp32) of the last new token of each item, in item order.
 
     Writes every item's new K/V into ``pages`` through its block table. Raises ``InvalidPrompt`` (bad
     tokens), ``PromptTooLong`` (past ``max_seq_len``) and ``ValueError`` (pages of another layout or
     device, a block table too short or naming blocks outside the pages); nothing is written then.
     Two items must not write the same slot (distinct sequences own distinct fresh blocks).
-    ``shared_kv`` keeps the K/V of the blocks decode groups share between calls (one per thread).
     """
     _check(model, pages, items)
     dev, bs = model.device, pages.layout.block_size
@@ -95,8 +91,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem], shared_kv: Shar
     rope, slot_rows = model.rope_at(pos), pages.slot_rows(slots)
     dec = cascade_mask = None
     if idx.groups:
-        idx.groups = [(m.to(dev), r.to(dev), None if shared_kv is None else shared_kv.lookup(pages, blocks))
-                      for m, r, blocks in idx.groups]
+        idx.groups = [(m.to(dev), b.to(dev)) for m, b in idx.groups]
     if idx.decode:
         rows = idx.decode_rows.to(dev)
         dec = (None if idx.all_decode else rows, idx.decode_base.to(dev),
@@ -128,7 +123,7 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem], shared_kv: Shar
             vd = kv_rows.index_select(0, k_rows + bs).view(*base.shape, *k.shape[1:])
             qd = q if rows is None else q.index_select(0, rows)
             if idx.groups:
-                res = _shared_prefix_attention(qd, kd, vd, cascade_mask, idx.groups, kv_rows, li, bs)
+                res = _shared_prefix_attention(qd, kd, vd, cascade_mask, idx.groups, kv_rows, li * 2 * bs, bs)
             else:
                 res = decode_attention(qd, kd, vd, valid)
             if rows is None:
@@ -145,8 +140,6 @@ def forward_batch(model, pages: KVPages, items: list[BatchItem], shared_kv: Shar
             out[a:b] = attn[0].transpose(0, 1)
         x = x + model._attn_out(layer, out.reshape(x.shape[0], -1))
         x = x + model._mlp(layer, x)
-    if shared_kv is not None:
-        shared_kv.end_step()
     last = idx.last.to(dev)
     return model.logits(x.index_select(0, last))
 
@@ -181,7 +174,7 @@ class _StepIndex:
         self.slots = self.table[item_of, self.pos // bs] * bs + self.pos % bs
         self.last = torch.tensor(self.offsets[1:]) - 1
         self.decode_mask = None
-        self.groups: list[tuple[torch.Tensor, torch.Tensor, list[int]]] = []
+        self.groups: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.decode:
             dec = torch.tensor(self.decode)
             self.decode_rows = torch.tensor([self.offsets[i] for i in self.decode])
@@ -197,8 +190,7 @@ class _StepIndex:
     def _shared_prefixes(self, items: list[BatchItem], bs: int, layers: int) -> list[int]:
         """Group the decode items whose block tables begin with the same whole blocks before their new
         position (requests on one cached prefix); ``groups`` gets, per group of two or more, its members
-        (indices into ``decode``), the page rows (layer 0, K) of the blocks they share and those blocks'
-        ids. Returns, per
+        (indices into ``decode``) and the page rows (layer 0, K) of the blocks they share. Returns, per
         decode item, how many leading positions its group's shared blocks cover (0 outside a group)."""
         by_first: dict[int, list[int]] = {}
         full = [items[i].start // bs for i in self.decode]  # blocks wholly before the new position
@@ -216,35 +208,30 @@ class _StepIndex:
                 common = next((b for b in range(common) if table[b] != first[b]), common)
             blocks = torch.tensor(first[:common], dtype=torch.long)
             rows = (blocks[:, None] * (layers * 2 * bs) + torch.arange(bs)).flatten()
-            self.groups.append((torch.tensor(members), rows, first[:common]))
+            self.groups.append((torch.tensor(members), rows))
             for j in members:
                 pre[j] = common * bs
         return pre
 
 
 def _shared_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-                             groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
-                             kv_rows: torch.Tensor, layer: int, bs: int) -> torch.Tensor:
+                             groups: list[tuple[torch.Tensor, torch.Tensor]], kv_rows: torch.Tensor,
+                             layer_row: int, bs: int) -> torch.Tensor:
     """Decode attention ``[B, heads, hd]`` of queries ``q`` ``[B, heads, hd]`` when groups of them share
-    leading blocks: each group's shared K/V (its kept copy, all layers, or read from the pages now when
-    there is none) is attended by all its queries in one call, each item's own rest (``k``/``v``
-    ``[B, L, kv_heads, hd]``, ``mask`` ``[B, 1, 1, L]`` additive, 0 or -inf, or None) separately, and the
-    two softmaxes merged through their log-sum-exps (cascade attention): the merged row is
-    ``rest + sigmoid(lse_shared - lse_rest) * (shared - rest)``.
+    leading blocks: each group's shared K/V is read from the pages once and attended by all its queries
+    in one call, each item's own rest (``k``/``v`` ``[B, L, kv_heads, hd]``, ``mask`` ``[B, 1, 1, L]``
+    additive, 0 or -inf, or None) separately, and the two softmaxes merged through their log-sum-exps
+    (cascade attention): the merged row is ``rest + sigmoid(lse_shared - lse_rest) * (shared - rest)``.
     Equal to attention over the whole context within rounding."""
     b, heads, hd = q.shape
     kvh = k.shape[2]
     grp = heads // kvh
     qf = q.view(b, kvh, grp, hd)
     out, lse = _attend(qf, k.transpose(1, 2), v.transpose(1, 2), mask)  # [B, kv_heads, grp, hd], [..., 1]
-    layer_row = layer * 2 * bs
-    for members, rows, kept in groups:
+    for members, rows in groups:
         m, n = members.shape[0], rows.shape[0]
-        if kept is not None:  # the group's blocks, all layers, copied at an earlier step or this one
-            kp, vp = kept[layer, 0], kept[layer, 1]
-        else:
-            kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd)
-            vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd)
+        kp = kv_rows.index_select(0, rows + layer_row).view(n, kvh, hd)
+        vp = kv_rows.index_select(0, rows + layer_row + bs).view(n, kvh, hd)
         qg = qf.index_select(0, members).transpose(0, 1).reshape(1, kvh, m * grp, hd)
         op, lse_p = _attend(qg, kp.transpose(0, 1)[None], vp.transpose(0, 1)[None])  # [1, kv_heads, m * grp, ...]
         op = op.view(kvh, m, grp, hd).transpose(0, 1)
