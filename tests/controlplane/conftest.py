@@ -44,8 +44,12 @@ class Clock:
 def clock(settings, monkeypatch):
     """Freeze ``time.time`` (cache expiry, throttle windows) over a private local-memory cache, so a
     test passes a window without waiting and never touches a shared Redis."""
+    run = uuid.uuid4().hex
     settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                                   "LOCATION": f"throttle-tests-{uuid.uuid4().hex}"}}
+                                   "LOCATION": f"throttle-tests-{run}"},
+                       **{alias: {"BACKEND": "controlplane.common.limit_store.ExpiringOnlyCache",
+                                  "LOCATION": f"throttle-tests-{alias}-{run}", "TIMEOUT": None}
+                          for alias in ("limits", "lockouts")}}
     fake = Clock()
     monkeypatch.setattr(time, "time", fake)
     return fake

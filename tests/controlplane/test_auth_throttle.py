@@ -126,7 +126,8 @@ class BrokenCache(BaseCache):
 
 
 def test_a_cache_outage_fails_open_and_every_failure_is_audited(settings, admin_client):
-    settings.CACHES = {"default": {"BACKEND": "tests.controlplane.test_auth_throttle.BrokenCache"}}
+    settings.CACHES = {alias: {"BACKEND": "tests.controlplane.test_auth_throttle.BrokenCache"}
+                       for alias in ("default", "limits", "lockouts")}
     assert admin_client.get(URL).status_code == 200
     for _ in range(3):
         assert_error(attacker().get(URL), 401)

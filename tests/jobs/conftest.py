@@ -12,21 +12,11 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
+from tests.live_db import database_url
 from tests.serving.conftest import asgi_url, engine_platform, platform, ray_cluster  # noqa: F401  (re-exported)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _database_url() -> str:
-    db = connection.settings_dict
-    if db["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{db['NAME']}"
-    user = db.get("USER") or "postgres"
-    host = db.get("HOST") or "127.0.0.1"
-    port = db.get("PORT") or 5432
-    return f"postgres://{user}@{host}:{port}/{db['NAME']}"
 
 
 class CeleryWorker:
@@ -34,7 +24,7 @@ class CeleryWorker:
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "controlplane.settings.test_worker",
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "RAY_ADDRESS": ray_address,
             "STRATA_TEST_JOB_STEP_DELAY": str(step_delay),
             "STRATA_TEST_JOB_STALE_SECONDS": "2",

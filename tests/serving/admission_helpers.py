@@ -41,13 +41,13 @@ def server_url(django_db_setup, django_db_blocker):
 @pytest.fixture
 def keys(server_url, transactional_db, actor):
     """Tenant ``acme`` (max_prompt_tokens 256, 2 requests a minute when a test says so) and its key."""
-    from django.core.cache import cache
+    from django.core.cache import caches
 
     from controlplane.registry.services import model_create
     from controlplane.tenants.access import grant_create
     from controlplane.tenants.services import api_key_create, tenant_create
 
-    cache.clear()  # rate-limit windows of earlier tests (tenant ids are reused after a flush)
+    caches["limits"].clear()  # rate-limit windows of earlier tests (tenant ids are reused after a flush)
     deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
     tenant = tenant_create(actor=actor, slug="acme", name="Acme", quotas={"max_prompt_tokens": 256})
     grant_create(actor=actor, tenant=tenant, deployment=deployment)

@@ -125,7 +125,7 @@ def test_bad_keys_are_throttled_at_the_gate_and_a_valid_key_from_their_source_is
     """``keyguard`` at the gate: past ``FAILURE_LIMIT`` bad keys from one source (this test's 127.0.0.1),
     the next is 429 without its body being read, while the tenant's valid key from the same source is
     still admitted and answered by the view."""
-    from django.core.cache import cache
+    from django.core.cache import caches
 
     from controlplane.serving import keyguard
 
@@ -138,7 +138,7 @@ def test_bad_keys_are_throttled_at_the_gate_and_a_valid_key_from_their_source_is
         assert (status, body["error"]["code"]) == (429, "auth_throttled") and int(retry) >= 1
         err(post(server_url, keys["acme"], "/v1/completions", OVER_CONTEXT), 400, "context_length_exceeded")
     finally:
-        cache.clear()  # the lock on this test client's address would outlive the test
+        caches["lockouts"].clear()  # the lock on this test client's address would outlive the test
 
 
 def test_djangos_per_request_steps_of_an_admitted_request_run_on_a_lane_thread(server_url, keys):

@@ -23,11 +23,13 @@ SCOPE = "audit-agg"
 WINDOW_S = 60
 EVENTS_PER_WINDOW = 100
 POOLED = "*"
+STORE = "default"  # tallies that may be lost (a lost one costs an extra event), apart from lockouts
 
 
 def _window_full(window_s: int) -> bool:
     window = int(time.time() // window_s)
-    return throttle_tally_add(scope=f"{SCOPE}-cap", key=str(window), ttl_s=2 * window_s) > EVENTS_PER_WINDOW
+    opened = throttle_tally_add(scope=f"{SCOPE}-cap", key=str(window), ttl_s=2 * window_s, store=STORE)
+    return opened > EVENTS_PER_WINDOW
 
 
 def audit_failure_record(
@@ -54,19 +56,19 @@ def audit_failure_record(
     """
     window_s = window_s or WINDOW_S
     key = "\x1f".join((action, kind, source, subject))
-    throttle_tally_add(scope=SCOPE, key=key)
-    if not throttle_window_open(scope=SCOPE, key=key, window_s=window_s):
+    throttle_tally_add(scope=SCOPE, key=key, store=STORE)
+    if not throttle_window_open(scope=SCOPE, key=key, window_s=window_s, store=STORE):
         return None
     if _window_full(window_s):
-        count = throttle_tally_take(scope=SCOPE, key=key)
+        count = throttle_tally_take(scope=SCOPE, key=key, store=STORE)
         pooled = "\x1f".join((action, kind, POOLED, POOLED))
-        throttle_tally_add(scope=SCOPE, key=pooled, amount=count)
-        if not throttle_window_open(scope=SCOPE, key=pooled, window_s=window_s):
+        throttle_tally_add(scope=SCOPE, key=pooled, amount=count, store=STORE)
+        if not throttle_window_open(scope=SCOPE, key=pooled, window_s=window_s, store=STORE):
             return None
         key, source, actor, detail = pooled, POOLED, POOLED, {"pooled": True}
         peer = forwarded_for = ""
         reason = f"{reason} (from many sources: pooled)"
-    count = max(1, throttle_tally_take(scope=SCOPE, key=key))
+    count = max(1, throttle_tally_take(scope=SCOPE, key=key, store=STORE))
     new = {"kind": kind, "count": count, "window_seconds": window_s, **(detail or {})}
     return audit_record(actor=actor, auth_method=auth_method, source=source, action=action, target=target,
                         reason=reason, new=new, result="denied", peer=peer, forwarded_for=forwarded_for)

@@ -1,8 +1,11 @@
-"""Per-tenant request and token rate limits (fixed one-minute windows in Django's cache).
+"""Per-tenant request and token rate limits (fixed one-minute windows in the ``limits`` cache).
 
-With ``REDIS_URL`` set the cache is Redis, so every web process shares the counters; the embedded
-default is the process-local cache. A limit that is hit answers 429 with ``Retry-After`` set to the
-seconds left in the window.
+Only authenticated tenants write that cache, and it never evicts a live window: with ``REDIS_URL``
+it is Redis, shared by every web process (several processes behind one balancer enforce one limit);
+the embedded default is this process's ``common.limit_store.ExpiringOnlyCache``, which drops only
+expired windows (and, were it ever full of live ones, refuses the request with 429 rather than
+forget a window). A limit that is hit answers 429 with ``Retry-After`` set to the seconds left in
+the window.
 
 Requests are counted by ``count_request`` right after authentication, before the body is read or
 parsed, so a request refused later (413, 422, 400) still used one of the tenant's requests: a tenant
@@ -15,11 +18,13 @@ from __future__ import annotations
 
 import time
 
-from django.core.cache import cache
+from django.core.cache import caches
 
 from controlplane.common.errors import RateLimited
+from controlplane.common.limit_store import LimitStoreFull
 
 WINDOW_S = 60
+STORE = "limits"
 
 
 def _window() -> tuple[int, int]:
@@ -29,7 +34,12 @@ def _window() -> tuple[int, int]:
 
 
 def _incr(key: str, amount: int) -> int:
-    cache.add(key, 0, timeout=WINDOW_S * 2)
+    cache = caches[STORE]
+    try:
+        cache.add(key, 0, timeout=WINDOW_S * 2)
+    except LimitStoreFull as exc:
+        raise RateLimited("too many rate-limit windows are open on this server; retry later",
+                          retry_after=exc.retry_after, code="rate_limit_store_full") from None
     return cache.incr(key, amount)
 
 
@@ -41,6 +51,7 @@ def count_request(*, tenant_id: int, requests_per_minute: int | None) -> None:
 def admit(*, tenant_id: int, requests_per_minute: int | None, tokens_per_minute: int | None, tokens: int) -> None:
     """Count one request of ``tokens`` tokens for the tenant or raise ``RateLimited`` (counting nothing)."""
     start, retry_after = _window()
+    cache = caches[STORE]
     rkey, tkey = f"strata:rl:{tenant_id}:{start}:req", f"strata:rl:{tenant_id}:{start}:tok"
     if requests_per_minute is not None and _incr(rkey, 1) > requests_per_minute:
         cache.decr(rkey, 1)

@@ -182,15 +182,30 @@ STRATA_TRUSTED_PROXIES = ENV.trusted_proxies
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
 STRATA_REDIS_URL = ENV.redis_url
-# Shared counters (rate limits) live in Redis when REDIS_URL is set, so every web process agrees;
-# the embedded default is process-local memory (one web process).
+# Caches. "default" holds what may be lost (audit aggregation tallies, Django's own). Limit state
+# has stores of its own that traffic cannot evict: "limits" (per-tenant rate windows: only
+# authenticated tenants write it) and "lockouts" (bad-credential counts and locks per source and
+# per (account, source): anonymous traffic writes it). With REDIS_URL all three are Redis, shared by
+# every web process (run Redis with its default maxmemory-policy noeviction); the embedded default
+# keeps them in this process, the two limit stores in common.limit_store.ExpiringOnlyCache, which
+# never drops a live entry.
+STRATA_LIMIT_STORE_ENTRIES = 100_000
+
+
+def _cache(location: str, *, limit_state: bool) -> dict:
+    if ENV.redis_url:
+        return {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": ENV.redis_url,
+                "KEY_PREFIX": "strata"}
+    if limit_state:
+        return {"BACKEND": "controlplane.common.limit_store.ExpiringOnlyCache", "LOCATION": location,
+                "TIMEOUT": None, "OPTIONS": {"MAX_ENTRIES": STRATA_LIMIT_STORE_ENTRIES}}
+    return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": location}
+
+
 CACHES = {
-    "default": (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": ENV.redis_url,
-         "KEY_PREFIX": "strata"}
-        if ENV.redis_url
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "strata"}
-    )
+    "default": _cache("strata", limit_state=False),
+    "limits": _cache("strata-limits", limit_state=True),
+    "lockouts": _cache("strata-lockouts", limit_state=True),
 }
 STRATA_RAY_ADDRESS = ENV.ray_address
 # Test settings set this so TransactionTestCase's flush may empty the append-only audit table.

@@ -1,4 +1,4 @@
-"""Settings of the Celery worker that the integration tests start as a real subprocess.
+"""Settings of the Celery worker and web processes that the integration tests start as real subprocesses.
 
 Same as ``test`` (the test process passes ``DATABASE_URL`` pointing at its test database, and the
 broker/Ray addresses), plus the two job test hooks: a pause between workers so a test can kill the
@@ -13,3 +13,5 @@ from .test import *  # noqa: F403
 STRATA_JOB_STEP_DELAY = float(os.environ.get("STRATA_TEST_JOB_STEP_DELAY", "0"))
 STRATA_JOB_STALE_SECONDS = float(os.environ.get("STRATA_TEST_JOB_STALE_SECONDS", "3"))
 STRATA_ROLLOUT_DRAIN_SECONDS = float(os.environ.get("STRATA_TEST_ROLLOUT_DRAIN_SECONDS", "10"))
+# Several test web processes that must share their lockouts (one Redis) name one namespace.
+STRATA_THROTTLE_NAMESPACE = os.environ.get("STRATA_TEST_THROTTLE_NAMESPACE", STRATA_THROTTLE_NAMESPACE)  # noqa: F405
