@@ -89,17 +89,47 @@ def test_chat_part_names_the_message(h):
     assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["part"] == "messages[1]"
 
 
+def _salted(tokens, *, tenant="1", salt=None, cached=0):
+    req = _req(tokens, tenant=tenant, salt=tenant.encode() * 32, cached=cached)
+    return diagnostics.Request(**{**req.__dict__, "cache_salt": salt})
+
+
 def test_the_history_is_bounded_and_holds_no_tokens(h):
-    small = history.PrefixHistory(max_blocks=10, max_scopes=2)
+    small = history.PrefixHistory(max_blocks=10, max_scopes=2, max_tenant_blocks=15, max_tenants=3)
     for i in range(20):
         diagnostics.diagnose(_req([i * 100 + j for j in range(1, 14)]), history=small, now=float(i))
-    assert all(len(s.blocks) <= 10 for s in small._scopes.values())
+    assert small.tenants() == {"1": (1, 10)}
+    for i in range(6):  # three scopes of four blocks: the tenant keeps two scopes, at most 15 digests
+        diagnostics.diagnose(_salted(list(range(1, 17)), salt=str(i % 3)), history=small, now=1.0)
+        small.check_integrity()
+    assert small.tenants()["1"] == (2, 8)
     for t in range(5):
         diagnostics.diagnose(_req(list(range(1, 10)), tenant=str(t)), history=small, now=1.0)
-    assert len(small._scopes) == 2
+        small.check_integrity()
+    assert list(small.tenants()) == ["2", "3", "4"]  # the least recently used tenants out first
+    small.forget_tenant("3")
+    assert list(small.tenants()) == ["2", "4"]
+    small.check_integrity()
     tokens = list(range(1000, 1013))
     diagnostics.diagnose(_req(tokens, tenant="z"), history=h, now=1.0)
-    blob = b"".join(s.masks + d for sc in h._scopes.values() for d, s in sc.blocks.items())
+    blob = b"".join(s.masks + d for t in h._tenants.values() for sc in t.scopes.values() for d, s in sc.blocks.items())
     import array
 
     assert array.array("I", tokens[:4]).tobytes() not in blob
+
+
+def test_one_tenants_many_scopes_never_evict_another_tenants_history():
+    """Issue 42 item 5: tenant 2 records more distinct ``cache_salt`` scopes than any cap; tenant 1's
+    prompt is still seen, so its next miss is a divergence, not ``no_prior_request``."""
+    small = history.PrefixHistory(max_scopes=4, max_tenants=8)
+    victim = list(range(1, 14))
+    diagnostics.diagnose(_salted(victim), history=small, now=1.0)
+    for i in range(50):
+        diagnostics.diagnose(_salted([7], tenant="2", salt=f"flood-{i}"), history=small, now=2.0)
+    small.check_integrity()
+    assert small.tenants() == {"1": (1, 4), "2": (4, 4)}  # three blocks and a tail; four one-token tails
+    d = diagnostics.diagnose(_salted(victim[:6] + [99] * 7, cached=4), history=small, now=3.0)
+    assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["index"] == 6
+    # and the flooding tenant's own oldest scopes did go: its first salt is a stranger again
+    d = diagnostics.diagnose(_salted(list(range(1, 10)), tenant="2", salt="flood-0"), history=small, now=4.0)
+    assert d["lost"][0]["reason"] == "no_prior_request"

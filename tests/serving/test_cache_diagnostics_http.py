@@ -14,6 +14,16 @@ def platform(engine_platform):
     return engine_platform
 
 
+@pytest.fixture
+def strata(asgi_url, transactional_db, actor):
+    """The platform on Strata's engine alone: for tests of the web process's own bookkeeping."""
+    from controlplane.registry.services import model_create
+    from tests.serving.conftest import MODEL, _platform
+
+    deployment = model_create(actor=actor, name=MODEL, preset="tiny", revision={"label": "r1", "seed": 5})
+    return _platform(asgi_url, actor, deployment)
+
+
 def _details(resp) -> dict:
     return resp.usage.prompt_tokens_details.model_dump()
 
@@ -70,6 +80,28 @@ def test_diagnostics_name_no_prior_request_divergence_and_below_block(platform):
         assert reasons["diverged_at"]["index"] == expected
     assert d2["cached_tokens"] == reasons["diverged_at"]["index"] // bs * bs
     assert d2["cached_tokens"] > 0
+
+
+def test_another_tenants_many_salts_never_wipe_a_tenants_history(strata, monkeypatch):
+    """Issue 42 item 5: globex sends more distinct ``cache_salt`` values than the history's scope cap
+    (shrunk here from 256 to 4); acme's next miss still knows its prompt: a divergence, never
+    ``no_prior_request``. The flood costs globex its own oldest scopes only."""
+    from controlplane.caches import history
+
+    monkeypatch.setattr(history.HISTORY, "max_scopes", 4)
+    _diagnose(strata, "acme", SYSTEM + "the first question?", cache_salt="victim")
+    for i in range(10):
+        _diagnose(strata, "globex", "x", cache_salt=f"flood-{i}")
+    history.HISTORY.check_integrity()
+    d = _diagnose(strata, "acme", SYSTEM + "another question?", cache_salt="victim")["cache_diagnostics"]
+    assert d["cached_tokens"] > 0
+    reasons = [s["reason"] for s in d["lost"]]
+    assert "diverged_at" in reasons and "no_prior_request" not in reasons, d
+    # globex's newest salts are remembered, its oldest are not: the cap binds the flooding tenant
+    kept = _diagnose(strata, "globex", "xyz" * 20, cache_salt="flood-9")["cache_diagnostics"]
+    assert kept["lost"][0]["reason"] == "diverged_at" and kept["lost"][0]["index"] == 2
+    gone = _diagnose(strata, "globex", "xyz" * 20, cache_salt="flood-0")["cache_diagnostics"]
+    assert gone["lost"][0]["reason"] == "no_prior_request"
 
 
 def test_diagnostics_never_speak_of_another_tenants_cache(platform):

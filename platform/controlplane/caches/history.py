@@ -12,9 +12,14 @@ also keeps 16 masks: its token ids XORed with a pad derived from the key and its
 (``_pad``); two children of one parent compare equal token by token through their masks, while a mask
 alone is unreadable without the key.
 
-The history lives in the web process's memory (one uvicorn process serves the API): bounded by
-``MAX_BLOCKS`` digests per scope and ``MAX_SCOPES`` scopes, least recently used first out. A restart
-forgets it (later misses read ``no_prior_request`` until the prompts come again).
+The history lives in the web process's memory (one uvicorn process serves the API). Each tenant has
+a share of its own, so that no tenant's requests can push another's history out: at most
+``MAX_SCOPES`` scopes and ``MAX_TENANT_BLOCKS`` digests per tenant (``MAX_BLOCKS`` in any one scope),
+its least recently used scope first out; at most ``MAX_TENANTS`` tenants are held (tenants are made by
+operators, not by requests), the least recently used tenant's share first out, and a tenant whose
+share is empty is not held at all. The caps are attributes of each ``PrefixHistory`` (tests shrink
+``HISTORY``'s). A restart forgets it all (later misses read ``no_prior_request`` until the prompts come
+again).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-MAX_BLOCKS = 8192  # digests per scope (about 1 MB per scope at most)
-MAX_SCOPES = 2048
+MAX_BLOCKS = 8192  # digests in one scope
+MAX_TENANT_BLOCKS = 32_768  # digests of one tenant, over all its scopes
+MAX_SCOPES = 256  # scopes of one tenant ((model, cache_salt) pairs)
+MAX_TENANTS = 512  # tenants held (in all: MAX_TENANTS * MAX_TENANT_BLOCKS digests at most)
 MAX_CHILDREN = 8  # blocks remembered under one parent (divergence candidates)
 DIGEST = 16
 ROOT = b"\x00" * DIGEST
@@ -49,6 +56,14 @@ class Seen:
 class _Scope:
     blocks: OrderedDict[bytes, Seen] = field(default_factory=OrderedDict)
     children: dict[bytes, list[bytes]] = field(default_factory=dict)
+
+
+@dataclass
+class _Tenant:
+    """One tenant's share: its scopes, least recently used first, and their digests counted."""
+
+    scopes: OrderedDict[tuple, _Scope] = field(default_factory=OrderedDict)
+    blocks: int = 0
 
 
 def scope_key(tenant_salt: bytes, model: str, cache_salt: str | None) -> bytes:
@@ -90,21 +105,35 @@ def masks(key: bytes, parent: bytes, block: list[int]) -> bytes:
 
 
 class PrefixHistory:
-    """Thread-safe; ``lookup`` before ``record`` tells what a request's prompt had in scope."""
+    """Thread-safe; ``lookup`` before ``record`` tells what a request's prompt had in scope.
 
-    def __init__(self, *, max_blocks: int = MAX_BLOCKS, max_scopes: int = MAX_SCOPES) -> None:
+    A scope is ``(tenant, model, cache_salt)``; its first item names the tenant's share it lives in.
+    Reads never add a tenant or a scope; only ``record`` does, and only ``record`` evicts: the scopes of
+    the recording tenant (never the one recorded into), or the least recently used other tenant."""
+
+    def __init__(self, *, max_blocks: int = MAX_BLOCKS, max_scopes: int = MAX_SCOPES,
+                 max_tenant_blocks: int = MAX_TENANT_BLOCKS, max_tenants: int = MAX_TENANTS) -> None:
         self.max_blocks, self.max_scopes = max_blocks, max_scopes
-        self._scopes: OrderedDict[tuple, _Scope] = OrderedDict()
+        self.max_tenant_blocks, self.max_tenants = max_tenant_blocks, max_tenants
+        self._tenants: OrderedDict[str, _Tenant] = OrderedDict()
         self._lock = threading.Lock()
 
     def _scope(self, scope: tuple, create: bool) -> _Scope | None:
-        s = self._scopes.get(scope)
+        t = self._tenants.get(scope[0])
+        if t is None:
+            if not create:
+                return None
+            t = self._tenants[scope[0]] = _Tenant()
+            while len(self._tenants) > self.max_tenants:
+                self._tenants.popitem(last=False)
+        self._tenants.move_to_end(scope[0])
+        s = t.scopes.get(scope)
         if s is None and create:
-            s = self._scopes[scope] = _Scope()
-            while len(self._scopes) > self.max_scopes:
-                self._scopes.popitem(last=False)
+            s = t.scopes[scope] = _Scope()
+            while len(t.scopes) > self.max_scopes:
+                t.blocks -= len(t.scopes.popitem(last=False)[1].blocks)
         if s is not None:
-            self._scopes.move_to_end(scope)
+            t.scopes.move_to_end(scope)
         return s
 
     def lookup(self, scope: tuple, chain: list[bytes]) -> tuple[int, list[Seen]]:
@@ -138,6 +167,7 @@ class PrefixHistory:
         at = time.time() if at is None else at
         with self._lock:
             s = self._scope(scope, create=True)
+            before = len(s.blocks)
             parent = ROOT
             for i, d in enumerate(chain):
                 entry = s.blocks.get(d)
@@ -152,9 +182,13 @@ class PrefixHistory:
             if tail is not None and tail[0] not in s.blocks:
                 s.blocks[tail[0]] = Seen(at, replica, revision, persist, tail[1])
                 self._child(s, parent, tail[0])
-            while len(s.blocks) > self.max_blocks:
+            while len(s.blocks) > min(self.max_blocks, self.max_tenant_blocks):
                 gone, _ = s.blocks.popitem(last=False)
                 s.children.pop(gone, None)
+            t = self._tenants[scope[0]]
+            t.blocks += len(s.blocks) - before
+            while t.blocks > self.max_tenant_blocks:  # never this scope: it is the most recent one
+                t.blocks -= len(t.scopes.popitem(last=False)[1].blocks)
 
     @staticmethod
     def _child(s: _Scope, parent: bytes, digest: bytes) -> None:
@@ -173,10 +207,27 @@ class PrefixHistory:
                     entry.deleted = cache_id
 
     def forget_tenant(self, tenant: str) -> None:
-        """Drop every scope of ``tenant`` (offboarded)."""
+        """Drop every scope of ``tenant`` (offboarded): its share is no longer held."""
         with self._lock:
-            for scope in [k for k in self._scopes if k[0] == tenant]:
-                del self._scopes[scope]
+            self._tenants.pop(tenant, None)
+
+    def tenants(self) -> dict[str, tuple[int, int]]:
+        """Each tenant held: its scopes and digests, least recently used tenant first."""
+        with self._lock:
+            return {name: (len(t.scopes), t.blocks) for name, t in self._tenants.items()}
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` unless every cap holds, every tenant held has a scope, every scope
+        lives in its own tenant's share and each tenant's digest count is the sum of its scopes'."""
+        with self._lock:
+            assert len(self._tenants) <= self.max_tenants, "too many tenants held"
+            for name, t in self._tenants.items():
+                assert t.scopes, f"tenant {name} is held with no scope"
+                assert len(t.scopes) <= self.max_scopes, f"tenant {name} holds too many scopes"
+                assert all(k[0] == name for k in t.scopes), f"a scope in tenant {name}'s share is not its own"
+                assert all(len(s.blocks) <= self.max_blocks for s in t.scopes.values()), "a scope is over its cap"
+                assert t.blocks == sum(len(s.blocks) for s in t.scopes.values()), f"tenant {name}'s count is off"
+                assert t.blocks <= self.max_tenant_blocks, f"tenant {name} holds too many digests"
 
 
 HISTORY = PrefixHistory()
