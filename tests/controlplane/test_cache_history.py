@@ -81,12 +81,76 @@ def test_another_tenants_prompt_is_never_seen(h):
     assert d["lost"][0]["reason"] == "no_prior_request"
 
 
+def _chat(messages: list[list[int]], roles: list[str] | None = None, max_renders: int | None = None):
+    """A chat whose message ``i`` renders to ``messages[i]``'s ids, and its ``ChatParts``."""
+    tokens = [t for m in messages for t in m]
+    roles = roles or ["user"] * len(messages)
+    extra = {} if max_renders is None else {"max_renders": max_renders}
+    return tokens, diagnostics.ChatParts(tokens, roles, lambda k: [t for m in messages[:k] for t in m], **extra)
+
+
 def test_chat_part_names_the_message(h):
     sys_ = list(range(1, 9))
     diagnostics.diagnose(_req(sys_ + [50, 51, 52, 53, 54]), history=h, now=100.0)
-    d = diagnostics.diagnose(_req(sys_ + [60, 61, 62, 63, 64], cached=8, parts=[(0, "system"), (8, "messages[1]")]),
-                             history=h, now=101.0)
+    tokens, parts = _chat([sys_, [60, 61, 62, 63, 64]], roles=["system", "user"])
+    d = diagnostics.diagnose(_req(tokens, cached=8, parts=parts), history=h, now=101.0)
     assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["part"] == "messages[1]"
+    assert "diagnostics_truncated" not in d
+
+
+def test_a_long_chats_part_is_found_in_a_logarithmic_number_of_renders():
+    """Naming the message of a divergence in a 2,040-message chat renders 11 prefixes, not 2,039."""
+    from cachecore.model.tokenizer import ChatTemplate
+
+    chat = ChatTemplate()
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(2040)]
+    tokens = chat.render(messages)
+    rendered = []
+
+    def render(k):
+        rendered.append(k)
+        return chat.render(messages[:k], add_generation_prompt=False)
+
+    def part_at(index):
+        rendered.clear()
+        parts = diagnostics.ChatParts(tokens, [m["role"] for m in messages], render)
+        name = parts.part_at(index)
+        assert len(rendered) == len(set(rendered)) <= 11 and not parts.truncated  # ceil(log2(2040))
+        return name
+
+    for i in (0, 1, 777, 2039):
+        start = len(chat.render(messages[:i], add_generation_prompt=False)) if i else 0
+        assert part_at(start) == part_at(start + 3) == f"messages[{i}]"
+        if i:
+            assert part_at(start - 1) == f"messages[{i - 1}]"
+
+
+def test_a_chat_past_its_render_budget_names_no_part_and_says_truncated(h):
+    messages = [[i + 1] * 4 for i in range(300)]  # one full block per message
+    first, _ = _chat(messages)
+    diagnostics.diagnose(_req(first), history=h, now=100.0)
+    changed = [m[:] for m in messages]
+    changed[200][2] = 999
+    tokens, parts = _chat(changed, max_renders=3)
+    d = diagnostics.diagnose(_req(tokens, cached=800, parts=parts), history=h, record=False, now=101.0)
+    assert d["lost"][0]["reason"] == "diverged_at" and d["lost"][0]["index"] == 802
+    assert "part" not in d["lost"][0] and d["diagnostics_truncated"] is True
+    assert parts.renders == 3
+    # within its budget the same chat names the message
+    tokens, parts = _chat(changed)
+    d = diagnostics.diagnose(_req(tokens, cached=800, parts=parts), history=h, record=False, now=101.0)
+    assert d["lost"][0]["part"] == "messages[200]" and "diagnostics_truncated" not in d
+    assert parts.renders <= 9  # ceil(log2(300))
+
+
+def test_a_template_that_is_not_prefix_stable_names_no_part(h):
+    """A prefix that renders differently from the start of the prompt is never trusted."""
+    messages = [[i + 1] * 4 for i in range(8)]
+    tokens = [t for m in messages for t in m]
+    parts = diagnostics.ChatParts(tokens, ["user"] * 8, lambda k: [0] + [t for m in messages[:k] for t in m])
+    assert parts.part_at(20) is None and not parts.truncated
+    broken = diagnostics.ChatParts(tokens, ["user"] * 8, lambda k: 1 / 0)
+    assert broken.part_at(20) is None
 
 
 def _salted(tokens, *, tenant="1", salt=None, cached=0):

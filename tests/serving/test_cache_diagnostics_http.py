@@ -104,6 +104,52 @@ def test_another_tenants_many_salts_never_wipe_a_tenants_history(strata, monkeyp
     assert gone["lost"][0]["reason"] == "no_prior_request"
 
 
+def _chat_diagnosis(platform, tenant: str, messages: list[dict], **extra) -> dict:
+    r = httpx.post(f"{platform.url}/v1/chat/completions", timeout=120,
+                   headers={"Authorization": f"Bearer {platform.keys[tenant]}"},
+                   json={"model": platform.model, "messages": messages, "max_tokens": 1, "temperature": 0,
+                         "cache_diagnostics": True, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()["cache_diagnostics"]
+
+
+def test_a_long_chats_diagnosis_renders_few_prefixes_and_says_when_truncated(strata, monkeypatch):
+    """Issue 42 item 9: naming the message where a 100-message chat diverged renders at most
+    ceil(log2(100)) = 7 of its prefixes (every prefix was 99, the square of the chat in work), none
+    when there is nothing to name; past ``MAX_PART_RENDERS`` the answer names no message and says
+    ``diagnostics_truncated``."""
+    from cachecore.model.tokenizer import ChatTemplate
+    from controlplane.caches import diagnostics
+
+    renders = []
+    real = ChatTemplate.render
+
+    def spy(self, messages, add_generation_prompt=True, budget=None):
+        if not add_generation_prompt:  # a prefix for the diagnosis, not the prompt itself
+            renders.append(len(messages))
+        return real(self, messages, add_generation_prompt, budget)
+
+    monkeypatch.setattr(ChatTemplate, "render", spy)
+    messages = [{"role": "user", "content": chr(97 + i % 26)} for i in range(100)]  # 9 tokens each
+    first = _chat_diagnosis(strata, "acme", messages, cache_salt="long-chat")
+    assert [s["reason"] for s in first["lost"]] == ["no_prior_request", "below_block"]
+    assert renders == []  # nothing diverged: nothing to name, nothing rendered
+    changed = [*messages[:70], {"role": "user", "content": "!"}, *messages[71:]]
+    d = _chat_diagnosis(strata, "acme", changed, cache_salt="long-chat")
+    span = d["lost"][0]
+    assert span["reason"] == "diverged_at" and span["index"] == 1 + 70 * 9 + 6  # BOS, 70 messages, "<s>user\n"
+    assert span["part"] == "messages[70]" and "diagnostics_truncated" not in d
+    assert 0 < len(renders) <= 7
+    renders.clear()
+    monkeypatch.setattr(diagnostics, "MAX_PART_RENDERS", 3)
+    again = [*messages[:40], {"role": "user", "content": "?"}, *messages[41:]]
+    d = _chat_diagnosis(strata, "acme", again, cache_salt="long-chat")
+    span = d["lost"][0]
+    assert span["reason"] == "diverged_at" and span["index"] == 1 + 40 * 9 + 6
+    assert "part" not in span and d["diagnostics_truncated"] is True
+    assert len(renders) == 3
+
+
 def test_diagnostics_never_speak_of_another_tenants_cache(platform):
     prompt = SYSTEM + "globex's secret question"
     for _ in range(2):  # globex has it cached

@@ -16,13 +16,19 @@ Spans cover ``[cached_tokens, prompt_tokens)``; reasons:
 - never seen: ``diverged_at`` (``index``: the first token that differs from the longest prefix seen
   in scope, and ``part`` for chats: ``system`` or ``messages[i]``) or ``no_prior_request``.
 
+A chat's ``part`` is found on demand (``ChatParts``): a binary search over prefixes of the chat, each
+rendered and checked to be a prefix of the prompt, at most ``MAX_PART_RENDERS`` renders per request
+(rendering every prefix costs the square of the chat's length). A search cut short by that budget
+names no part, and the diagnosis then says ``"diagnostics_truncated": true``.
+
 It only speaks of the tenant's own scope: a prefix another tenant cached was never seen here.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from controlplane.caches import history as hist
@@ -31,6 +37,58 @@ LOAD_FAILED = {"failed": "the tier failed", "corrupt": "a stored block failed it
                "unavailable": "the tier was unreachable"}
 TOO_SLOW = {"late": "the load missed its deadline", "recompute": "recomputing was estimated faster"}
 LEDGER_REASON = {"diverged_at": "diverged"}  # the ledger's name for a reason
+MAX_PART_RENDERS = 16  # prefix renders per chat to name the message of a divergence (2**16 messages)
+
+
+@dataclass
+class ChatParts:
+    """Which message of a chat holds a token of its rendered prompt, rendering prefixes only on demand.
+
+    ``tokens``: the prompt as served; ``roles[i]``: message ``i``'s role; ``render(k)``: the first ``k``
+    messages rendered without the generation prompt (``0 < k < len(roles)``). ``part_at`` renders at
+    most ``max_renders`` prefixes over this object's life (``MAX_PART_RENDERS`` when built), each once;
+    it trusts a render only when it is a prefix of ``tokens`` (a template that renders a message
+    differently once another follows it gives no part, never a wrong one). A render that raises
+    gives no part either; ``part_at`` itself never raises."""
+
+    tokens: list[int]
+    roles: list[str]
+    render: Callable[[int], list[int]]
+    max_renders: int = field(default_factory=lambda: MAX_PART_RENDERS)
+    renders: int = field(default=0, init=False)  # prefixes rendered so far
+    truncated: bool = field(default=False, init=False)  # a search stopped at ``max_renders``
+    _starts: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
+
+    def part_at(self, index: int) -> str | None:
+        """``"system"`` or ``"messages[i]"``: the last message starting at or before token ``index``;
+        None when the budget ran out first (``truncated``) or the template is not prefix-stable."""
+        if not self.roles:
+            return None
+        lo, hi = 0, len(self.roles) - 1  # message lo starts at or before index; none after hi does
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            start = self._start(mid)
+            if start is None:
+                return None
+            lo, hi = (mid, hi) if start <= index else (lo, mid - 1)
+        return self._name(lo)
+
+    def _start(self, k: int) -> int | None:
+        """Where message ``k`` starts (the length of the first ``k`` rendered); None when unknown."""
+        if k not in self._starts:
+            if self.renders >= self.max_renders:
+                self.truncated = True
+                return None
+            self.renders += 1
+            try:
+                ids = list(self.render(k))
+            except Exception:  # a template that cannot render a prefix: no attribution, still a diagnosis
+                ids = None
+            self._starts[k] = len(ids) if ids is not None and ids == self.tokens[:len(ids)] else None
+        return self._starts[k]
+
+    def _name(self, i: int) -> str:
+        return "system" if i == 0 and self.roles[0] in ("system", "developer") else f"messages[{i}]"
 
 
 @dataclass(frozen=True)
@@ -47,24 +105,17 @@ class Request:
     persist: bool
     retention_seconds: int
     usage: dict  # the worker's finished usage
-    parts: list[tuple[int, str]] | None = None  # chats: (first token, "system" | "messages[i]")
+    parts: ChatParts | None = None  # chats: which message holds a token
 
 
 def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
-def _part(parts: list[tuple[int, str]] | None, index: int) -> str | None:
-    found = None
-    for start, name in parts or ():
-        if start <= index:
-            found = name
-    return found
-
-
 def diagnose(req: Request, *, history: hist.PrefixHistory = hist.HISTORY, flushes=None,
              now: float | None = None, record: bool = True) -> dict:
-    """The diagnosis of ``req`` (and, with ``record``, ``req``'s prompt remembered in scope).
+    """The diagnosis of ``req`` (and, with ``record``, ``req``'s prompt remembered in scope), with
+    ``"diagnostics_truncated": true`` when naming a chat's diverging message ran out of its budget.
 
     ``flushes(since: float) -> job id | None``: the newest flush of this tenant and model finished
     after ``since`` (the control plane's jobs)."""
@@ -98,7 +149,7 @@ def diagnose(req: Request, *, history: hist.PrefixHistory = hist.HISTORY, flushe
             else:
                 at = seen_blocks * bs + max(0, same)
                 span = {"start": start, "end": usable, "reason": "diverged_at", "index": at}
-                part = _part(req.parts, at)
+                part = req.parts.part_at(at) if req.parts is not None else None
                 if part is not None:
                     span["part"] = part
                 spans.append(span)
@@ -118,7 +169,10 @@ def diagnose(req: Request, *, history: hist.PrefixHistory = hist.HISTORY, flushe
                        persist=req.persist, at=now, tail=tail)
     reusable = sum(s["tokens"] for s in spans if s["reason"] not in ("no_prior_request", "diverged_at",
                                                                       "below_block", "deleted"))
-    return {"prompt_tokens": n, "cached_tokens": cached, "reusable_tokens": cached + reusable, "lost": spans}
+    out = {"prompt_tokens": n, "cached_tokens": cached, "reusable_tokens": cached + reusable, "lost": spans}
+    if req.parts is not None and req.parts.truncated:
+        out["diagnostics_truncated"] = True
+    return out
 
 
 def misses(diagnosis: dict) -> dict[str, int]:

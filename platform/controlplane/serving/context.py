@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from django.http import HttpRequest
 from pydantic import BaseModel
 
+from controlplane.caches.diagnostics import ChatParts
 from controlplane.common.errors import InvalidInput, NotFound, TooLarge
 from controlplane.registry.models import ModelDeployment
 from controlplane.runtime import gateway
@@ -50,7 +51,7 @@ class Accounting:
     persist: bool
     retention_seconds: int
     diagnostics: bool  # the client asked (body or header)
-    parts: list[tuple[int, str]] | None = None  # chats: where the system prompt and each message start
+    parts: ChatParts | None = None  # chats: which message holds a token (rendered on demand)
 
 
 @dataclass(frozen=True)
@@ -183,16 +184,17 @@ def _with_named_cache(tenant, deployment: ModelDeployment, facts: ModelFacts, bo
     return intake.render_messages(facts, [*named.messages, *(m.model_dump() for m in body.messages)], budget)
 
 
-def _parts(facts: ModelFacts, body: BaseModel) -> list[tuple[int, str]] | None:
-    """Where each message of a chat starts in its rendered tokens (diagnostics only)."""
+def _parts(facts: ModelFacts, body: BaseModel, tokens: list[int], max_prompt_tokens: int | None
+           ) -> ChatParts | None:
+    """Which message of a chat holds a token of ``tokens`` (diagnostics only): prefixes of the chat are
+    rendered later, a few and only when a divergence is to be named, within the request's own render
+    budget."""
     if not hasattr(body, "messages"):
         return None
     messages = [m.model_dump() for m in body.messages]
-    out = []
-    for i, m in enumerate(messages):
-        start = len(facts.chat.render(messages[:i], add_generation_prompt=False)) if i else 0
-        out.append((start, "system" if m["role"] in ("system", "developer") and i == 0 else f"messages[{i}]"))
-    return out
+    budget = intake.render_budget(bounds.prompt_bounds(facts, max_prompt_tokens))
+    return ChatParts(tokens, [m["role"] for m in messages],
+                     lambda k: facts.chat.render(messages[:k], add_generation_prompt=False, budget=budget))
 
 
 def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseModel, tokens: list[int],
@@ -242,10 +244,7 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
         worker_req["session"] = "pck:" + body.prompt_cache_key
     parts = None
     if diagnostics and not getattr(body, "cache_id", None):
-        try:
-            parts = _parts(config, body)
-        except Exception:  # a template that cannot render a prefix: no attribution, still a diagnosis
-            parts = None
+        parts = _parts(config, body, tokens, tenant.max_prompt_tokens)
     accounting = Accounting(
         tenant_id=tenant.pk, tenant_salt=bytes(tenant.scope_salt), block_size=config.kv_layout.block_size,
         revision=spec.revision["label"], persist=worker_req["persist"],
