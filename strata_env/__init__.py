@@ -42,6 +42,7 @@ from strata_env.views import (
     sampler,
     vllm_eager,
     warm_replicas,
+    web_share,
     weights_root,
 )
 
@@ -49,5 +50,5 @@ __all__ = [
     "DEFAULT_HOME", "DEFAULT_PORT", "DEFAULT_RAY_BIND", "DEFAULT_RAY_PORT", "FALSE", "KEY_BYTES", "REPO_ROOT",
     "SAMPLER", "TRUE", "WARM_REPLICAS", "EnvError", "LauncherEnv", "MasterKeyEnv", "MasterKeyError", "StrataEnv",
     "WorkerEnv", "device", "enabled_test_hooks", "home", "load", "load_launcher", "load_worker", "master_key_env",
-    "repo_path", "routing", "sampler", "vllm_eager", "warm_replicas", "weights_root",
+    "repo_path", "routing", "sampler", "vllm_eager", "warm_replicas", "web_share", "weights_root",
 ]

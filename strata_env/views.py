@@ -125,6 +125,15 @@ def routing(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------- control plane
+def web_share(environ: Mapping[str, str] | None, max_connections: int) -> int:
+    """``STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE``: connections one source (an IPv4 address or an IPv6
+    /64) may hold in one web process, between 1 and the cap; default a quarter of the cap (at least 1),
+    so that no single client can hold every slot."""
+    default = max(1, max_connections // 4)
+    return integer(_src(environ), "STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE", default, minimum=1,
+                   maximum=max(1, max_connections))
+
+
 @dataclass(frozen=True)
 class StrataEnv(_MasterKeyPaths):
     """The control plane's view. ``None`` means "not set: use the embedded default"."""
@@ -148,6 +157,7 @@ class StrataEnv(_MasterKeyPaths):
     render_budget_ms: int  # STRATA_RENDER_BUDGET_MS: time budget of one chat template render
     trusted_proxies: tuple[str, ...]  # STRATA_TRUSTED_PROXIES: proxies whose X-Forwarded-For is believed
     web_max_connections: int  # STRATA_WEB_MAX_CONNECTIONS: the web server's connection/task cap (503 past it)
+    web_max_connections_per_source: int  # STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE: one source's share (429 past it)
     web_keepalive_s: int  # STRATA_WEB_KEEPALIVE_S: idle kept-alive connections closed after this
     web_header_timeout_s: float  # STRATA_WEB_HEADER_TIMEOUT_S: request line + headers within this
     web_body_timeout_s: float  # STRATA_WEB_BODY_TIMEOUT_S: the whole request body within this (else 408)
@@ -174,6 +184,7 @@ def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
     """The control plane's view of ``environ`` (default: this process's environment), read now."""
     src = _src(environ)
     keys = master_key_env(src)
+    max_connections = integer(src, "STRATA_WEB_MAX_CONNECTIONS", 512)
     return StrataEnv(
         home=keys.home,
         secret_key=string(src, "STRATA_SECRET_KEY"),
@@ -193,7 +204,8 @@ def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
         render_threads=max(1, integer(src, "STRATA_RENDER_THREADS", 2)),
         render_budget_ms=max(1, integer(src, "STRATA_RENDER_BUDGET_MS", 1000)),
         trusted_proxies=networks(src, "STRATA_TRUSTED_PROXIES"),
-        web_max_connections=integer(src, "STRATA_WEB_MAX_CONNECTIONS", 512),
+        web_max_connections=max_connections,
+        web_max_connections_per_source=web_share(src, max_connections),
         web_keepalive_s=integer(src, "STRATA_WEB_KEEPALIVE_S", 5),
         web_header_timeout_s=number(src, "STRATA_WEB_HEADER_TIMEOUT_S", 10.0),
         web_body_timeout_s=number(src, "STRATA_WEB_BODY_TIMEOUT_S", 60.0),

@@ -8,6 +8,7 @@ a status line), never on how long it took. The last test runs the real process a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -48,9 +49,12 @@ def free_port() -> int:
 
 @pytest.fixture
 def server(request):
-    """uvicorn with the flags ``make run`` passes (limits from ``STRATA_WEB_*``) around ``echo_app``."""
+    """uvicorn with the flags ``make run`` passes (limits from ``STRATA_WEB_*``) around ``echo_app``.
+    Parametrised with the ``STRATA_WEB_*`` values to change; by default one source may hold the whole
+    cap, so that the timeouts are what the tests see."""
     environ = {**os.environ, "STRATA_WEB_HEADER_TIMEOUT_S": "0.5", "STRATA_WEB_BODY_TIMEOUT_S": "0.5",
-               "STRATA_WEB_MAX_CONNECTIONS": str(getattr(request, "param", 64))}
+               "STRATA_WEB_MAX_CONNECTIONS": "64", **getattr(request, "param", {})}
+    environ.setdefault("STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE", environ["STRATA_WEB_MAX_CONNECTIONS"])
     argv = launcher.web_argv(sys.executable, free_port(), environ)
     assert argv[1:3] == ["-m", "workers.webserver"]
     args = webserver.parse_args(argv[3:])
@@ -69,8 +73,10 @@ def server(request):
     thread.join(timeout=10)
 
 
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
+def connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    """A connection to the server from ``source`` (any 127.0.0.0/8 address: Linux routes them all to
+    the loopback interface, so each is a distinct client address to the server)."""
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
     sock.settimeout(SAFETY_S)
     return sock
 
@@ -85,16 +91,17 @@ def read_all(sock: socket.socket) -> bytes:
 
 def test_make_run_passes_limits_and_no_proxy_header_trust():
     argv = launcher.web_argv("python", 8000, {"STRATA_WEB_MAX_CONNECTIONS": "100", "FORWARDED_ALLOW_IPS": "*"})
-    for flag, value in (("--limit-concurrency", "100"), ("--timeout-keep-alive", "5"),
-                        ("--timeout-header", "10"), ("--timeout-body", "60")):
+    for flag, value in (("--limit-concurrency", "100"), ("--max-connections-per-source", "25"),
+                        ("--timeout-keep-alive", "5"), ("--timeout-header", "10"), ("--timeout-body", "60")):
         assert argv[argv.index(flag) + 1] == value
     assert "--proxy-headers" not in argv and "--forwarded-allow-ips" not in argv
     config = webserver.uvicorn_config(webserver.parse_args(argv[3:]))
     assert config.proxy_headers is False and config.limit_concurrency == 100
+    assert config.http.shares.per_source == 25
 
 
 def test_half_sent_request_lines_and_silent_connections_are_closed_and_free_their_slots(server):
-    socks = [connect(server) for _ in range(100)]  # more than the cap (64)
+    socks = [connect(server, f"127.0.0.{1 + i % 2}") for i in range(100)]  # more than the cap (64), two sources
     for i, sock in enumerate(socks):
         if i % 2:
             sock.sendall(b"GET /healthz HT")  # half a request line, never finished
@@ -167,7 +174,7 @@ def test_complete_requests_are_served_and_the_client_is_the_tcp_peer(server):
         assert read_all(sock) == b""
 
 
-@pytest.mark.parametrize("server", [2], indirect=True)
+@pytest.mark.parametrize("server", [{"STRATA_WEB_MAX_CONNECTIONS": "2"}], indirect=True)
 def test_past_the_connection_cap_new_requests_get_503(server):
     with connect(server) as held:
         held.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n")
@@ -178,6 +185,100 @@ def test_past_the_connection_cap_new_requests_get_503(server):
             head, _, body = read_all(extra).partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
             assert json.loads(body)["error"]["code"] == "over_capacity"
+
+
+# ------------------------------------------------------------------ each source's share of the cap
+HELD = {"STRATA_WEB_HEADER_TIMEOUT_S": "60", "STRATA_WEB_BODY_TIMEOUT_S": "60"}  # held requests stay held
+HALF_SENT = b"POST /x HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"
+
+
+def first_answer(sock: socket.socket) -> bytes:
+    """The first response head (and body, when the server closes after it); b"" for a reset."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data or data.startswith((b"HTTP/1.1 4", b"HTTP/1.1 5")):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def hold(port: int, source: str, count: int) -> tuple[list[socket.socket], list[bytes]]:
+    """``count`` half-sent requests from ``source``: headers sent, body never; each admitted one is
+    answered ``100 Continue`` by the server (proof that it holds a slot), each refused one is not."""
+    socks, answers = [], []
+    for _ in range(count):
+        sock = connect(port, source)
+        with contextlib.suppress(OSError):  # a refused connection may already be closed
+            sock.sendall(HALF_SENT)
+        socks.append(sock)
+        answers.append(first_answer(sock))
+    return socks, answers
+
+
+def get(port: int, path: str, source: str = "127.0.0.1", extra: bytes = b"") -> bytes:
+    with connect(port, source) as sock:
+        sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n%s\r\n" % (path.encode(), extra))
+        return read_all(sock)
+
+
+@pytest.mark.parametrize("server", [{"STRATA_WEB_MAX_CONNECTIONS": "8", "STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE": "3",
+                                     **HELD}], indirect=True)
+def test_one_source_past_its_share_gets_429_while_other_clients_and_healthz_are_served(server):
+    socks, answers = hold(server, "127.0.0.2", 10)  # more than the whole cap (8), from one address
+    try:
+        held = [a for a in answers if a.startswith(b"HTTP/1.1 100")]
+        refused = [a for a in answers if not a.startswith(b"HTTP/1.1 100")]
+        assert len(held) == 3 and len(refused) == 7  # its share, and not one slot more
+        for answer in refused:  # answered at once (or reset when its request crossed the answer)
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 429"), answer[:200]
+        assert get(server, "/x").startswith(b"HTTP/1.1 200")  # another client is served
+        assert get(server, "/healthz").startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+@pytest.mark.parametrize("server", [{"STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE": "2", **HELD}], indirect=True)
+def test_the_connection_past_the_share_is_answered_429_in_the_json_shape_before_it_sends(server):
+    socks, answers = hold(server, "127.0.0.2", 2)
+    try:
+        assert all(a.startswith(b"HTTP/1.1 100") for a in answers)
+        with connect(server, "127.0.0.2") as extra:  # sends nothing: the answer comes unasked
+            head, _, body = read_all(extra).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429") and b"retry-after: 1" in head.lower()
+        assert b"connection: close" in head.lower()
+        assert json.loads(body)["error"]["code"] == "too_many_connections"
+    finally:
+        for sock in socks:
+            sock.close()
+    # Its closed connections gave the slots back.
+    assert get(server, "/x", "127.0.0.2").startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("server", [{"STRATA_WEB_MAX_CONNECTIONS": "5", "STRATA_WEB_MAX_CONNECTIONS_PER_SOURCE": "2",
+                                     **HELD}], indirect=True)
+def test_health_checks_are_answered_while_several_sources_fill_the_cap(server):
+    socks: list[socket.socket] = []
+    try:
+        # Two sources, two slots each: with the next connection the server is at its cap (5).
+        for source in ("127.0.0.2", "127.0.0.3"):
+            held, answers = hold(server, source, 2)
+            socks += held
+            assert all(a.startswith(b"HTTP/1.1 100") for a in answers)
+        ordinary = get(server, "/x")
+        assert ordinary.startswith(b"HTTP/1.1 503")  # the cap still holds for everything else...
+        assert json.loads(ordinary.partition(b"\r\n\r\n")[2])["error"]["code"] == "over_capacity"
+        assert get(server, "/healthz").startswith(b"HTTP/1.1 200")  # ... but not for health checks
+        assert get(server, "/readyz").startswith(b"HTTP/1.1 200")
+        # A health path with a body could be held open: no reserve for it.
+        assert get(server, "/healthz", extra=b"Content-Length: 1\r\n").startswith(b"HTTP/1.1 503")
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def test_the_real_web_process_closes_half_sent_lines_and_answers_trickled_bodies_408(tmp_path):

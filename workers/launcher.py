@@ -136,14 +136,15 @@ def http_status(url: str, timeout: float = 2.0) -> int | None:
 
 def web_argv(python: str, port: int, environ: dict[str, str]) -> list[str]:
     """The web server's command line (``workers.webserver``: uvicorn with no proxy-header handling, a
-    connection cap, keep-alive, header and body timeouts; values from ``STRATA_WEB_*`` in
-    ``environ``, spelled out so ``ps`` and the log show what the server runs with)."""
+    connection cap and each source's share of it, keep-alive, header and body timeouts; values from
+    ``STRATA_WEB_*`` in ``environ``, spelled out so ``ps`` and the log show what the server runs with)."""
     try:
         web = strata_env.load(environ)  # the control plane's view: the web process reads the same
     except strata_env.EnvError as exc:
         raise LaunchError(str(exc)) from None
     return [python, "-m", "workers.webserver", "--host", HOST, "--port", str(port), "--lifespan", "off",
             "--timeout-graceful-shutdown", "5", "--limit-concurrency", str(web.web_max_connections),
+            "--max-connections-per-source", str(web.web_max_connections_per_source),
             "--timeout-keep-alive", str(web.web_keepalive_s), "--timeout-header", f"{web.web_header_timeout_s:g}",
             "--timeout-body", f"{web.web_body_timeout_s:g}"]
 
