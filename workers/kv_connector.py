@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+import strata_env
 from cachecore.layout import KVLayout
 from cachecore.scheduler.threads import prompt_only
 from workers.kv_params import KEY, TransferParams
@@ -144,7 +145,8 @@ class StrataConnector(KVConnectorBase_V1):
             device = str(getattr(vllm_config.device_config, "device_type", "") or "")
             self._threads = (worker_config.step_threads(device, set_threads=torch._C.set_num_threads)
                              if device.startswith("cpu") else None)
-            self._server = TierServer(self.service, cfg["endpoint"])
+            # Fault-injection operations only where the test suite asked for them (STRATA_TEST_HOOKS).
+            self._server = TierServer(self.service, cfg["endpoint"], test_hooks=strata_env.enabled_test_hooks())
             self._codec = None
             self._load_errors: set[int] = set()
 
