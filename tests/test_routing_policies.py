@@ -319,6 +319,16 @@ def test_recent_writes_remember_the_newest_writes_up_to_the_capacity():
     assert writes.others_share("t1") == 0.0
 
 
+def test_whole_hits_never_grow_the_recent_writes():
+    """A fully cached prompt writes nothing; remembered, such writes never left the deque (any tenant
+    could grow the router's memory by resending a cached prompt)."""
+    writes = RecentWrites()
+    writes.add("t1", 1_000, 1_000)
+    for _ in range(10_000):
+        writes.add("t2", 0, 1_000)
+    assert len(writes) == 1 and writes.others_share("t1") == 0.0
+
+
 def test_on_small_caches_a_tenant_goes_where_its_own_blocks_are_not_squeezed_by_others():
     policy = ExpectedTTFT(CostModel(), prefill_guard=None)
     small = [rep("a", capacity=3_000), rep("b", capacity=3_000)]  # 3 prompts of 1,000: scarce

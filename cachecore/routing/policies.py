@@ -276,6 +276,8 @@ class RecentWrites:
         self._total = 0
 
     def add(self, tenant: str, tokens: int, capacity: int) -> None:
+        if tokens <= 0:  # a whole hit wrote nothing; kept, such entries would never leave
+            return
         self._writes.append((tenant, tokens))
         self._by_tenant[tenant] += tokens
         self._total += tokens
@@ -285,6 +287,9 @@ class RecentWrites:
             self._total -= n
             if self._by_tenant[old] <= 0:
                 del self._by_tenant[old]
+
+    def __len__(self) -> int:
+        return len(self._writes)
 
     def others_share(self, tenant: str) -> float:
         """The share of the remembered tokens that other tenants wrote (0 when nothing was written)."""
