@@ -105,6 +105,20 @@ def test_a_flood_from_many_sources_adds_a_bounded_number_of_audit_events(clock, 
     assert sum(e.new_value["count"] for e in failed) <= 120
 
 
+def test_new_sources_past_the_default_caches_size_never_reopen_the_pooled_window(clock):
+    """Each new source writes per-key keys into the default cache (300 entries, culled when full); the
+    window's cap and the pooled gate must not be culled with them, or every cull lets another pooled
+    event through (17 for 2,000 sources, before they moved to the lockouts store)."""
+    from controlplane.audit.aggregate import EVENTS_PER_WINDOW, audit_failure_record
+
+    for i in range(2_000):
+        audit_failure_record(action="auth.failed", kind="api_key", source=f"10.1.{i // 250}.{i % 250 + 1}",
+                             actor="key:?", auth_method="api_key", target="GET /v1/models", reason="bad key")
+    failed = audit_events("auth.failed")
+    pooled = [e for e in failed if e.source == "*"]
+    assert len(pooled) == 1 and len(failed) == EVENTS_PER_WINDOW + 1
+
+
 def test_metrics_are_throttled_like_the_api(clock):
     from controlplane.operators.authguard import TOKEN_FAILURE_LIMIT
 

@@ -23,12 +23,17 @@ SCOPE = "audit-agg"
 WINDOW_S = 60
 EVENTS_PER_WINDOW = 100
 POOLED = "*"
-STORE = "default"  # tallies that may be lost (a lost one costs an extra event), apart from lockouts
+# Per-key tallies and gates (one pair per source and subject: anonymous traffic makes them at will)
+# live in the default cache, where losing one costs at most one extra event; the window's cap and
+# the pooled keys (a few per window) in the lockouts store, which traffic cannot evict, so the
+# events of a window stay at most EVENTS_PER_WINDOW plus one per action and kind.
+STORE = "default"
+BOUNDS = "lockouts"
 
 
 def _window_full(window_s: int) -> bool:
     window = int(time.time() // window_s)
-    opened = throttle_tally_add(scope=f"{SCOPE}-cap", key=str(window), ttl_s=2 * window_s, store=STORE)
+    opened = throttle_tally_add(scope=f"{SCOPE}-cap", key=str(window), ttl_s=2 * window_s, store=BOUNDS)
     return opened > EVENTS_PER_WINDOW
 
 
@@ -62,13 +67,13 @@ def audit_failure_record(
     if _window_full(window_s):
         count = throttle_tally_take(scope=SCOPE, key=key, store=STORE)
         pooled = "\x1f".join((action, kind, POOLED, POOLED))
-        throttle_tally_add(scope=SCOPE, key=pooled, amount=count, store=STORE)
-        if not throttle_window_open(scope=SCOPE, key=pooled, window_s=window_s, store=STORE):
+        throttle_tally_add(scope=SCOPE, key=pooled, amount=count, store=BOUNDS)
+        if not throttle_window_open(scope=SCOPE, key=pooled, window_s=window_s, store=BOUNDS):
             return None
         key, source, actor, detail = pooled, POOLED, POOLED, {"pooled": True}
         peer = forwarded_for = ""
         reason = f"{reason} (from many sources: pooled)"
-    count = max(1, throttle_tally_take(scope=SCOPE, key=key, store=STORE))
+    count = max(1, throttle_tally_take(scope=SCOPE, key=key, store=BOUNDS if source == POOLED else STORE))
     new = {"kind": kind, "count": count, "window_seconds": window_s, **(detail or {})}
     return audit_record(actor=actor, auth_method=auth_method, source=source, action=action, target=target,
                         reason=reason, new=new, result="denied", peer=peer, forwarded_for=forwarded_for)
