@@ -30,7 +30,10 @@ Children's output goes to ``$STRATA_HOME/logs/<name>.log`` (``--verbose``: to th
 the last lines of a child's log are printed when it dies.
 
 Private state: the launcher and every child run under umask 0077, ``$STRATA_HOME`` and ``logs/`` are
-0700 and the files in them 0600 (files left by older versions are tightened on start). The demo's
+0700 and the files in them 0600 (files left by older versions are tightened on start). The local Ray
+head's temp root (sessions, sockets, logs) is inside ``$TMPDIR/strata-<uid>``, a 0700 folder checked
+on start (``workers.private_tmp``: repaired when ours, refused when not), because Ray makes its own
+folders 0777. The demo's
 stdout holds secrets (operator token, admin password, tenant keys): it is kept in memory and printed
 to this terminal once, never written to a log (its stderr still goes to ``logs/demo.log``).
 
@@ -52,7 +55,6 @@ import shlex
 import signal
 import socket
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -61,7 +63,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import strata_env
-from workers import process_status
+from workers import private_tmp, process_status
 from workers.actor import WORKER_RESOURCE  # the custom resource worker nodes advertise
 from workers.config import apply_ray_env
 from workers.restarts import RestartPolicy
@@ -91,12 +93,15 @@ def free_port(preferred: int | None = None) -> int:
 
 
 def ray_temp_dir() -> str:
-    """A short, private directory for Ray's sessions (its socket paths must fit in 107 bytes)."""
-    path = Path(tempfile.gettempdir()) / f"strata-ray-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_uid != os.getuid():
-        raise LaunchError(f"{path} belongs to another user; remove it or set TMPDIR")
-    return str(path)
+    """Ray's temp root for the local head, inside ``$TMPDIR/strata-<uid>`` (0700, checked and repaired
+    or refused on every start: ``workers.private_tmp``), short enough for Ray's socket paths."""
+    try:
+        root = private_tmp.private_root()
+    except private_tmp.UnsafeFolderError as exc:
+        raise LaunchError(str(exc)) from None
+    if root.repaired:
+        say(f"{root.path} was open to other users: now 0700")
+    return str(private_tmp.ray_temp_dir(root.path))
 
 
 def ray_bind() -> str:
@@ -295,6 +300,8 @@ class Launcher:
         self._ray_auth()
         host = ray_bind()
         self.env.update(ray_bind_env(host))  # the head and every driver (web, Celery) agree on the address
+        # Whatever Ray in a child writes by default goes inside the private root too (ray_head_argv checked it).
+        self.env["RAY_TMPDIR"] = str(private_tmp.root_path())
         env = {**self.env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # one node: nothing to drain
         say(f"starting a local Ray head on {host}:{port}")
         child = self.sup.start("ray-head", argv, env=env, cwd=REPO_ROOT, log_path=self._log("ray-head"),
