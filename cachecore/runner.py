@@ -197,8 +197,11 @@ class CompletionRunner:
                 if isinstance(ev, Failed):
                     raise ev.error
                 if should_abort is not None and not isinstance(ev, Finished) and should_abort():
-                    self.scheduler.cancel(req)  # returns once its blocks are released
-                    yield Finished("aborted", len(tokens), req.produced, req.cached_tokens)
+                    self.scheduler.cancel(req)  # returns once its blocks are released and its KV committed
+                    # what it did before it stopped (a cancelled prewarm's writes are booked)
+                    yield Finished("aborted", len(tokens), req.produced, req.cached_tokens,
+                                   cached_by_tier=req.cached_by_tier, load_stop=req.load_stop,
+                                   write_tokens=req.write_tokens)
                     return
                 if ev is None:
                     continue

@@ -265,17 +265,20 @@ class CacheWorker:
                     yield token_event(ev.token_id, ev.text, ev.logprob, ev.top_logprobs)
                     resumed = time.perf_counter()
                 elif isinstance(ev, Finished):
+                    done = finished_event(finish_reason=ev.finish_reason, revision=revision,
+                                          prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
+                                          cached_tokens=ev.cached_tokens, by_tier=ev.cached_by_tier,
+                                          write_tokens=ev.write_tokens, load_stop=ev.load_stop,
+                                          replica=self.replica_id, block_size=self.engine.block_size)
                     if ev.finish_reason == "aborted":
                         stopped = self.slots.stop_error(key)
-                        if stopped is not None:
-                            self.counters["cancelled"] += 1
-                            raise stopped
-                        raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
-                    yield finished_event(finish_reason=ev.finish_reason, revision=revision,
-                                         prompt_tokens=ev.prompt_tokens, completion_tokens=ev.completion_tokens,
-                                         cached_tokens=ev.cached_tokens, by_tier=ev.cached_by_tier,
-                                         write_tokens=ev.write_tokens, load_stop=ev.load_stop,
-                                         replica=self.replica_id, block_size=self.engine.block_size)
+                        if stopped is None:
+                            raise RevisionChanged(f"revision {revision} was replaced while this request ran; retry")
+                        self.counters["cancelled"] += 1
+                        # with what it did before it stopped: the KV it committed stays cached
+                        yield {**self._error(stopped), "usage": done["usage"]}
+                        return
+                    yield done
         except CacheError as exc:
             yield self._error(exc)
 

@@ -13,7 +13,8 @@ in L1 and L2, objects in L3.
   sets ``max_tokens`` 1), wait until its writes to L2 and L3 landed, pin the prompt's full blocks
   until ``pin_until`` (unix time; None: no pin). ``{"tokens", "cached_tokens", "tiers", "pinned",
   "usage"}`` (``usage``: the run's, as its finished event had it), or ``{"error": {"code", "message",
-  "retryable"}}`` when the run ended with an error event.
+  "retryable"}}`` when the run ended with an error event, with ``usage`` too when the run was stopped
+  (cancelled: its client went away) and its engine said what it had written by then.
 - ``cache_pin(req, pin_until)``: (re)pin, or with None unpin, the prompt's blocks: ``{"tiers"}``.
 - ``cache_drop(req)``: delete the prompt's full blocks from every tier of this replica and the L3
   objects covering them (the bytes leave the backend), and unpin: ``{"tiers", "bytes"}``. Idempotent.
@@ -47,11 +48,12 @@ if TYPE_CHECKING:  # the vLLM replica imports this module and loads no reference
 
 def _outcome(events: list[dict]) -> tuple[dict | None, int, dict | None]:
     """(the error of a run as ``{"code", "message", "retryable"}`` or None, its cached tokens, the
-    finished event's usage, which the control plane's ledger counts)."""
+    usage the control plane's ledger counts: the finished event's, or what a stopped run did before
+    it stopped, when its error event says)."""
     cached, usage = 0, None
     for ev in events:
         if ev["type"] == "error":
-            return {"code": ev["code"], "message": ev["message"], "retryable": ev["retryable"]}, 0, None
+            return {"code": ev["code"], "message": ev["message"], "retryable": ev["retryable"]}, 0, ev.get("usage")
         if ev["type"] == "prefilled":
             cached = ev["cached_tokens"]
         elif ev["type"] == "finished":
@@ -82,10 +84,11 @@ class StrataNamedCaches:
     def prewarm(self, req: dict, pin_until: float | None = None) -> dict:
         """Serve ``req`` (max_tokens 1), let its tier writes land, pin its prompt's full blocks until
         ``pin_until`` (None: no pin): ``{"tokens", "cached_tokens", "tiers", "pinned"}`` or
-        ``{"error": {"code", "message", "retryable"}}`` (``workers.named_caches``)."""
+        ``{"error": {"code", "message", "retryable"}}`` (``workers.named_caches``), with the ``usage``
+        of what a stopped run wrote."""
         error, cached, usage = _outcome(self._collect(req))
         if error is not None:
-            return {"error": error}
+            return {"error": error, **({"usage": usage} if usage else {})}
         self.engine.drain_writes()
         wr, where = self._named(req)
         if pin_until is not None:
@@ -138,7 +141,7 @@ class VllmNamedCaches:
     def prewarm(self, req: dict, pin_until: float | None = None) -> dict:
         error, cached, usage = _outcome(self.worker.collect(req))
         if error is not None:
-            return {"error": error}
+            return {"error": error, **({"usage": usage} if usage else {})}
         self.worker.drain_writes()
         wr, hashes, reply = self._call("cache_pin" if pin_until is not None else "cache_resident", req,
                                        **({"until": float(pin_until)} if pin_until is not None else {}))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 __all__ = [
     "TIERS", "Error", "Event", "Finished", "KVRetrieved", "KVWire", "Prefilled", "Token", "Usage", "WorkerRequest",
@@ -166,12 +166,15 @@ class Finished(TypedDict):
 
 
 class Error(TypedDict):
-    """The last event of a stream that failed; ``retryable`` tells the client to try again."""
+    """The last event of a stream that failed; ``retryable`` tells the client to try again. A request
+    that was stopped (cancelled, or stopped by the platform) may carry the ``usage`` of what it did
+    before it stopped (the reference engine's: its committed KV stays cached, and a prewarm books it)."""
 
     type: Literal["error"]
     code: str
     message: str
     retryable: bool
+    usage: NotRequired[Usage]
 
 
 Event = Prefilled | Token | Finished | Error
