@@ -122,12 +122,12 @@ def _finish_create(tenant, actor, prefix, deployment, body, messages, prep, res)
     blocks (the engine's blocks: the worker said how large)."""
     usage = res.get("usage") or {}
     bs = int(usage.get("block_size") or prep.accounting.block_size)
-    pinned = services.pin_budget(tenant, len(prep.tokens) // bs * bs)
-    cache = services.cache_record(
+    cache = services.cache_create(
         tenant=tenant, deployment=deployment, revision=prep.spec.revision["label"],
         kind="messages" if messages is not None else "prompt", token_ids=prep.tokens, messages=messages,
         cache_salt=body.cache_salt, display_name=body.display_name, ttl_seconds=body.ttl_seconds,
-        pinned_tokens=pinned, tiers=res.get("tiers") or {}, key_prefix=prefix, actor=actor, block_size=bs)
+        pin_tokens=len(prep.tokens) // bs * bs, tiers=res.get("tiers") or {}, key_prefix=prefix, actor=actor,
+        block_size=bs)
     if cache.pinned_tokens:  # every replica protects it in its L2, and in its view of L3
         workers.pin_everywhere(cache, cache.expires_at.timestamp())
     if usage:

@@ -4,9 +4,11 @@ the operator (console, admin API, offboarding), never with the tokens.
 
 A named cache is a soft pin: its full blocks are protected from eviction in L2 and L3 until it
 expires, as far as the tenant's ``max_pinned_tokens`` reaches (whole caches: a cache that does not fit
-what is left is created unpinned, ``pinned_tokens`` 0); the worker's eviction never lets a pin take
-another tenant below its fair share. When the TTL ends the pin decays and the blocks are ordinary
-cached blocks again; the row stays (the ledger bills the pinned token-hours) but is no longer listed.
+what is left is created unpinned, ``pinned_tokens`` 0; the check and the insert are one atomic step,
+``cache_create``, so concurrent creates cannot pin more than the quota between them); the worker's
+eviction never lets a pin take another tenant below its fair share. When the TTL ends the pin decays
+and the blocks are ordinary cached blocks again; the row stays (the ledger bills the pinned
+token-hours) but is no longer listed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from controlplane.caches.models import NamedCache
 from controlplane.caches.selectors import pinned_tokens_in_use
 from controlplane.common.actor import Actor
 from controlplane.common.errors import InvalidInput, Unavailable
+from controlplane.tenants.models import Tenant
 
 logger = logging.getLogger("controlplane.caches")
 
@@ -46,24 +49,26 @@ def check_ttl(tenant, ttl_seconds: int) -> int:
     return ttl_seconds
 
 
-def pin_budget(tenant, tokens: int, *, exclude: int | None = None) -> int:
-    """Tokens of a cache of ``tokens`` full-block tokens that may be pinned now: all or nothing."""
-    allowed = int(tenant.max_pinned_tokens or 0) - pinned_tokens_in_use(tenant, exclude=exclude)
-    return tokens if 0 < tokens <= allowed else 0
-
-
-def cache_record(*, tenant, deployment, revision: str, kind: str, token_ids: list[int], messages, cache_salt,
-                 display_name: str, ttl_seconds: int, pinned_tokens: int, tiers: dict, key_prefix: str,
+def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: list[int], messages, cache_salt,
+                 display_name: str, ttl_seconds: int, pin_tokens: int, tiers: dict, key_prefix: str,
                  actor: Actor, block_size: int = 16) -> NamedCache:
-    """The row of a cache the worker has prewarmed (and pinned ``pinned_tokens`` of); audited."""
+    """The row of a cache the worker has prewarmed, audited. It is pinned (``pinned_tokens``:
+    ``pin_tokens``, its full-block tokens) when the tenant's ``max_pinned_tokens``, as it is now, has
+    room for all of them beside its live pinned caches, else not at all (0). The room is read and the
+    row inserted in one transaction that holds the tenant's row locked (``SELECT ... FOR UPDATE`` on
+    PostgreSQL; on SQLite every transaction takes the write lock when it begins, ``transaction_mode``
+    IMMEDIATE): concurrent creates of one tenant take turns, so their pins never add up past the quota."""
     with transaction.atomic():
+        locked = Tenant.objects.select_for_update().only("pk", "max_pinned_tokens").get(pk=tenant.pk)
+        room = int(locked.max_pinned_tokens or 0) - pinned_tokens_in_use(tenant)
+        pinned = pin_tokens if 0 < pin_tokens <= room else 0
         cache = NamedCache.objects.create(
             tenant=tenant, deployment=deployment, revision=revision, kind=kind, token_ids=token_ids,
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
-            pinned_tokens=pinned_tokens, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
+            pinned_tokens=pinned, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))
         audit_record(actor=actor, action="cache.create", target=cache.public_id, tenant=tenant.slug,
-                     new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned_tokens,
+                     new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned,
                           "ttl_seconds": ttl_seconds, "key_prefix": key_prefix})
     return cache
 
