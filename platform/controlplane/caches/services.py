@@ -73,15 +73,12 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
     return cache
 
 
-def cache_set_ttl(cache: NamedCache, *, ttl_seconds: int, actor: Actor, key_prefix: str = "",
-                  repin=None) -> NamedCache:
-    """Extend or shorten ``cache`` to expire ``ttl_seconds`` from now; ``repin(cache, until)`` moves
-    the pin on the workers (the caller's gateway fan-out)."""
+def cache_set_ttl(cache: NamedCache, *, ttl_seconds: int, actor: Actor, key_prefix: str = "") -> NamedCache:
+    """Extend or shorten ``cache`` to expire ``ttl_seconds`` from now, audited; the caller moves the pin
+    on the workers (``workers.pin_everywhere``) when it has one."""
     check_ttl(cache.tenant, ttl_seconds)
     old = cache.expires_at
     cache.expires_at = timezone.now() + timedelta(seconds=ttl_seconds)
-    if repin is not None and cache.pinned_tokens:
-        repin(cache, cache.expires_at.timestamp())
     with transaction.atomic():
         cache.save(update_fields=["expires_at", "updated"])
         audit_record(actor=actor, action="cache.extend", target=cache.public_id, tenant=cache.tenant.slug,
@@ -95,7 +92,14 @@ def cache_delete(cache: NamedCache, *, actor: Actor, reason: str = "", key_prefi
     audited. 503 (nothing changed, retry) when no replica could delete from L3."""
     from controlplane.caches import workers
 
-    results = workers.drop_everywhere(cache)
+    return cache_deleted(cache, results=workers.drop_everywhere(cache), actor=actor, reason=reason,
+                         key_prefix=key_prefix)
+
+
+def cache_deleted(cache: NamedCache, *, results: dict, actor: Actor, reason: str = "", key_prefix: str = "") -> dict:
+    """``cache_delete`` once the replicas answered (``workers.drop_everywhere``'s ``results``): 503
+    (nothing changed, retry) unless they deleted it everywhere, else the row's tokens cleared and the
+    deletion audited. Returns ``results``."""
     if not results["ok"]:
         raise Unavailable("the cache could not be deleted from every tier now; retry shortly", retry_after=5)
     _mark_deleted(cache)
@@ -109,8 +113,12 @@ def cache_delete(cache: NamedCache, *, actor: Actor, reason: str = "", key_prefi
 
 
 def _mark_deleted(cache: NamedCache) -> None:
-    """Its blocks' later misses read ``deleted`` in the tenant's diagnostics."""
+    """Its blocks' later misses read ``deleted`` in the tenant's diagnostics (once the history holds
+    every request answered before: ``serving.accountant`` books them off their response path)."""
     from controlplane.caches import history
+    from controlplane.serving import accountant
+
+    accountant.drain()
 
     key = history.scope_key(bytes(cache.tenant.scope_salt), cache.deployment.name, cache.cache_salt)
     history.HISTORY.mark_deleted((str(cache.tenant_id), cache.deployment.name, cache.cache_salt or ""),
@@ -123,3 +131,4 @@ def caches_forget_tenant(tenant) -> int:
     now = timezone.now()
     return (NamedCache.objects.filter(tenant=tenant, deleted_at__isnull=True)
             .update(deleted_at=now, token_ids=[], messages=None, updated=now))
+

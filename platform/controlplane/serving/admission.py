@@ -41,11 +41,13 @@ from controlplane.tenants.models import Tenant
 class Admission:
     """A request let in before its body is read: ``tenant`` authenticated (its key marked used) and this
     request counted against its ``requests_per_minute``; ``deployments``: the models granted to it with
-    an active revision, by name; ``body_limit``: the most body this request may have (``body_limit_for``)."""
+    an active revision, by name; ``body_limit``: the most body this request may have (``body_limit_for``);
+    ``key_prefix``: the visible prefix of the key it came with (what the audit log names)."""
 
     tenant: Tenant
     deployments: dict[str, ModelDeployment]
     body_limit: int
+    key_prefix: str = ""
 
     def deployment(self, name: str) -> ModelDeployment:
         """The granted deployment ``name``; 404 alike for unknown and not granted (no enumeration)."""
@@ -67,6 +69,11 @@ class Deferred:
     note: Any = None
     admission: Admission | None = None
     on_refused: Callable[[ApplicationError], None] | None = None
+
+
+CACHES_PATH = "/v1/caches"  # named caches: POST (a prewarm: a prompt) and GET; ``/{id}``: GET, PATCH, DELETE
+BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE"})
+SMALL_JSON_BODY = bounds.BODY_SLACK  # a call without a prompt: ``{"ttl_seconds"}`` at most
 
 
 # Where ``serving.gate`` leaves its ``Admission`` (or ``Deferred``) in the request's ASGI scope. Only the
@@ -129,7 +136,8 @@ def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admis
         exc.tenant_slug = tenant.slug  # whose refusal it is, for the serving metrics
         raise
     return Admission(tenant=tenant, deployments=deployments,
-                     body_limit=body_limit_for(path, tenant, deployments.values()))
+                     body_limit=body_limit_for(path, tenant, deployments.values(), method=method),
+                     key_prefix=result.api_key.prefix)
 
 
 def _gate_state(request: HttpRequest) -> Admission | Deferred | None:
@@ -184,12 +192,15 @@ def _admit_deferred(request: HttpRequest, deferred: Deferred) -> Admission:
     return deferred.admission
 
 
-def body_limit_for(path: str, tenant, deployments=None) -> int:
+def body_limit_for(path: str, tenant, deployments=None, *, method: str = "POST") -> int:
     """The most body a request to ``path`` may have for ``tenant``: what the largest prompt, token list
     or KV upload its granted models (``deployments``, with active revisions; looked up when None) allow
-    can need (``bounds``), at most the path's limit. Checked before the body is read (``gate``, from
-    Content-Length) or parsed."""
+    can need (``bounds``), at most the path's limit; ``SMALL_JSON_BODY`` for a call that carries no
+    prompt (a ``GET`` or ``DELETE``, a named cache's ``PATCH``). Checked before the body is read
+    (``gate``, from Content-Length) or parsed."""
     route = path.rstrip("/")
+    if method in BODYLESS_METHODS or route.startswith(CACHES_PATH + "/"):
+        return min(SMALL_JSON_BODY, body_limit(path))
     limit = bounds.kv_store_body_limit if route == KV_STORE_PATH else (
         bounds.token_list_body_limit if route.startswith("/v1/kv/")
         else lambda facts: bounds.prompt_body_limit(facts, tenant.max_prompt_tokens))

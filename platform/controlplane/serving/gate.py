@@ -7,7 +7,8 @@ one of the serving API's endpoints with a bearer key, ``RequestGate`` makes the 
 ``admission.Admission`` first (the key authenticated and marked used, the request counted, the tenant's
 grants and body limit read: one read of the access generation for a key used before, else one key
 lookup and one grant query) and answers, with
-``Connection: close`` and without reading the body,
+``Connection: close`` and without reading the body (the same for every call of the named caches,
+``/v1/caches`` and ``/v1/caches/{id}``, whatever its method: ``admits``),
 
 - 401 / 403 / 429 as the view would (unknown, revoked or suspended key; bad keys from a throttled
   source, ``keyguard``; a tenant with no request left in this minute's window, with ``Retry-After``);
@@ -61,6 +62,19 @@ ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/kv/l
                             "/v1/kv/retrieve"})
 DEFERRED_PATHS = ADMITTED_PATHS - {"/v1/chat/completions"}  # prepared whole in one database-thread job
 BODY_WAIT_S = 0.05  # how long a small body may take after its headers to be read before admission
+CACHES_METHODS = frozenset({"GET", "POST"})  # /v1/caches
+CACHE_METHODS = frozenset({"GET", "PATCH", "DELETE"})  # /v1/caches/{id}
+
+
+def admits(method: str, path: str) -> bool:
+    """Is ``method`` on ``path`` a tenant call the gate admits: a POST to a completion or KV endpoint,
+    or a call the named caches' views serve (``/v1/caches``, ``/v1/caches/{id}``)?"""
+    if path in ADMITTED_PATHS:
+        return method == "POST"
+    if path == admission.CACHES_PATH:
+        return method in CACHES_METHODS
+    cache_id = path.removeprefix(admission.CACHES_PATH + "/")
+    return cache_id != path and bool(cache_id) and "/" not in cache_id and method in CACHE_METHODS
 
 
 class _Prefetch:
@@ -156,9 +170,9 @@ async def _aadmit(header: str, scope: Scope, declared: int | None) -> admission.
 
 
 class RequestGate:
-    """ASGI middleware for ``/v1/``: POSTs to the serving endpoints are admitted (``admission.admit``)
-    before their bodies are read; what is refused is answered unread, what is admitted reaches the
-    view with its ``Admission``.
+    """ASGI middleware for ``/v1/``: the tenant calls of ``admits`` (POSTs to the serving endpoints,
+    every call of the named caches) are admitted (``admission.admit``) before their bodies are read;
+    what is refused is answered unread, what is admitted reaches the view with its ``Admission``.
 
     A 429 for a tenant out of requests is remembered in this process, by the key's SHA-256, for at most
     ``REMEMBER_S`` (and never past its window), so the repeats of a client that keeps sending are
@@ -176,7 +190,7 @@ class RequestGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         header = None
-        if scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in ADMITTED_PATHS:
+        if scope["type"] == "http" and admits(scope.get("method", ""), scope.get("path", "")):
             header = _authorization(scope)
         if header is None:
             return await self.app(scope, receive, send)
