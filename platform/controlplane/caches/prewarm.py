@@ -8,7 +8,9 @@ each where its cost belongs:
    tokenized or its chat rendered (within the render budget);
 3. ``prepare``, on a serving database thread: the quotas and the worker request of a one-token
    completion of the prefix;
-4. ``run``, on the event loop: the worker's prewarm;
+4. ``run``, on the event loop: the worker's prewarm. A client that goes away meanwhile has it cancelled
+   on its worker like a completion (``gateway.cancel_request``), and what it did by then (the
+   worker's usage: the tokens it wrote to the cache) is booked in the ledger when the worker answers;
 5. ``record``, on a serving database thread: the row and its pin as far as ``max_pinned_tokens``
    allows (one atomic step, ``services.cache_create``), the prewarm's usage booked (``accountant``).
    The pin goes to the replicas afterwards, off the database threads (``workers.pin_everywhere``).
@@ -16,6 +18,8 @@ each where its cost belongs:
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -36,6 +40,7 @@ from controlplane.serving.schemas import CompletionRequest
 logger = logging.getLogger("controlplane.caches")
 
 PREWARM_TIMEOUT_S = 300.0
+_abandoned: set[asyncio.Future] = set()  # prewarms whose client left, awaited until they are booked
 
 
 @dataclass(frozen=True)
@@ -96,13 +101,37 @@ def prepare(admission: Admission, parsed: Parsed) -> context.Prepared:
 
 async def run(prep: context.Prepared) -> dict:
     """Stage 4: the worker's prewarm of ``prep`` (its answer, ``workers.named_caches``). A worker error
-    is raised as the API's error, once what the run did is booked."""
-    res = await gateway.acall(prep.spec, "prewarm", prep.worker_req, None, timeout=PREWARM_TIMEOUT_S)
+    is raised as the API's error, once what the run did is booked. Cancelled (the client went away):
+    the prewarm is cancelled on its worker, and its answer, when it comes, is booked."""
+    call = asyncio.ensure_future(gateway.acall(prep.spec, "prewarm", prep.worker_req, None, timeout=PREWARM_TIMEOUT_S))
+    try:
+        res = await asyncio.shield(call)
+    except asyncio.CancelledError:
+        gateway.cancel_request(prep.spec, prep.worker_req["request_id"])
+        _abandoned.add(call)
+        call.add_done_callback(functools.partial(_book_abandoned, prep))
+        raise
     if res.get("error"):
         if res.get("usage"):  # stopped by the platform: what it wrote is cached, and booked
             book(prep, res["usage"])
         raise WorkerError.from_event(res["error"])
     return res
+
+
+def _book_abandoned(prep: context.Prepared, call: asyncio.Future) -> None:
+    """The answer of a prewarm whose client went away: its usage (what it did before its cancel
+    landed, or all of it when it finished first) into the ledger."""
+    _abandoned.discard(call)
+    if call.cancelled():
+        return
+    if call.exception() is not None:
+        logger.warning("an abandoned prewarm of %s failed: %r", prep.model, call.exception())
+        return
+    usage = call.result().get("usage")
+    if usage:
+        book(prep, usage)
+    else:
+        logger.info("an abandoned prewarm of %s ended without usage: nothing to book", prep.model)
 
 
 def book(prep: context.Prepared, usage: dict) -> None:
