@@ -3,8 +3,10 @@ expires. The row keeps what a completion needs to use it by ``cache_id`` (the pr
 the chat messages it was rendered from) and what the ledger bills (pinned tokens over time).
 
 The token ids are the tenant's own data, like the prompts it sends: they are shown to nobody (the
-admin API and console show counts, tiers and times), never audited, and deleted with the row's
-bytes (``deleted_at`` set, ``token_ids`` and ``messages`` cleared).
+admin API and console show counts, tiers and times), never audited, and kept only while the cache is
+live: deleted with the row's bytes (``deleted_at`` set, ``token_ids`` and ``messages`` cleared), and
+cleared from an expired row by the next sweep (``services.caches_sweep``). The row itself stays, with
+its counts and times (what the ledger bills).
 """
 
 from __future__ import annotations

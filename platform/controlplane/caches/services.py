@@ -8,22 +8,26 @@ what is left is created unpinned, ``pinned_tokens`` 0; the check and the insert 
 ``cache_create``, so concurrent creates cannot pin more than the quota between them); the worker's
 eviction never lets a pin take another tenant below its fair share. When the TTL ends the pin decays
 and the blocks are ordinary cached blocks again; the row stays (the ledger bills the pinned
-token-hours) but is no longer listed.
+token-hours from its counts and times) but is no longer listed, and ``caches_sweep`` (run every
+``STRATA_L3_SWEEP_SECONDS``, the L3 retention sweep's period: ``caches.sweeper``) clears its token
+ids and messages, as a delete does at once.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.audit.services import audit_record
 from controlplane.caches.models import NamedCache
 from controlplane.caches.selectors import pinned_tokens_in_use
 from controlplane.common.actor import Actor
-from controlplane.common.errors import InvalidInput, Unavailable
+from controlplane.common.errors import InvalidInput, NotFound, Unavailable
 from controlplane.tenants.models import Tenant
 
 logger = logging.getLogger("controlplane.caches")
@@ -75,12 +79,19 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
 
 def cache_set_ttl(cache: NamedCache, *, ttl_seconds: int, actor: Actor, key_prefix: str = "") -> NamedCache:
     """Extend or shorten ``cache`` to expire ``ttl_seconds`` from now, audited; the caller moves the pin
-    on the workers (``workers.pin_everywhere``) when it has one."""
+    on the workers (``workers.pin_everywhere``) when it has one. 404 when the cache is no longer live
+    (it expired or was deleted since it was read: a sweep may have cleared its tokens, and it does not
+    come back)."""
     check_ttl(cache.tenant, ttl_seconds)
     old = cache.expires_at
-    cache.expires_at = timezone.now() + timedelta(seconds=ttl_seconds)
+    now = timezone.now()
+    expires_at = now + timedelta(seconds=ttl_seconds)
     with transaction.atomic():
-        cache.save(update_fields=["expires_at", "updated"])
+        moved = NamedCache.objects.filter(pk=cache.pk, deleted_at__isnull=True, expires_at__gt=now).update(
+            expires_at=expires_at, updated=now)
+        if not moved:
+            raise NotFound(f"cache '{cache.public_id}' does not exist", code="cache_not_found")
+        cache.expires_at = expires_at
         audit_record(actor=actor, action="cache.extend", target=cache.public_id, tenant=cache.tenant.slug,
                      old={"expires_at": old.isoformat()},
                      new={"expires_at": cache.expires_at.isoformat(), "key_prefix": key_prefix})
@@ -132,3 +143,44 @@ def caches_forget_tenant(tenant) -> int:
     return (NamedCache.objects.filter(tenant=tenant, deleted_at__isnull=True)
             .update(deleted_at=now, token_ids=[], messages=None, updated=now))
 
+
+SWEEP_ACTOR = Actor.system("caches.sweep")
+SWEEP_BATCH = 500  # rows cleared per UPDATE (SQLite bounds the parameters of one statement)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one ``caches_sweep`` cleared: ``caches`` rows (``expired`` and ``deleted`` of them),
+    holding ``tokens`` token ids, of ``tenants`` tenants."""
+
+    caches: int = 0
+    expired: int = 0
+    deleted: int = 0
+    tokens: int = 0
+    tenants: int = 0
+
+
+def caches_sweep(*, now: datetime | None = None, actor: Actor = SWEEP_ACTOR) -> SweepResult:
+    """Clear the token ids and messages (the tenant's prompt) of every named cache that has expired or
+    was deleted, keeping its counts, times and pin (the ledger bills pinned token-hours from them).
+    One audit event for the whole sweep when it cleared any (``cache.sweep``: the counts, never a
+    token). Idempotent; concurrent sweeps clear each row once (its lock, then the condition again)."""
+    now = now or timezone.now()
+    stale = (NamedCache.objects.filter(Q(expires_at__lte=now) | Q(deleted_at__isnull=False))
+             .filter(~Q(token_ids=[]) | Q(messages__isnull=False)))
+    with transaction.atomic():
+        rows = list(stale.select_for_update().order_by("pk")
+                    .values_list("pk", "tenant_id", "tokens", "deleted_at"))
+        if not rows:
+            return SweepResult()
+        for start in range(0, len(rows), SWEEP_BATCH):
+            NamedCache.objects.filter(pk__in=[r[0] for r in rows[start:start + SWEEP_BATCH]]).update(
+                token_ids=[], messages=None, updated=now)
+        deleted = sum(1 for r in rows if r[3] is not None)
+        result = SweepResult(caches=len(rows), expired=len(rows) - deleted, deleted=deleted,
+                             tokens=sum(r[2] for r in rows), tenants=len({r[1] for r in rows}))
+        audit_record(actor=actor, action="cache.sweep", reason="expired and deleted named caches lose their tokens",
+                     new={"caches": result.caches, "expired": result.expired, "deleted": result.deleted,
+                          "tokens": result.tokens, "tenants": result.tenants})
+    logger.info("named-cache sweep cleared %d caches (%d tokens)", result.caches, result.tokens)
+    return result
