@@ -197,3 +197,16 @@ def test_one_tenants_many_scopes_never_evict_another_tenants_history():
     # and the flooding tenant's own oldest scopes did go: its first salt is a stranger again
     d = diagnostics.diagnose(_salted(list(range(1, 10)), tenant="2", salt="flood-0"), history=small, now=4.0)
     assert d["lost"][0]["reason"] == "no_prior_request"
+
+
+@pytest.mark.django_db
+def test_offboarding_drops_the_tenants_history_share(actor):
+    """An offboarded tenant's share leaves this process's history at once (it would otherwise hold
+    one of the ``max_tenants`` places until it aged out)."""
+    from controlplane.tenants.services import tenant_create, tenant_offboard
+
+    tenant = tenant_create(actor=actor, slug="leaving", name="Leaving")
+    diagnostics.diagnose(_salted(list(range(1, 14)), tenant=str(tenant.pk)), now=1.0)
+    assert str(tenant.pk) in history.HISTORY.tenants()
+    tenant_offboard(actor=actor, tenant=tenant, reason="test")
+    assert str(tenant.pk) not in history.HISTORY.tenants()

@@ -138,7 +138,11 @@ def _mark_deleted(cache: NamedCache) -> None:
 
 def caches_forget_tenant(tenant) -> int:
     """Offboarding and shredding: the tenant's caches end (their bytes go with the tenant's flush and
-    shred jobs); their tokens are cleared at once. Returns how many."""
+    shred jobs); their tokens are cleared at once, and this process's diagnostics history drops the
+    tenant's share (another web process's ages out of its own). Returns how many."""
+    from controlplane.caches import history
+
+    history.HISTORY.forget_tenant(str(tenant.pk))
     now = timezone.now()
     return (NamedCache.objects.filter(tenant=tenant, deleted_at__isnull=True)
             .update(deleted_at=now, token_ids=[], messages=None, updated=now))
