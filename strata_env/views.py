@@ -10,10 +10,10 @@ and raises :class:`~strata_env.fields.EnvError` naming the first variable it can
 switches read again at call time (a device, test hooks, the sampler...) are functions here too, and
 the views use the same functions, so each variable still has one definition.
 
-Paths: ``STRATA_HOME`` and ``STRATA_MASTER_KEY_FILE`` are absolute, a relative value taken from the
-repository root, so that every process agrees whatever its working directory (a Ray worker runs in
-Ray's). ``STRATA_WEIGHTS_ROOT`` is resolved against the working directory (as the control plane
-always did).
+Paths: ``STRATA_HOME``, ``STRATA_MASTER_KEY_FILE`` and ``STRATA_AUDIT_KEY_FILE`` are absolute, a
+relative value taken from the repository root, so that every process agrees whatever its working
+directory (a Ray worker runs in Ray's). ``STRATA_WEIGHTS_ROOT`` is resolved against the working
+directory (as the control plane always did).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata_env.fields import EnvError, flag, integer, items, networks, number, string, word
 from strata_env.fields import boolean as _boolean
-from strata_env.fields import flag, integer, items, networks, number, string, word
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOME = ".strata"  # relative to REPO_ROOT
@@ -140,7 +140,10 @@ class StrataEnv(_MasterKeyPaths):
 
     home: Path  # STRATA_HOME: state directory (SQLite DB, secret key files, broker files, audit head log)
     secret_key: str | None  # STRATA_SECRET_KEY
-    audit_key: str | None  # STRATA_AUDIT_KEY: HMAC key of the audit chain (else $STRATA_HOME/audit.key)
+    audit_key: str | None  # STRATA_AUDIT_KEY: HMAC key of the audit chain (else the file below)
+    # STRATA_AUDIT_KEY_FILE: a file holding it (a mounted secret: must exist, never created); unset:
+    # $STRATA_HOME/audit.key, generated on first use
+    audit_key_path: Path | None
     master_key: str | None  # STRATA_MASTER_KEY: base64 of the 32-byte key-encryption key of L3 data keys
     master_key_path: Path | None  # STRATA_MASTER_KEY_FILE: file holding it (else $STRATA_HOME/master.key)
     debug: bool  # STRATA_DEBUG (local settings only)
@@ -177,7 +180,8 @@ class StrataEnv(_MasterKeyPaths):
 
     @property
     def audit_key_file(self) -> Path:
-        return self.home / "audit.key"
+        """Where the audit key lives: ``STRATA_AUDIT_KEY_FILE`` or ``$STRATA_HOME/audit.key``."""
+        return self.audit_key_path or self.home / "audit.key"
 
 
 def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
@@ -185,10 +189,14 @@ def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
     src = _src(environ)
     keys = master_key_env(src)
     max_connections = integer(src, "STRATA_WEB_MAX_CONNECTIONS", 512)
+    audit_key, audit_key_path = string(src, "STRATA_AUDIT_KEY"), string(src, "STRATA_AUDIT_KEY_FILE")
+    if audit_key and audit_key_path:
+        raise EnvError("set only one of STRATA_AUDIT_KEY and STRATA_AUDIT_KEY_FILE")
     return StrataEnv(
         home=keys.home,
         secret_key=string(src, "STRATA_SECRET_KEY"),
-        audit_key=string(src, "STRATA_AUDIT_KEY"),
+        audit_key=audit_key,
+        audit_key_path=repo_path(audit_key_path) if audit_key_path else None,
         master_key=keys.master_key,
         master_key_path=keys.master_key_path,
         debug=_boolean(src, "STRATA_DEBUG", False),

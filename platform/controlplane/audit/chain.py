@@ -8,7 +8,9 @@ verifier holding the key can recompute the chain from an export with nothing but
 
 The key never lives in the database, so someone who can rewrite rows cannot re-hash them: it is
 ``settings.STRATA_AUDIT_KEY`` (environment ``STRATA_AUDIT_KEY``) or the file
-``settings.STRATA_AUDIT_KEY_FILE`` (``$STRATA_HOME/audit.key``, created 0600 on first use). Every
+``settings.STRATA_AUDIT_KEY_FILE``: the one ``STRATA_AUDIT_KEY_FILE`` names (a mounted secret: read
+as it is, never created or replaced, so a missing mount is an error instead of a new key that no
+earlier record verifies under), else ``$STRATA_HOME/audit.key`` (created 0600 on first use). Every
 process appending to one database (web, Celery, CLI) must see the same key; back the file up with
 the database, since a lost key makes the existing chain unverifiable.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import stat
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,15 +41,52 @@ HASHED_FIELDS = (
 
 OPTIONAL_FIELDS = ("peer", "forwarded_for")  # hashed when not empty
 
-_key_cache: dict[tuple[str | None, str], bytes] = {}
+# The shortest key a supplied file may hold (text): 32 characters, e.g. `openssl rand -hex 32` gives 64.
+MIN_SUPPLIED_KEY_CHARS = 32
+
+_key_cache: dict[tuple[str | None, str, bool], bytes] = {}
+
+
+class AuditKeyError(RuntimeError):
+    """The supplied audit key file cannot be used; the message says how to fix it."""
+
+
+def read_supplied_key(path: Path) -> str:
+    """The key text in ``path``, a file the operator supplied (``STRATA_AUDIT_KEY_FILE``). Never creates
+    it: missing, not a regular file, readable by group or others, or shorter than
+    :data:`MIN_SUPPLIED_KEY_CHARS` (surrounding whitespace stripped) is an :class:`AuditKeyError`."""
+    try:
+        info = path.stat()  # follows symlinks: secret-store mounts link to the real file
+    except FileNotFoundError:
+        raise AuditKeyError(f"audit key file {path} does not exist (STRATA_AUDIT_KEY_FILE); it is never "
+                            "created: mount the key every process of this database uses") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise AuditKeyError(f"audit key file {path} is not a regular file")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        raise AuditKeyError(f"audit key file {path} has mode {mode:04o}: group/others may access it; "
+                            f"run 'chmod 600 {path}' (owner only) and start again")
+    text = path.read_text().strip()
+    if len(text) < MIN_SUPPLIED_KEY_CHARS:
+        raise AuditKeyError(f"audit key file {path} holds {len(text)} characters; at least "
+                            f"{MIN_SUPPLIED_KEY_CHARS} are needed (e.g. openssl rand -hex 32)")
+    return text
 
 
 def audit_key() -> bytes:
-    """The chain's HMAC key: ``STRATA_AUDIT_KEY`` or the key file (generated on first use)."""
+    """The chain's HMAC key: ``STRATA_AUDIT_KEY``, else the key file: a supplied one
+    (``settings.STRATA_AUDIT_KEY_GENERATE`` false: :func:`read_supplied_key`) or the default one,
+    generated on first use. Kept per process once read."""
     configured, path = settings.STRATA_AUDIT_KEY, str(settings.STRATA_AUDIT_KEY_FILE)
-    cache_key = (configured, path)
+    generate = getattr(settings, "STRATA_AUDIT_KEY_GENERATE", True)
+    cache_key = (configured, path, generate)
     if cache_key not in _key_cache:
-        raw = configured or secret_key_from_file(Path(path))
+        if configured:
+            raw = configured
+        elif generate:
+            raw = secret_key_from_file(Path(path))
+        else:
+            raw = read_supplied_key(Path(path))
         _key_cache[cache_key] = raw.encode("utf-8")
     return _key_cache[cache_key]
 

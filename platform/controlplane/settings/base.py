@@ -210,10 +210,13 @@ CACHES = {
 STRATA_RAY_ADDRESS = ENV.ray_address
 # Test settings set this so TransactionTestCase's flush may empty the append-only audit table.
 STRATA_AUDIT_ALLOW_FLUSH = False
-# The audit chain's HMAC key never lives in the database: STRATA_AUDIT_KEY, or this file (0600,
-# generated on first use). Every process writing to one database must use the same key.
+# The audit chain's HMAC key never lives in the database: STRATA_AUDIT_KEY, or this file: the one
+# STRATA_AUDIT_KEY_FILE names (a mounted secret, must exist: never generated), else
+# $STRATA_HOME/audit.key (0600, generated on first use). Every process writing to one database must
+# use the same key.
 STRATA_AUDIT_KEY = ENV.audit_key
 STRATA_AUDIT_KEY_FILE = ENV.audit_key_file
+STRATA_AUDIT_KEY_GENERATE = ENV.audit_key_path is None
 # Append-only record of the chain head outside the database (one line per append); "{db}" in the
 # path is replaced by a tag of the database's name (tests: one file per test database).
 STRATA_AUDIT_HEAD_LOG = str(STRATA_HOME / "audit-head.log")
