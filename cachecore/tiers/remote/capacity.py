@@ -221,10 +221,12 @@ class L3Index:
 def l3_figures(g: dict, chunk_blocks: int, bytes_per_block: int) -> dict:
     """The L3 tier row from ``RemoteStore.gauges``: this scope's objects and bytes on the store
     (``used_bytes`` / ``stored_bytes``: the objects' real size, frames included), the store's own
-    capacity (shared by every deployment on it) and totals."""
+    capacity (shared by every deployment on it) and totals; ``breaker_open`` / ``breaker_opens``: the
+    store's circuit breaker (``RemoteStore.gauges``), the replica's view of whether L3 answers."""
     chunk_bytes = chunk_blocks * bytes_per_block
     return {"capacity_blocks": (g["capacity_bytes"] // max(1, chunk_bytes)) * chunk_blocks,
             "capacity_bytes": g["capacity_bytes"], "used_blocks": g["objects"] * chunk_blocks,
             "used_bytes": g["used_bytes"], "objects": g["objects"], "stored_bytes": g["used_bytes"],
             "store_objects": g["store_objects"], "store_used_bytes": g["store_used_bytes"],
-            "corrupt_objects": g["corrupt"], "quarantined": g["quarantined"], "unavailable": g["unavailable"]}
+            "corrupt_objects": g["corrupt"], "quarantined": g["quarantined"], "unavailable": g["unavailable"],
+            "breaker_open": g["breaker_open"], "breaker_opens": g["breaker_opens"]}

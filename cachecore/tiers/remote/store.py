@@ -23,7 +23,7 @@ from cachecore.hashing import token_buffer
 from cachecore.layout import KVLayout
 from cachecore.tiers.backends.base import Backend, ObjectInfo, PartialWrite
 from cachecore.tiers.base import Fetched, Tag
-from cachecore.tiers.remote.breaker import CircuitBreaker
+from cachecore.tiers.remote.breaker import CLOSED, CircuitBreaker
 from cachecore.tiers.remote.capacity import L3Index, Victim
 from cachecore.tiers.remote.frame import ChunkFrame, expiry, head_expired, legacy
 from cachecore.tiers.remote.names import (
@@ -614,6 +614,7 @@ class RemoteStore:
         """Rebuild the index from a listing of the backend (picks up other processes' writes and
         deletes). Raises ``BackendUnavailable``."""
         listing = [(tenant_component(i.name), i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        self._breaker.record_success()  # the backend answered: an idle store's breaker closes here too
         with self._lock:
             self._index.load(listing)
             self._listed_at = time.monotonic()
@@ -650,7 +651,11 @@ class RemoteStore:
         every deployment that uses it), ``chunk_blocks`` and the counters; ``store_objects`` and
         ``store_used_bytes``: the whole store. ``scope`` ``(model, revision)``: ``objects`` and
         ``used_bytes`` count only that deployment revision's objects (what its replicas hold). The
-        index is listed again when older than ``refresh_seconds``."""
+        index is listed again when older than ``refresh_seconds``. ``breaker_open``: 1 while the
+        backend's last call failed and none has succeeded since (the breaker is open, or half-open
+        waiting for its probe), else 0; ``breaker_opens``: times the breaker opened. The listing
+        above is such a call, so an idle store's figure follows the backend within
+        ``refresh_seconds``."""
         try:
             self._fresh_index()
         except BackendUnavailable:
@@ -661,7 +666,8 @@ class RemoteStore:
                 objects, used = self._index.count_matching(lambda name: in_scope(name, scope))
             return {"objects": objects, "used_bytes": used, "store_objects": self._index.objects(),
                     "store_used_bytes": self._index.total, "capacity_bytes": self.capacity_bytes or 0,
-                    "chunk_blocks": self.chunk_blocks, **self.stats}
+                    "chunk_blocks": self.chunk_blocks, "breaker_open": int(self._breaker.state != CLOSED),
+                    "breaker_opens": self._breaker.opened, **self.stats}
 
     def check_integrity(self) -> None:
         with self._lock:
@@ -721,6 +727,7 @@ class RemoteStore:
         if self._index.loaded:
             return
         listing = [(tenant_component(i.name), i) for i in self.backend.list("") if parse_name(i.name) is not None]
+        self._breaker.record_success()
         with self._lock:
             if not self._index.loaded:
                 self._index.load(listing)
