@@ -64,3 +64,24 @@ class AuditHead(models.Model):
 
     def __str__(self) -> str:
         return f"head #{self.seq}"
+
+
+class AuditCheck(models.Model):
+    """Single row (pk=1): the chain's last scheduled verification, what ``/metrics`` reports
+    (``strata_audit_verify_*``) so that an alert fires when the chain stops verifying.
+
+    ``claimed_at`` is when a process last claimed a run (``services.audit_check_claim``: one claim
+    per interval across every process); ``checked_at`` and the result are those of the last run that
+    finished; ``failures`` counts the runs that found the chain broken, ever (it only grows)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    ok = models.BooleanField(default=False)
+    length = models.BigIntegerField(default=0)  # events the run read
+    first_bad = models.BigIntegerField(null=True, blank=True)
+    problem = models.TextField(blank=True)
+    failures = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"audit check at {self.checked_at}: {'ok' if self.ok else self.problem or 'not run'}"
