@@ -53,11 +53,12 @@ demo: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-# Chromium for the browser test: installed when it can be (root + apt-get), else one line says so and
-# that test skips (under CI=true it fails instead).
+# Chromium for the browser test and promtool for the alert-rule tests: installed when they can be
+# (root + apt-get), else one line says so and those tests skip (under CI=true they fail instead).
 test: setup
 	$(VENV)/bin/ruff check .
 	.ci/ensure-chromium
+	.ci/ensure-promtool
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # The build only: the virtualenv and test caches. The state folder (database, master key, L3) stays.

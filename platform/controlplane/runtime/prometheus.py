@@ -18,6 +18,16 @@ models x fixed kinds): ``strata_ledger_tokens_total{tenant,model,kind}`` (kind =
 cached_l2, cached_l3, write, completion) and ``strata_ledger_miss_tokens_total{tenant,model,reason}``
 (the fixed miss reasons; ``other`` only once counted).
 
+The alert rules (``deploy/prometheus/alerts.yml``) read these too, and a few series exist for them:
+``strata_tier_breaker_open{tier,model,replica}`` (1 while the replica's L3 backend failed and has not
+answered since: its circuit breaker is open or half-open) and ``strata_tier_breaker_opens_total``;
+``strata_jobs_finished_total{kind,status}`` (jobs that reached ``succeeded``, ``partial`` or
+``failed``, counted from the jobs table: rows are never deleted and a final status never changes, so
+it only grows, and every web process reports the same figure; every kind and final status is listed
+from 0 so that the first failure is an increase); ``strata_audit_verify_ok``,
+``strata_audit_verify_timestamp_seconds`` and ``strata_audit_verify_failures_total`` (the chain's
+last scheduled verification, ``audit.checks``; absent until one has finished).
+
 Every per-worker series carries a ``replica`` label (the replica index, at most the admin API's bound
 of 16 per model), so a restarted replica resets only its own counters; sum over ``replica`` for the
 model's figure.
@@ -25,11 +35,13 @@ model's figure.
 
 from __future__ import annotations
 
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controlplane.adminapi.auth import OperatorAuth
+from controlplane.audit.checks import CheckStatus, audit_check_status
 from controlplane.audit.selectors import audit_head_status
 from controlplane.common.errors import ApplicationError, error_response
 from controlplane.jobs.models import FlushJob
@@ -67,8 +79,10 @@ LEDGER_KINDS = {"prompt": "prompt_tokens", "cached_l1": "cached_l1", "cached_l2"
 
 
 class _Collector:
-    def __init__(self, snapshot: dict, jobs: dict[str, int], audit_heads: dict[str, int | None]) -> None:
+    def __init__(self, snapshot: dict, jobs: dict[str, int], audit_heads: dict[str, int | None],
+                 finished: dict[tuple[str, str], int] | None = None, audit_check: CheckStatus | None = None) -> None:
         self.snapshot, self.jobs, self.audit_heads = snapshot, jobs, audit_heads
+        self.finished, self.audit_check = finished or {}, audit_check
 
     def collect(self):
         worker = ["model", "replica"]
@@ -93,6 +107,11 @@ class _Collector:
                                     labels=["tier", "model", "replica", "quantile"])
         resident = GaugeMetricFamily("strata_resident_bytes", "Bytes of KV a tenant holds in a tier",
                                      labels=["tenant", "model", "replica", "tier"])
+        breaker = GaugeMetricFamily("strata_tier_breaker_open", "1 while the tier's backend failed and has not "
+                                    "answered since (its circuit breaker is open or half-open)",
+                                    labels=["tier", "model", "replica"])
+        breaker_opens = CounterMetricFamily("strata_tier_breaker_opens", "Times the tier's circuit breaker opened",
+                                            labels=["tier", "model", "replica"])
         for w in self.snapshot["workers"]:
             model, replica = w["model"], str(w.get("replica", 0))
             now = {"ok": "up", "not started": "not_started"}.get(w["status"], "down")
@@ -115,6 +134,9 @@ class _Collector:
                     fam.add_metric([tier, model, replica], row.get(key, 0))
                 tier_bytes.add_metric([tier, model, replica, "in"], row.get("bytes_in", 0))
                 tier_bytes.add_metric([tier, model, replica, "out"], row.get("bytes_out", 0))
+                if "breaker_open" in row:  # tiers with a remote backend (L3) only
+                    breaker.add_metric([tier, model, replica], row["breaker_open"])
+                    breaker_opens.add_metric([tier, model, replica], row.get("breaker_opens", 0))
                 for q, label in QUANTILES.items():
                     value = (row.get("load_latency") or {}).get(q)
                     if value is not None:
@@ -130,8 +152,29 @@ class _Collector:
         for store, seq in self.audit_heads.items():
             if seq is not None:
                 heads.add_metric([store], seq)
-        yield from (up, worker_states, pages, evictions, dupes, saved, jobs, heads, *usage.values(),
-                    *tier_counters.values(), tier_bytes, *tier_gauges.values(), latency, resident)
+        finished = CounterMetricFamily("strata_jobs_finished", "Jobs that reached a final status, by kind and "
+                                       "status (from the jobs table)", labels=["kind", "status"])
+        for kind in FlushJob.Kind.values:
+            for status in FlushJob.FINAL:
+                finished.add_metric([kind, str(status)], self.finished.get((kind, str(status)), 0))
+        yield from (up, worker_states, pages, evictions, dupes, saved, jobs, finished, heads, *self._audit_check(),
+                    *usage.values(), *tier_counters.values(), tier_bytes, *tier_gauges.values(), latency, resident,
+                    breaker, breaker_opens)
+
+    def _audit_check(self):
+        check = self.audit_check
+        if check is None:  # never verified yet: absent, which the staleness alert reads as "not verifying"
+            return ()
+        ok = GaugeMetricFamily("strata_audit_verify_ok", "1 if the audit chain's last scheduled verification "
+                               "passed, 0 if it found the chain broken")
+        ok.add_metric([], 1.0 if check["ok"] else 0.0)
+        at = GaugeMetricFamily("strata_audit_verify_timestamp_seconds", "Unix time the last verification of the "
+                               "audit chain finished")
+        at.add_metric([], check["checked_at"].timestamp())
+        failures = CounterMetricFamily("strata_audit_verify_failures", "Verifications that found the audit chain "
+                                       "broken")
+        failures.add_metric([], check["failures"])
+        return ok, at, failures
 
 
 class _LedgerCollector:
@@ -164,8 +207,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
     except ApplicationError as exc:
         return exc.response()
     jobs = {s: FlushJob.objects.filter(status=s).count() for s in FlushJob.Status.values}
+    finished = {(row["kind"], row["status"]): row["n"] for row in FlushJob.objects.filter(
+        status__in=FlushJob.FINAL).values("kind", "status").annotate(n=Count("id")).order_by()}
     registry = CollectorRegistry()
-    registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status())))
+    registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status()), finished,
+                                 audit_check_status()))
     from controlplane.ledger.selectors import ledger_counters
 
     registry.register(_LedgerCollector(ledger_counters()))
