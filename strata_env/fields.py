@@ -67,6 +67,19 @@ def number(src: Mapping[str, str], name: str, default: float) -> float:
         raise EnvError(f"{name} must be a number, got {raw!r}") from None
 
 
+def fraction(src: Mapping[str, str], name: str, default: float) -> float:
+    """A number in (0, 1] (a share of something, e.g. of a GPU's memory). Unset or blank: ``default``."""
+    value = number(src, name, default)
+    if not 0.0 < value <= 1.0:  # also refuses nan and inf
+        raise EnvError(f"{name} must be a fraction greater than 0 and at most 1, got {src.get(name)!r}")
+    return value
+
+
+def given(src: Mapping[str, str], name: str) -> bool:
+    """Whether the variable is set to something (blank counts as unset, as every reader here treats it)."""
+    return bool((src.get(name) or "").strip())
+
+
 def items(src: Mapping[str, str], name: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
     """A comma-separated list, each item stripped, empty items dropped. Unset: ``default``."""
     raw = src.get(name)

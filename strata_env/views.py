@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata_env.fields import EnvError, flag, integer, items, networks, number, string, word
+from strata_env.fields import EnvError, flag, fraction, given, integer, items, networks, number, string, word
 from strata_env.fields import boolean as _boolean
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -245,6 +245,8 @@ class WorkerEnv(_MasterKeyPaths):
     vllm_eager: bool  # STRATA_VLLM_EAGER=1
     eviction_policy: str | None  # STRATA_EVICTION_POLICY (None: the engine's default; checked by EngineConfig)
     l1_mb: int = 256  # STRATA_L1_MB: device pages per worker (>= 1)
+    l1_mb_explicit: bool = False  # STRATA_L1_MB was set: on CUDA, vLLM's KV cache is that size, not a GPU share
+    gpu_memory_utilization: float = 0.9  # STRATA_GPU_MEMORY_UTILIZATION: vLLM's share of each GPU, in (0, 1]
     l2_mb: int = 1024  # STRATA_L2_MB: host-memory pool per worker (0: no L2)
     write_policy: str = "write_back"  # STRATA_WRITE_POLICY: write_back | write_through | selective
     selective_min_hits: int = 2  # STRATA_SELECTIVE_MIN_HITS (>= 1)
@@ -278,6 +280,8 @@ def load_worker(environ: Mapping[str, str] | None = None) -> WorkerEnv:
         vllm_eager=vllm_eager(src),
         eviction_policy=word(src, "STRATA_EVICTION_POLICY"),
         l1_mb=integer(src, "STRATA_L1_MB", d.l1_mb, minimum=1),
+        l1_mb_explicit=given(src, "STRATA_L1_MB"),
+        gpu_memory_utilization=fraction(src, "STRATA_GPU_MEMORY_UTILIZATION", d.gpu_memory_utilization),
         l2_mb=integer(src, "STRATA_L2_MB", d.l2_mb, minimum=0),
         write_policy=word(src, "STRATA_WRITE_POLICY", d.write_policy),
         selective_min_hits=integer(src, "STRATA_SELECTIVE_MIN_HITS", d.selective_min_hits, minimum=1),

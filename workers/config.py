@@ -1,7 +1,9 @@
 """The cache worker's configuration, built from its view of the environment (``strata_env.load_worker``:
 every variable below is read and typed there; the checks across variables are here).
 
-``STRATA_L1_MB`` (device pages per worker, default 256), ``STRATA_L2_MB`` (host-memory pool per
+``STRATA_L1_MB`` (device pages per worker, default 256; for a vLLM deployment on CUDA, its KV cache
+only when set: unset, vLLM sizes it from ``STRATA_GPU_MEMORY_UTILIZATION``, its share of each GPU,
+default 0.9; ``workers.vllm_sizing``), ``STRATA_L2_MB`` (host-memory pool per
 worker, default 1024; 0 disables L2), ``STRATA_WRITE_POLICY`` (``write_back`` | ``write_through`` |
 ``selective``), ``STRATA_SELECTIVE_MIN_HITS`` (default 2), ``STRATA_LOAD_POLICY`` (``cost`` |
 ``always_load`` | ``always_recompute``), ``STRATA_LOAD_DEADLINE_MS`` (default 500),
@@ -59,6 +61,8 @@ class WorkerConfig:
     # Defaults: strata_env.WorkerEnv's (one definition); l3_url, master_key_file and weights_root
     # default to "none" here (a config built in code), to $STRATA_HOME's from the environment.
     l1_mb: int = WorkerEnv.l1_mb
+    l1_mb_explicit: bool = WorkerEnv.l1_mb_explicit  # STRATA_L1_MB was set (a vLLM KV cache of that size on CUDA)
+    gpu_memory_utilization: float = WorkerEnv.gpu_memory_utilization  # STRATA_GPU_MEMORY_UTILIZATION
     l2_mb: int = WorkerEnv.l2_mb
     write_policy: str = WorkerEnv.write_policy
     selective_min_hits: int = WorkerEnv.selective_min_hits
@@ -110,6 +114,8 @@ class WorkerConfig:
         env = strata_env.load_worker(environ)
         cfg = cls(
             l1_mb=env.l1_mb,
+            l1_mb_explicit=env.l1_mb_explicit,
+            gpu_memory_utilization=env.gpu_memory_utilization,
             l2_mb=env.l2_mb,
             write_policy=env.write_policy,
             selective_min_hits=env.selective_min_hits,

@@ -3,11 +3,13 @@ derives for it.
 
 ``VllmRevision.start`` builds vLLM's ``AsyncLLM`` (engine core in a process of its own, as vLLM
 always runs it) on the revision's Hugging Face checkpoint directory, on the event loop that will
-drive it (``workers.async_loop``). Its KV cache is sized from ``STRATA_L1_MB`` on every device
-(``kv_cache_memory_bytes``), raised to hold two sequences of the context length when that is
-smaller, so a tiny budget never stops it from starting. ``num_blocks`` is estimated from that budget
-before the start and is the number of blocks vLLM allocated after it (what the replica reports as its
-device cache's capacity).
+drive it (``workers.async_loop``). Its KV cache is sized by ``workers.vllm_sizing``: on CUDA a
+share of each GPU (``STRATA_GPU_MEMORY_UTILIZATION``) unless ``STRATA_L1_MB`` is set; on CPU, and on
+CUDA when it is set, ``STRATA_L1_MB`` (``kv_cache_memory_bytes``), raised to hold two sequences of
+the context length when that is smaller, so a tiny budget never stops it from starting.
+``num_blocks`` is estimated before the start (from that budget; sized by share, from those two
+sequences, the least vLLM starts with) and is the number of blocks vLLM allocated after it (what the
+replica reports as its device cache's capacity); ``kv_cache_bytes`` follows it when sized by share.
 
 The namespace (``namespace``) binds what a cache key must: the deployment, the weight digest
 (recorded by the control plane, checked here against the files), the tokenizer and chat template
@@ -34,6 +36,7 @@ from cachecore.model.checkpoint import inspect_checkpoint
 from cachecore.model.hf_config import CheckpointError, weights_root
 from cachecore.namespace import Namespace, canonical_encode
 from cachecore.routing.hashes import namespace_fields
+from workers.vllm_sizing import KVSizing, kv_sizing
 
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
 GPU_BLOCK_SIZE = 16
@@ -71,6 +74,8 @@ class VllmRevision:
     dtype: str
     tensor_parallel_size: int
     kv_cache_bytes: int
+    sizing: KVSizing | None = None  # what engine_args passes for the KV cache (workers.vllm_sizing)
+    block_bytes: int = 0  # KV bytes of one block on one GPU
     tokenizer: object = None  # cachecore.model.hf_tokenizer.HFTokenizer: the web tier's, special tokens skipped
     engine: object = None  # vllm.v1.engine.async_llm.AsyncLLM, once started
     num_blocks: int = 0
@@ -82,9 +87,13 @@ class VllmRevision:
 
     @classmethod
     def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
-                tensor_parallel_size: int = 1, weights_root_dir: str | None = None) -> VllmRevision:
+                tensor_parallel_size: int = 1, weights_root_dir: str | None = None, l1_mb_explicit: bool = True,
+                gpu_memory_utilization: float = 0.9, engines_on_gpus: int = 0) -> VllmRevision:
         """Check the checkpoint (it must be a directory whose bytes match the recorded digest) and
-        work out the engine's settings; nothing is started."""
+        work out the engine's settings; nothing is started. ``l1_mb_explicit``,
+        ``gpu_memory_utilization`` and ``engines_on_gpus``: see ``workers.vllm_sizing.kv_sizing``
+        (which raises ``KVSizingError`` here when the engine cannot be sized); by default ``l1_mb``
+        sizes the KV cache on every device (the benchmarks' engines); ``VllmWorker`` passes its config's."""
         path = revision.get("checkpoint_path")
         if not path:
             raise CheckpointError("the vllm engine serves Hugging Face checkpoint directories only "
@@ -101,11 +110,16 @@ class VllmRevision:
         block = CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE
         per_token = 2 * max(1, facts.layers) * max(1, facts.kv_heads) * max(1, facts.head_dim) \
             * _DTYPE_BYTES.get(dtype, 4) // max(1, tensor_parallel_size)
-        kv_bytes = max(int(l1_mb) << 20, 2 * facts.max_seq_len * per_token + (4 << 20))
+        least = 2 * facts.max_seq_len * per_token + (4 << 20)
+        sizing = kv_sizing(device=device, l1_mb=l1_mb, l1_mb_explicit=l1_mb_explicit,
+                           gpu_memory_utilization=gpu_memory_utilization, min_kv_bytes=least,
+                           engines_on_gpus=engines_on_gpus)
+        kv_bytes = sizing.kv_cache_memory_bytes or least  # sized by share: an estimate until vLLM reports
+        block_bytes = max(1, per_token * block)
         return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest, tokenizer=info.tokenizer,
                    tokenizer_digest=info.chat.digest, block_size=block, dtype=dtype,
-                   tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes,
-                   num_blocks=kv_bytes // max(1, per_token * block), device=device)
+                   tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes, sizing=sizing,
+                   block_bytes=block_bytes, num_blocks=kv_bytes // block_bytes, device=device)
 
     def kv_layout(self) -> KVLayout:
         """Strata's block layout of this engine's KV (what its L2 and L3 blocks hold)."""
@@ -144,7 +158,8 @@ class VllmRevision:
         return AsyncEngineArgs(
             kv_transfer_config=KVTransferConfig(**self.connector) if self.connector else None,
             model=str(self.root), tokenizer=str(self.root), dtype=self.dtype, seed=0,
-            enable_prefix_caching=True, block_size=self.block_size, kv_cache_memory_bytes=self.kv_cache_bytes,
+            enable_prefix_caching=True, block_size=self.block_size,
+            **(self.sizing.engine_kwargs() if self.sizing else {"kv_cache_memory_bytes": self.kv_cache_bytes}),
             max_model_len=self.facts.max_seq_len, max_num_seqs=max_num_seqs,
             tensor_parallel_size=self.tensor_parallel_size,
             # the actor holds the node's GPUs (Ray set CUDA_VISIBLE_DEVICES to them): vLLM's own worker
@@ -162,6 +177,8 @@ class VllmRevision:
         # the blocks vLLM allocated: its engine core reports them to the client at start-up (its ready
         # response, into the client's ``cache_config``); the estimate from the KV budget stands without it
         self.num_blocks = int(self.engine.vllm_config.cache_config.num_gpu_blocks or self.num_blocks)
+        if self.sizing is not None and self.sizing.kv_cache_memory_bytes is None:  # vLLM chose the size
+            self.kv_cache_bytes = self.num_blocks * self.block_bytes
 
     def shutdown(self) -> None:
         for client in (self.tiers, self.tier_events):

@@ -133,8 +133,8 @@ class VllmWorker:
         self.replica_id = replica_id(deployment, self.replica)
         self.boot_id = uuid.uuid4().hex  # this process's life: the control plane re-pins named caches on a new one
         cfg = config or WorkerConfig.from_env()
-        if l1_mb is not None:
-            cfg = replace(cfg, l1_mb=l1_mb)
+        if l1_mb is not None:  # the caller's size is as explicit as STRATA_L1_MB (workers.vllm_sizing)
+            cfg = replace(cfg, l1_mb=l1_mb, l1_mb_explicit=True)
         self.config = cfg
         self.device = "cuda" if (device or _device()).startswith("cuda") else "cpu"
         self.dtype = dtype
@@ -172,10 +172,13 @@ class VllmWorker:
 
     # ------------------------------------------------------------------ engines
     def _start(self, revision: dict) -> VllmRevision:
-        rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=self.config.l1_mb,
-                                   dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size,
-                                   weights_root_dir=self.config.weights_root)
         cfg = self.config
+        running = getattr(self, "_active", None)  # a rollout stages beside it, on the same GPUs
+        rev = VllmRevision.prepare(self.deployment, revision, device=self.device, l1_mb=cfg.l1_mb,
+                                   dtype=self.dtype, tensor_parallel_size=self.tensor_parallel_size,
+                                   weights_root_dir=cfg.weights_root, l1_mb_explicit=cfg.l1_mb_explicit,
+                                   gpu_memory_utilization=cfg.gpu_memory_utilization,
+                                   engines_on_gpus=(running is not None) + len(self._staged))
         if cfg.vllm_connector and self.tensor_parallel_size == 1 and (cfg.l2_mb > 0 or cfg.l3_url != "none"):
             rev.attach_tiers(self.deployment, dataclasses.asdict(cfg))
         self.loop.run(rev.start(max_num_seqs=self.config.max_batch, device=self.device), timeout=START_TIMEOUT_S)
