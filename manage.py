@@ -14,7 +14,7 @@ SOURCE_ROOT = Path(__file__).resolve().parent / "platform"
 
 # Commands that run without a migrated Strata database (they make it, or need none).
 NO_DATABASE_NEEDED = {"migrate", "makemigrations", "help", "version", "check", "collectstatic", "showmigrations",
-                      "sqlmigrate", "shell", "dbshell", "test", "--help", "-h", "--version"}
+                      "sqlmigrate", "shell", "dbshell", "test", "strata_restore", "--help", "-h", "--version"}
 
 
 def _home() -> Path:
