@@ -208,7 +208,7 @@ def _pg_restore(source: Path, *, force: bool, using: str) -> None:
         wipe = _wipe_sql(conninfo) if force else ""
         loader = subprocess.Popen(
             [psql, "--no-psqlrc", "--quiet", "--single-transaction", "--set=ON_ERROR_STOP=1", f"--dbname={conninfo}"],
-            stdin=subprocess.PIPE, stdout=psql_out, stderr=subprocess.STDOUT)
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=psql_out)  # errors only
         assert loader.stdin is not None
         reader = subprocess.Popen([pg_restore, "--no-owner", "--no-privileges", "--file=-", str(source)],
                                   stdout=subprocess.PIPE, stderr=restore_err)
