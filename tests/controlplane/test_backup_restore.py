@@ -67,6 +67,7 @@ class Postgres:
         self.user, self.password = db.get("USER") or "postgres", db.get("PASSWORD") or ""
         self.host, self.port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
         self.created: list[str] = []
+        self.roles: list[str] = []
 
     def _admin(self):
         import psycopg
@@ -85,12 +86,29 @@ class Postgres:
         auth = quote(self.user) + (f":{quote(self.password)}" if self.password else "")
         return f"postgres://{auth}@{self.host}:{self.port}/{name}"
 
+    def create_with_roles(self, suffix: str) -> tuple[str, str]:
+        """A fresh database set up by docker/postgres-init.sql (compose's two roles, names made
+        unique): ``(the schema owner's URL, the application role's URL)``."""
+        name = self.create(suffix).rsplit("/", 1)[1]
+        owner, app = f"strata_migrate_{name}", f"strata_app_{name}"
+        self.roles += [app, owner]
+        env = {**os.environ, "PGPASSWORD": self.password, "STRATA_DB_MIGRATE_USER": owner, "STRATA_DB_APP_USER": app,
+               "STRATA_DB_MIGRATE_PASSWORD": "owner-pw", "STRATA_DB_APP_PASSWORD": "app-pw"}
+        script = subprocess.run(["psql", "-X", "-v", "ON_ERROR_STOP=1", "-h", str(self.host), "-p", str(self.port),
+                                 "-U", self.user, "-d", name, "-f", str(REPO / "docker" / "postgres-init.sql")],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert script.returncode == 0, script.stdout + script.stderr
+        base = f"{self.host}:{self.port}/{name}"
+        return f"postgres://{owner}:owner-pw@{base}", f"postgres://{app}:app-pw@{base}"
+
     def drop_all(self) -> None:
         from psycopg import sql
 
         with self._admin() as conn:
             for name in self.created:
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+            for role in self.roles:
+                conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 @dataclass
@@ -283,6 +301,33 @@ def test_another_master_key_in_the_target_is_refused(backup):
     assert done.returncode == 1 and "STRATA_MASTER_KEY holds another master key" in done.stderr
     assert backup.seeded["master_fingerprint"] in done.stderr
     assert target.tables() == 0 and not (target.home / "audit.key").exists()
+
+
+def test_on_postgresql_the_schema_owner_restores_and_the_application_role_serves(backup):
+    """Compose's roles (docker/postgres-init.sql): the application role may create nothing, so its
+    restore fails and changes nothing; the owner's restore gives the application role its row rights
+    through the owner's default privileges, and the audit guards stay out of its reach."""
+    if backup.vendor != "postgresql":
+        pytest.skip("database roles are PostgreSQL's")
+    import psycopg
+    from psycopg import errors
+
+    owner_url, app_url = backup.pg.create_with_roles("roles")
+    as_app = Installation(backup.root / "roles", app_url)
+    refused = as_app.manage("strata_restore", str(backup.archive), ok=False)
+    assert refused.returncode == 1 and "permission denied" in refused.stderr and "unchanged" in refused.stderr
+    assert as_app.tables() == 0
+
+    Installation(backup.root / "roles", owner_url).manage("strata_restore", str(backup.archive))
+    verify = json.loads(as_app.manage("audit_verify").stdout)
+    assert verify["ok"] and verify["length"] == backup.seeded["audit_length"] + 1, verify
+    as_app.manage("shell", "-c", "from controlplane.common.actor import Actor; "
+                  "from controlplane.tenants.services import tenant_create; "
+                  "tenant_create(actor=Actor.system('backup-test'), slug='initech', name='Initech')")
+    assert json.loads(as_app.manage("audit_verify").stdout)["length"] == verify["length"] + 1
+    with psycopg.connect(app_url.replace("postgres://", "postgresql://", 1), autocommit=True) as conn, \
+            pytest.raises(errors.InsufficientPrivilege):
+        conn.execute("DROP TRIGGER audit_auditevent_no_update_delete ON audit_auditevent")
 
 
 # ---------------------------------------------------------------------------------------- in process
