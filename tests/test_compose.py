@@ -640,3 +640,18 @@ def test_the_cluster_head_puts_every_ray_process_on_the_hosts_network_and_publis
     assert services["postgres"]["ports"] == ["127.0.0.1:5432:5432"]
     assert services["redis"]["ports"] == ["${STRATA_NODE_IP:?set STRATA_NODE_IP in .env}:6379:6379"]
     assert set(services) <= set(SERVICES)  # an override of docker-compose.yml, nothing new
+
+
+def test_the_deploy_scripts_parse_and_the_smoke_test_covers_the_scenario():
+    """deploy/smoke-compose itself needs podman and about 5 minutes (run by hand, output in the
+    README); here: its scripts parse, and it runs every step the issue names."""
+    for script, shell in (("deploy/compose-secrets", "bash"), ("deploy/smoke-compose", "bash"),
+                          ("deploy/smoke/postgres-entrypoint.sh", "sh")):
+        done = subprocess.run([shell, "-n", str(ROOT / script)], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, (script, done.stderr)
+        assert os.access(ROOT / script, os.X_OK), script
+    smoke = (ROOT / "deploy" / "smoke-compose").read_text()
+    for phase in ("setup", "serve", "flush", "rewrite", "l3"):
+        assert f"scenario --phase {phase}" in smoke, phase
+    for step in ("--target cpu", "--scale ray-cpu-worker=2", "compose config", "restart_all", "down -v"):
+        assert step in smoke, step
