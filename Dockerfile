@@ -119,13 +119,14 @@ EXPOSE 8000
 # (publish it on 127.0.0.1 and put a TLS-terminating proxy in front: `-p 127.0.0.1:8000:8000`).
 CMD ["python", "-m", "workers.webserver", "--host", "0.0.0.0", "--port", "8000"]
 
+# No NVIDIA_VISIBLE_DEVICES here: where nvidia is the default runtime it would hand every GPU to every
+# container of this image (web, Celery); only a service that reserves GPUs gets them.
 FROM base AS cuda
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONPATH=/app:/app/platform \
     DJANGO_SETTINGS_MODULE=controlplane.settings.production \
     STRATA_HOME=/var/lib/strata \
     RAY_USAGE_STATS_ENABLED=0 \
-    NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /app
 COPY --from=deps-cuda /opt/venv /opt/venv

@@ -253,6 +253,10 @@ def test_the_migrate_job_runs_before_web_serves_and_celery_runs_the_worker():
     assert "migrate" not in command_of("web")
     assert "python -m workers.webserver" in command_of("web")
     assert "celery -A controlplane.celery_app worker" in command_of("celery")
+    # one process samples the console's time series: web's server, as `make run`'s (not manage.py)
+    for services in (SERVICES, CLUSTER_HEAD["services"]):
+        assert "export STRATA_SAMPLER=1\nexec python -m workers.webserver" in command_of("web", services)
+    assert "STRATA_SAMPLER" not in command_of("celery") + "".join(env_of("web"))
     for service in ("web", "celery"):
         needs = SERVICES[service]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully"
@@ -406,6 +410,8 @@ def test_dockerfile_base_is_an_argument_and_cpu_and_cuda_targets_install_their_p
         users = re.findall(r"^USER (\S+)$", stages[target], re.M)
         assert users == ["10001:10001"], (target, users)  # numeric: runAsNonRoot can check it
     assert "npm ci" in stages["frontend"] and "package-lock.json" in stages["frontend"]
+    # GPUs only where a service reserves them (not every container of the image under nvidia's runtime)
+    assert "NVIDIA_VISIBLE_DEVICES" not in stages["cuda"]
     assert "install -d -m 0700 -o strata -g strata /var/lib/strata" in stages["base"]  # STRATA_HOME: owner only
     # python3 from Debian when the base image has none (a bare Debian made with debootstrap)
     assert "python3 python3-venv" in stages["base"]
