@@ -18,9 +18,14 @@ gave it (``CUDA_VISIBLE_DEVICES``).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import strata_env
+from workers import replica_board
 from workers.admission import MAX_CONCURRENCY
 from workers.engine_contract import ServingEngine
 
@@ -48,12 +53,49 @@ def build_worker(*, engine: str = "strata", tensor_parallel_size: int = 1, **kwa
     return CacheWorker(**kwargs)
 
 
+START_PHASES = {"strata": "loading weights", "vllm": "starting the vLLM engine (loading weights, profiling memory)"}
+
+
 class CacheWorkerActor:
     """Delegates every call to one replica engine (``build_worker``). ``stream`` is a Ray streaming
-    generator."""
+    generator. While it builds its engine it reports its phase to the replica board
+    (``workers.replica_board``), then ``ready``, or ``failed`` with the error (and re-raises: the
+    actor dies, as any actor whose constructor fails)."""
 
-    def __init__(self, **kwargs) -> None:
-        self.worker = build_worker(**kwargs)
+    def __init__(self, *, start_delay_s: float = 0.0, **kwargs) -> None:
+        name = actor_name(kwargs.get("deployment", "?"), int(kwargs.get("replica", 0)))
+        try:
+            if start_delay_s and kwargs.get("test_hooks"):  # test hook: a replica slow to start
+                replica_board.report(name, "starting", phase="test hook: a slow start")
+                time.sleep(float(start_delay_s))
+            replica_board.report(name, "starting", phase=START_PHASES.get(kwargs.get("engine", "strata")))
+            self.worker = build_worker(**kwargs)
+        except BaseException as exc:
+            replica_board.report(name, "failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+        replica_board.report(name, "ready")
+
+    def shutdown(self, timeout: float = 30.0) -> dict:
+        """Stop the engine before the actor is killed: its ``close`` (a vLLM engine-core process
+        exits), then any process this actor started that is still alive after ``timeout`` is killed,
+        so that nothing outlives the replica (a killed actor's children are not always reaped).
+        Returns ``{"children", "killed"}``: the processes found, those that had to be killed."""
+        from workers import proc_table
+
+        children = proc_table.descendants(os.getpid())
+        close = getattr(self.worker, "close", None)
+        if close is not None:
+            close()
+        deadline = time.monotonic() + timeout
+        while any(proc_table.alive(pid, start) for pid, start in children.items()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        killed = []
+        for pid, start in children.items():
+            if proc_table.alive(pid, start):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+        return {"children": sorted(children), "killed": killed}
 
     def stream(self, req: dict) -> Iterator[dict]:
         yield from self.worker.stream(req)
