@@ -34,7 +34,7 @@ DEFAULT_RAY_BIND = "127.0.0.1"
 
 # Switches the launcher sets for one child (its web process); read there by the control plane.
 SAMPLER = "STRATA_SAMPLER"  # the stats sampler thread (controlplane.timeseries)
-WARM_REPLICAS = "STRATA_WARM_REPLICAS"  # start a deployment's replicas when it is created (runtime.warm)
+WARM_REPLICAS = "STRATA_WARM_REPLICAS"  # start replicas at startup and on create (runtime.warm)
 
 
 def _src(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -115,8 +115,13 @@ def sampler(environ: Mapping[str, str] | None = None) -> bool:
 
 
 def warm_replicas(environ: Mapping[str, str] | None = None) -> bool:
-    """``STRATA_WARM_REPLICAS``: creating or granting a deployment starts its replicas at once."""
-    return flag(_src(environ), WARM_REPLICAS)
+    """``STRATA_WARM_REPLICAS``: the web process starts every deployment's replicas when it starts, and
+    creating or granting a deployment starts its replicas at once. Unset or blank: on where a Ray
+    cluster is configured (``RAY_ADDRESS``), off elsewhere; otherwise a switch (1/true/yes/on)."""
+    src = _src(environ)
+    if not given(src, WARM_REPLICAS):
+        return given(src, "RAY_ADDRESS")
+    return flag(src, WARM_REPLICAS)
 
 
 def routing(environ: Mapping[str, str] | None = None) -> str | None:
@@ -166,7 +171,7 @@ class StrataEnv(_MasterKeyPaths):
     web_body_timeout_s: float  # STRATA_WEB_BODY_TIMEOUT_S: the whole request body within this (else 408)
     weights_root: Path | None  # STRATA_WEIGHTS_ROOT: weights_path must resolve inside it when set
     sampler: bool  # STRATA_SAMPLER: this process samples the cache counters (make run's web process)
-    warm_replicas: bool  # STRATA_WARM_REPLICAS: a created or granted deployment's replicas start at once
+    warm_replicas: bool  # STRATA_WARM_REPLICAS: replicas start with the platform and on create (default: with Ray)
     routing: str | None  # STRATA_ROUTING: round_robin turns the routing policies off
     demo_model: str | None  # STRATA_DEMO_MODEL: the checkpoint directory strata_demo serves as demo-hf
     database_url: str | None  # DATABASE_URL: PostgreSQL instead of the embedded SQLite file

@@ -174,3 +174,11 @@ async def application(scope, receive, send):
     if scope["type"] == "http" and scope.get("path", "").startswith(SERVING_PREFIX):
         return await _serving(scope, receive, send)
     return await _site(scope, receive, send)
+
+
+# The platform starts: every deployment's replicas start now, in the background (runtime.warm; where
+# STRATA_WARM_REPLICAS allows it: by default wherever a Ray cluster is configured), not on their first
+# request. Every web process does this; each replica, a named Ray actor, still starts once.
+from controlplane.runtime import warm  # noqa: E402
+
+warm.start_at_startup()

@@ -14,6 +14,9 @@ verified (bad token, or the database needed to check it is down) gets the anonym
 Operators also get ``processes`` when this platform runs under ``make run``: the supervisor's status
 file (``workers.process_status``: each child's state, restarts, last exit and last restart). It is
 information, not a check: a child being restarted shows there, and readiness is what the checks say.
+Likewise ``replicas``: each deployment's replicas and their states (``runtime.replica_states``:
+starting with elapsed seconds and phase, ready, failed with its error, stopping, stopped), read
+from the replica board and Ray's directory, never by waiting on a replica.
 """
 
 from __future__ import annotations
@@ -66,6 +69,21 @@ def _run(check) -> dict[str, Any]:
         return {"ok": False, "detail": type(exc).__name__}
 
 
+def _replicas() -> dict[str, Any] | None:
+    from controlplane.runtime.replica_states import deployment_states
+
+    return deployment_states()
+
+
+def _run_quiet(read) -> Any:
+    """``read()``, or None when it fails: information, never a failed readiness or a 500."""
+    try:
+        return read()
+    except Exception as exc:
+        logger.info("readyz: %s unavailable (%s)", read.__name__, type(exc).__name__)
+        return None
+
+
 def processes() -> dict[str, Any] | None:
     """``make run``'s supervised children as its supervisor last wrote them (``running``: whether that
     supervisor is alive), or None when this platform was not started by ``make run``."""
@@ -103,6 +121,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
     extra = {}
     if detailed and (supervised := processes()) is not None:
         extra["processes"] = supervised
+    if detailed and checks["workers"]["ok"] and (replicas := _run_quiet(_replicas)) is not None:
+        extra["replicas"] = replicas
     if not failing:
         response = JsonResponse({"status": "ok", "checks": checks, **extra} if detailed else {"status": "ok"})
     else:

@@ -559,34 +559,28 @@ def test_a_replica_never_started_is_not_down(admin_client, monkeypatch, actor):
 
 def test_a_model_created_or_granted_is_warmed_where_enabled(transactional_db, monkeypatch, actor,
                                                            django_capture_on_commit_callbacks):
-    """``STRATA_WARM_REPLICAS=1`` (``make run``'s web process): creating or granting a deployment
-    starts its replicas after the commit, off the request; without the flag nothing starts."""
-    import threading
-
+    """``STRATA_WARM_REPLICAS=1`` (the default where ``RAY_ADDRESS`` is set): creating or granting a
+    deployment starts its replicas in the background after the commit, off the request; with it off
+    nothing starts."""
     from controlplane.registry.services import model_create
-    from controlplane.runtime import gateway
+    from controlplane.runtime.replicas import ReplicaSet
     from controlplane.tenants.access import grant_create
     from controlplane.tenants.services import tenant_create
 
-    started, done = [], threading.Event()
-
-    def get_worker(spec, *, create=True, replica=None):
-        started.append((spec.deployment, create, replica))
-        done.set()
-
-    monkeypatch.setattr(gateway, "get_worker", get_worker)
+    started = []
+    monkeypatch.setattr(ReplicaSet, "start_async", lambda rs, index: started.append((rs.deployment, index)))
+    monkeypatch.setenv("STRATA_WARM_REPLICAS", "0")
     with django_capture_on_commit_callbacks(execute=True):
         cold = model_create(actor=actor, name="cold-one", preset="tiny", revision={"label": "r1", "seed": 2})
-    assert not done.wait(0.5) and started == []  # not enabled: nothing starts
+    assert started == []  # not enabled: nothing starts
     monkeypatch.setenv("STRATA_WARM_REPLICAS", "1")
     with django_capture_on_commit_callbacks(execute=True):
         model_create(actor=actor, name="warm-one", preset="tiny", revision={"label": "r1", "seed": 3})
-    assert done.wait(10) and started == [("warm-one", True, None)]
-    done.clear()
+    assert started == [("warm-one", 0)]
     tenant = tenant_create(actor=actor, slug="warmco", name="Warm Co")
     with django_capture_on_commit_callbacks(execute=True):
         grant_create(actor=actor, tenant=tenant, deployment=cold)
-    assert done.wait(10) and started[-1] == ("cold-one", True, None)
+    assert started[-1] == ("cold-one", 0)
 
 
 # ------------------------------------------------------------------ calls started on another thread

@@ -26,7 +26,8 @@ def create_model(request, payload: ModelCreateIn):
 
 @router.patch("models/{name}", response=ModelOut)
 def patch_model(request, name: str, payload: ModelPatchIn):
-    """Scale a deployment: ``replicas`` 1..16. Up starts replicas; down drains the extra ones.
+    """Scale a deployment: ``replicas`` 0..16. Up starts replicas (in the background: the answer does
+    not wait for them); down drains the extra ones; 0 stops the deployment (503 ``model_stopped``).
     ``engine`` is fixed at creation: the current value is accepted, another is 409 ``engine_fixed``."""
     deployment = selectors.model_get(name=name)
     if payload.engine is not None:
@@ -44,7 +45,11 @@ def list_models(request):
 
 @router.get("models/{name}", response=ModelOut)
 def get_model(request, name: str):
-    return model_out(selectors.model_get(name=name))
+    """The deployment with ``replica_states`` (``runtime.replica_states``: never waits on a replica)."""
+    from controlplane.runtime.replica_states import replica_states
+
+    deployment = selectors.model_get(name=name)
+    return {**model_out(deployment), "replica_states": replica_states(deployment.name, deployment.replicas)}
 
 
 @router.post("models/{name}/revisions", response={201: RevisionOut})

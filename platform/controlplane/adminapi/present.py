@@ -47,6 +47,7 @@ def model_out(deployment: ModelDeployment) -> dict[str, Any]:
         "tokenizer": deployment.tokenizer, "replicas": deployment.replicas, "engine": deployment.engine,
         "tensor_parallel_size": deployment.tensor_parallel_size, "active_revision": active,
         "revisions": [revision_out(r, active_id) for r in revisions], "created": deployment.created,
+        "status": "stopped" if deployment.replicas == 0 else "running",
     }
 
 

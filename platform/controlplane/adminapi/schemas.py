@@ -182,7 +182,8 @@ class ModelCreateIn(StrictIn):
 
 
 class ModelPatchIn(StrictIn):
-    replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS)
+    replicas: int | None = Field(default=None, ge=0, le=MAX_REPLICAS, description=(
+        "0 stops the deployment (tenants get 503 model_stopped); a positive count starts or scales it"))
     engine: Literal["strata", "vllm"] | None = Field(default=None, description=(
         "fixed at creation: only the current value is accepted (another is 409 engine_fixed)"))
     reason: str = Field(default="", max_length=500)
@@ -205,6 +206,15 @@ class RevisionOut(Schema):
     created: datetime
 
 
+class ReplicaStateOut(Schema):
+    replica: int
+    name: str
+    state: str
+    elapsed_s: float | None = None
+    phase: str | None = None
+    error: str | None = None
+
+
 class ModelOut(Schema):
     name: str
     preset: str
@@ -216,6 +226,10 @@ class ModelOut(Schema):
     active_revision: str | None
     revisions: list[RevisionOut]
     created: datetime
+    status: str = Field(description="running, or stopped (replicas 0)")
+    replica_states: list[ReplicaStateOut] | None = Field(default=None, description=(
+        "each replica's state (GET models/{name} only): starting (elapsed_s, phase), ready, failed "
+        "(error), stopping, stopped"))
 
 
 class ShareGroupIn(StrictIn):

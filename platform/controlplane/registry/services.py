@@ -295,15 +295,18 @@ MAX_REPLICAS = 16  # replicas per deployment (the admin API's bound, and the gat
 def model_set_replicas(
     *, actor: Actor, deployment: ModelDeployment, replicas: int, reason: str = ""
 ) -> ModelDeployment:
-    """Set how many replicas serve ``deployment`` (1..``MAX_REPLICAS``), audited. Every process
-    routes by the new count from its next request on; once committed, this process also brings the
-    cluster to it (``gateway.apply_scale``, in the background): new replicas are started, replicas
-    beyond the count drained (no new requests, running ones finish or hit the drain deadline) and
-    stopped. Setting the current count changes nothing (no event). Raises InvalidInput."""
+    """Set how many replicas serve ``deployment`` (0..``MAX_REPLICAS``), audited (``model.scale``).
+    Every process routes by the new count from its next request on; once committed, this process also
+    brings the cluster to it (``gateway.apply_scale``, in the background): new replicas are started,
+    replicas beyond the count drained (no new requests, running ones finish or hit the drain deadline)
+    and stopped. 0 stops the deployment (tenants get 503 ``model_stopped``; its cached KV in L3 stays);
+    a positive count starts it again. Setting the current count changes nothing (no event). Raises
+    InvalidInput."""
     from controlplane.runtime import gateway
 
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
-        raise InvalidInput(f"replicas must be an integer from 1 to {MAX_REPLICAS}", code="invalid_replicas")
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= MAX_REPLICAS:
+        raise InvalidInput(f"replicas must be an integer from 0 (stopped) to {MAX_REPLICAS}",
+                           code="invalid_replicas")
     with transaction.atomic():
         locked = ModelDeployment.objects.select_for_update(of=("self",)).select_related("active_revision").get(
             pk=deployment.pk)

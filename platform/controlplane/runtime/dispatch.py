@@ -8,6 +8,14 @@ Cancellation: when the awaiting coroutine is cancelled (Django cancels the view 
 disconnects) or a stream is closed early, the request is cancelled on its worker
 (``cancel(request_id)``, fire-and-forget) so it stops at its next step and releases its blocks.
 
+Starting replicas: a request never launches and waits for an engine without bound. A replica whose
+handle this process does not know yet is started in the background (``ReplicaSet.start_async``:
+found at once when it already runs) and waited for at most ``STRATA_START_WAIT_SECONDS`` (default
+``START_WAIT_S``); past that the request is 503 ``model_starting`` with ``Retry-After`` while the
+start goes on. A replica whose start failed is 503 ``replica_failed`` with its error (another replica
+is tried first), and is not started again from a request for ``replicas.FAILED_HOLD_S``. A stopped
+deployment (``replicas = 0``) is 503 ``model_stopped`` before anything is chosen or started.
+
 A call's first try can be started from another thread (``submit``: the router's pick, the replica's
 in-flight count and the actor call), so that the worker is already at work while the event loop takes
 the answer up (``acall(..., started=...)``); a started call nobody will await is ``abandon``-ed.
@@ -23,29 +31,46 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from controlplane.common.errors import Unavailable
 from controlplane.runtime.cluster import (
     CALL_TIMEOUT_S,
     WorkerSpec,
     cancel_remote,
-    get_worker,
     replica_set,
     request_id_of,
     router_of,
     worker_error,
 )
-from controlplane.runtime.replicas import Replica, ReplicaSet, gone
+from controlplane.runtime.replicas import FAILED_HOLD_S, Replica, ReplicaSet, gone
 
 logger = logging.getLogger("controlplane.runtime")
 
 CANCELLABLE = frozenset({"collect"})  # methods whose first argument is a request dict
 # a tenant's KV calls meet on one replica
 TENANT_AFFINE = frozenset({"kv_lookup", "kv_store", "kv_retrieve", "kv_store_wire", "kv_retrieve_wire"})
+START_WAIT_S = 30.0  # how long a request waits for a starting replica (STRATA_START_WAIT_SECONDS)
+STARTING_RETRY_AFTER_S = 10
+STOPPED_RETRY_AFTER_S = 60
+
+
+def start_wait_s() -> float:
+    """``STRATA_START_WAIT_SECONDS``: the bound on a request's wait for a starting replica."""
+    return max(0.0, float(getattr(settings, "STRATA_START_WAIT_SECONDS", START_WAIT_S)))
+
+
+def stopped(spec: WorkerSpec) -> Unavailable:
+    """The 503 of a stopped deployment (``replicas = 0``): nothing is started for it."""
+    return Unavailable(f"model {spec.deployment} is stopped; an operator must start it again",
+                       code="model_stopped", retry_after=STOPPED_RETRY_AFTER_S)
 
 
 def _pick(spec: WorkerSpec, rs: ReplicaSet, method: str, args: tuple, exclude: frozenset[int]) -> Replica:
     """The replica for one call: the router's choice for requests, the tenant's replica for KV calls,
     the first routable one otherwise. ``Unavailable`` when no replica is routable."""
+    if rs.count == 0:
+        raise stopped(spec)
     candidates = [r for r in rs.routable() if r.index not in exclude]
     if not candidates:
         raise Unavailable(f"no replica of {spec.deployment} is available; retry shortly", retry_after=5)
@@ -73,19 +98,31 @@ def unreachable(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, exc: BaseExcepti
         router_of(rs).dropped(rep)
 
 
-def _lookup_failed(rs: ReplicaSet, rep: Replica, exc: Unavailable) -> None:
-    """Finding or starting ``rep`` failed. A replica that died or never came up leaves routing (and
-    another one is tried); no Ray at all is the caller's plain ``Unavailable``."""
-    cause = exc.__cause__
-    if cause is not None and (gone(cause) or isinstance(cause, TimeoutError)):
-        rs.mark_dead(rep, revive=True)
-        raise _Retry(exc) from cause
-    raise exc
-
-
 async def _ahandle(spec: WorkerSpec, rs: ReplicaSet, rep: Replica) -> Any:
-    handle = rep.handle  # fast path: no thread hop for a known actor
-    return handle if handle is not None else await asyncio.to_thread(get_worker, spec, replica=rep.index)
+    """``rep``'s handle: the known one (no thread hop), else its background start awaited for at most
+    ``start_wait_s()`` (see the module docstring)."""
+    handle = rep.handle
+    if handle is not None:
+        return handle
+    held = rs.held_failure(rep)
+    if held is not None:
+        raise _Retry(_failed(spec, rep, held))
+    start = rs.start_async(rep.index)
+    try:
+        # shield: the start goes on for the next request when this one stops waiting
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(start)), start_wait_s())
+    except Exception as exc:
+        if not start.done():  # the bound passed (a start's own timeout is a failure, below)
+            raise Unavailable(f"model {spec.deployment} is starting (replica {rep.index}); retry shortly",
+                              code="model_starting", retry_after=STARTING_RETRY_AFTER_S) from None
+        if isinstance(exc, Unavailable):
+            raise  # no Ray cluster at all
+        raise _Retry(_failed(spec, rep, rep.start_error or type(exc).__name__)) from None
+
+
+def _failed(spec: WorkerSpec, rep: Replica, error: str) -> Unavailable:
+    return Unavailable(f"replica {rep.index} of model {spec.deployment} failed to start: {error}",
+                       code="replica_failed", retry_after=int(FAILED_HOLD_S))
 
 
 def _prompt_tokens(args: tuple) -> int:
@@ -191,10 +228,7 @@ async def _acall_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, method: str,
                     kwargs: dict, started: Started | None = None):
     cancellable = method in CANCELLABLE
     if started is None or started.handle is None:  # not submitted yet (at most chosen)
-        try:
-            handle = await _ahandle(spec, rs, rep)
-        except Unavailable as exc:
-            _lookup_failed(rs, rep, exc)
+        handle = await _ahandle(spec, rs, rep)
         started = _begin(spec, rs, rep, handle, method, args, kwargs)
     handle, rid = started.handle, started.request_id
     with started.release:
@@ -248,10 +282,7 @@ async def astream(spec: WorkerSpec, req: dict) -> AsyncIterator[dict]:
 
 
 async def _stream_on(spec: WorkerSpec, rs: ReplicaSet, rep: Replica, req: dict) -> AsyncIterator[dict]:
-    try:
-        handle = await _ahandle(spec, rs, rep)
-    except Unavailable as exc:
-        _lookup_failed(rs, rep, exc)
+    handle = await _ahandle(spec, rs, rep)
     rid = request_id_of((req,))
     prompt = _prompt_tokens((req,))
     started = ended = False

@@ -59,7 +59,16 @@ from controlplane.runtime.cluster import (  # noqa: F401  (the gateway's API, us
     worker_error,
     workers_ready,
 )
-from controlplane.runtime.dispatch import Started, abandon, acall, astream, submit, unreachable  # noqa: F401
+from controlplane.runtime.dispatch import (  # noqa: F401
+    Started,
+    abandon,
+    acall,
+    astream,
+    start_wait_s,
+    stopped,
+    submit,
+    unreachable,
+)
 
 logger = logging.getLogger("controlplane.runtime")
 
@@ -75,6 +84,8 @@ def call(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, 
     unreachable, not when the method itself raised."""
     rs = replica_set(spec)
     if replica is None:
+        if rs.count == 0:
+            raise stopped(spec)
         reps = rs.routable()
         if not reps:
             raise Unavailable(f"no replica of {spec.deployment} is available; retry shortly", retry_after=5)
@@ -109,8 +120,9 @@ def cancel_request(spec: WorkerSpec, request_id: str) -> None:
 def apply_scale(spec: WorkerSpec, *, wait: bool = False) -> dict | None:
     """Bring ``spec``'s deployment to ``spec.replicas`` running replicas: missing ones are started,
     replicas beyond the count drained (out of routing now; killed once their running requests ended,
-    at the latest after ``STRATA_DRAIN_SECONDS``). In a background thread unless ``wait`` (then the
-    ``ReplicaSet.scale`` result). Without a reachable Ray it logs and does nothing: the replicas
+    at the latest after ``STRATA_DRAIN_SECONDS``; their engines shut down, then their actors killed).
+    ``spec.replicas == 0`` stops the deployment: every replica drains. In a background thread unless
+    ``wait`` (then the ``ReplicaSet.scale`` result). Without a reachable Ray it logs and does nothing: the replicas
     start on the next request instead."""
     deadline = float(getattr(settings, "STRATA_DRAIN_SECONDS", DRAIN_SECONDS))
     rs = replica_set(spec)

@@ -14,7 +14,13 @@ once; this directory only keeps what one process learned about each replica:
 - ``draining``: being scaled away: no new requests; killed once its running requests ended (or at the
   drain deadline);
 - ``inflight`` / ``pending_tokens``: requests this process has on the replica and their prompt
-  tokens not yet prefilled (the router's local view of queued work between polls).
+  tokens not yet prefilled (the router's local view of queued work between polls);
+- ``start``: this process's background start of the replica (``start_async``: launched if absent,
+  waited for, then its handle installed), and the error of its last failed start.
+
+A deployment with ``replicas = 0`` is stopped: no index is configured, nothing is routable or started.
+Every start and stop is reported to the replica board (``workers.replica_board``), which every
+process reads for the replicas' states.
 
 Blocking methods (``handle``, ``start_all``, ``drain``, ``scale``) talk to Ray and must not run on an
 event loop. Errors from Ray propagate to the caller (the gateway turns them into ``Unavailable``).
@@ -26,15 +32,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from workers import replica_board
 
 logger = logging.getLogger("controlplane.runtime")
 
 MAX_REPLICAS = 16  # the admin API's bound; also how far ``scale`` looks for orphaned replicas
 REVIVE_BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0)
 DRAIN_POLL_S = 0.2
+FAILED_HOLD_S = 30.0  # a replica whose start failed is not started again from a request before this
+SHUTDOWN_TIMEOUT_S = 30.0  # a drained replica's engine stops (its processes exit) within this
 
 
 def gone(exc: BaseException) -> bool:
@@ -61,6 +72,9 @@ class Replica:
     revivals: int = 0  # times this process put it back after a failure
     node_id: str | None = None
     requests: set[str] = field(default_factory=set)  # request ids in flight here (for cancel)
+    start: Future | None = None  # this process's background start (``ReplicaSet.start_async``)
+    start_error: str | None = None  # why the last start from this process failed
+    failed_at: float | None = None  # when (monotonic)
 
 
 class ReplicaSet:
@@ -93,7 +107,9 @@ class ReplicaSet:
 
     @property
     def count(self) -> int:
-        return int(getattr(self.spec, "replicas", 1) or 1)
+        """Configured replicas; 0: the deployment is stopped."""
+        replicas = getattr(self.spec, "replicas", 1)
+        return 1 if replicas is None else max(0, int(replicas))
 
     def replica(self, index: int) -> Replica:
         with self._lock:
@@ -203,16 +219,65 @@ class ReplicaSet:
         rep = self.replica(index)
         if rep.handle is not None:
             return rep.handle
-        ray = self._join()
+        self._join()
         handle = self._actor.find(self.deployment, index)
         if handle is None:
             if not create:
                 return None
-            handle = self._launch(index)
-            ray.get(handle.ping.remote(), timeout=self._create_timeout)
+            return self._start_one(index)
         with self._lock:
             rep.handle, rep.dead = handle, False
         return handle
+
+    def _start_one(self, index: int) -> Any:
+        """Blocking: find or launch replica ``index``, wait until it answers (its engine built), use its
+        handle; each step reported to the replica board. Raises what Ray raised (reported ``failed``)."""
+        rep = self.replica(index)
+        ray = self._join()
+        handle = self._actor.find(self.deployment, index)
+        if handle is None:
+            replica_board.report(rep.name, "starting", phase="waiting for the actor (resources)")
+            handle = self._launch(index)
+        try:
+            ray.get(handle.ping.remote(), timeout=self._create_timeout)
+        except Exception as exc:
+            replica_board.report(rep.name, "failed", error=_reason(exc))
+            raise
+        replica_board.report(rep.name, "ready")
+        with self._lock:
+            rep.handle, rep.dead = handle, False
+            rep.start_error = rep.failed_at = None
+        return handle
+
+    def start_async(self, index: int) -> Future:
+        """Start replica ``index`` in a background thread (``_start_one``), once per process at a time:
+        a start already running is returned. The future's result is the handle; its exception what
+        the start raised (also kept as ``start_error``). Never blocks."""
+        with self._lock:
+            rep = self.replica(index)
+            if rep.start is not None and not rep.start.done():
+                return rep.start
+            future = rep.start = Future()
+        threading.Thread(target=self._run_start, args=(rep, future), name=f"start-{rep.name}", daemon=True).start()
+        return future
+
+    def _run_start(self, rep: Replica, future: Future) -> None:
+        try:
+            future.set_result(self._start_one(rep.index))
+        except BaseException as exc:
+            if not _no_cluster(exc):  # no Ray at all is no fault of the replica's
+                with self._lock:
+                    rep.start_error, rep.failed_at = _reason(exc), time.monotonic()
+            logger.warning("replica %s did not start: %r", rep.name, exc)
+            future.set_exception(exc)
+
+    def held_failure(self, rep: Replica) -> str | None:
+        """The error of ``rep``'s last start from this process if it failed less than
+        ``FAILED_HOLD_S`` ago (a request gets it instead of starting the replica again), else None."""
+        with self._lock:
+            if rep.failed_at is not None and time.monotonic() - rep.failed_at < FAILED_HOLD_S:
+                return rep.start_error
+        return None
 
     def _launch(self, index: int) -> Any:
         spec = self.spec
@@ -228,10 +293,18 @@ class ReplicaSet:
             for i in self.indices():
                 rep = self.replica(i)
                 if rep.handle is None:
-                    handle = self._actor.find(self.deployment, i) or self._launch(i)
+                    handle = self._actor.find(self.deployment, i)
+                    if handle is None:
+                        replica_board.report(rep.name, "starting", phase="waiting for the actor (resources)")
+                        handle = self._launch(i)
                     pending[i] = (handle, handle.ping.remote())
             for i, (handle, ping) in pending.items():
-                ray.get(ping, timeout=self._create_timeout)
+                try:
+                    ray.get(ping, timeout=self._create_timeout)
+                except Exception as exc:
+                    replica_board.report(self.replica(i).name, "failed", error=_reason(exc))
+                    raise
+                replica_board.report(self.replica(i).name, "ready")
                 with self._lock:
                     self._replicas[i].handle, self._replicas[i].dead = handle, False
         return [self.replica(i).handle for i in self.indices()]
@@ -244,14 +317,11 @@ class ReplicaSet:
                 if self.closed or rep.index >= self.count or rep.draining:
                     return
                 try:
-                    ray = self._join()
-                    handle = self._actor.find(self.deployment, rep.index) or self._launch(rep.index)
-                    ray.get(handle.ping.remote(), timeout=self._create_timeout)
+                    self._start_one(rep.index)
                 except Exception as exc:
                     logger.info("replica %s not back yet: %r", rep.name, exc)
                     continue
                 with self._lock:
-                    rep.handle, rep.dead = handle, False
                     rep.revivals += 1
                 logger.warning("replica %s is back in routing", rep.name)
                 return
@@ -282,7 +352,9 @@ class ReplicaSet:
             ray = self._join()
             handle = rep.handle or self._actor.find(self.deployment, index)
             if handle is None:
+                replica_board.report(rep.name, "stopped")
                 return {"replica": index, "status": "absent", "running_at_kill": 0}
+            replica_board.report(rep.name, "stopping", phase="draining running requests")
             deadline = time.monotonic() + max(0.0, deadline_s)
             running = 0
             while True:
@@ -294,7 +366,13 @@ class ReplicaSet:
                 if (running == 0 and rep.inflight == 0) or time.monotonic() >= deadline:
                     break
                 time.sleep(DRAIN_POLL_S)
+            replica_board.report(rep.name, "stopping", phase="stopping the engine")
+            try:  # the engine's own processes (vLLM's engine core) exit before the actor is killed
+                ray.get(handle.shutdown.remote(SHUTDOWN_TIMEOUT_S), timeout=SHUTDOWN_TIMEOUT_S + 15)
+            except Exception as exc:
+                logger.info("replica %s did not shut down cleanly (%r); killing it", rep.name, exc)
             ray.kill(handle, no_restart=True)
+            replica_board.report(rep.name, "stopped")
             logger.info("replica %s drained and stopped (%d running at kill)", rep.name, running)
             return {"replica": index, "status": "stopped", "running_at_kill": running}
         finally:
@@ -315,3 +393,17 @@ class ReplicaSet:
             if present and self.drain(i, deadline_s=deadline_s)["status"] == "stopped":
                 stopped.append(i)
         return {"started": started, "stopped": stopped}
+
+
+def _reason(exc: BaseException) -> str:
+    """An operator's one-paragraph account of a failed start: the exception's last lines (a Ray error
+    carries the actor's traceback; its end names the cause)."""
+    text = str(exc).strip() or type(exc).__name__
+    lines = [line for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: " + " | ".join(lines[-3:])[:1000]
+
+
+def _no_cluster(exc: BaseException) -> bool:
+    from controlplane.common.errors import Unavailable
+
+    return isinstance(exc, Unavailable)

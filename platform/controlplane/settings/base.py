@@ -208,6 +208,10 @@ CACHES = {
     "lockouts": _cache("strata-lockouts", limit_state=True),
 }
 STRATA_RAY_ADDRESS = ENV.ray_address
+# How long a request waits for a replica that is starting before it gets 503 model_starting with
+# Retry-After (runtime.dispatch): replicas start with the platform (runtime.warm), so a request rarely
+# meets one, and a proxy's timeout (often 60 s) must never be what ends the wait.
+STRATA_START_WAIT_SECONDS = 30.0
 # Test settings set this so TransactionTestCase's flush may empty the append-only audit table.
 STRATA_AUDIT_ALLOW_FLUSH = False
 # The audit chain's HMAC key never lives in the database: STRATA_AUDIT_KEY, or this file: the one

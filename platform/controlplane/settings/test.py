@@ -29,6 +29,11 @@ STRATA_AUDIT_HEAD_LOG = str(_TEST_HOME / "audit-head-{db}.log")
 STRATA_THROTTLE_NAMESPACE = f"test-{os.getpid()}"
 CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'broker-{os.getpid()}.sqlite3'}"
 
+# The suite starts replicas on their first request (no warm start without RAY_ADDRESS), a vLLM engine
+# taking up to minutes on a loaded 2-core machine: those requests wait for it, as they always did. The
+# bounded wait's own tests set a short bound.
+STRATA_START_WAIT_SECONDS = 900.0
+
 _db = DATABASES["default"]
 if _db["ENGINE"].endswith("sqlite3"):
     _db["TEST"] = {"NAME": str(_TEST_HOME / f"db-{os.getpid()}.sqlite3")}
