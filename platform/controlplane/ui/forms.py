@@ -101,9 +101,10 @@ class RollbackForm(forms.Form):
 
 
 class ReplicasForm(forms.Form):
-    """Scale a deployment (``registry.services.model_set_replicas`` checks the same bound)."""
+    """Scale a deployment, 0 stopping it (``registry.services.model_set_replicas`` checks the same
+    bound); the Stop / Start buttons post 0 / 1 through it."""
 
-    replicas = forms.IntegerField(min_value=1, max_value=MAX_REPLICAS)
+    replicas = forms.IntegerField(min_value=0, max_value=MAX_REPLICAS)
     reason = forms.CharField(required=False, max_length=REASON_MAX,
                              widget=forms.TextInput(attrs={"placeholder": "more traffic"}))
 

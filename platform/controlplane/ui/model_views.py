@@ -27,6 +27,7 @@ from controlplane.jobs.selectors import flush_job_get, flush_job_list
 from controlplane.jobs.services import flush_job_request, rollout_request
 from controlplane.registry.selectors import model_get, model_list
 from controlplane.registry.services import model_create, model_set_replicas, revision_create
+from controlplane.runtime.replica_states import replica_states
 from controlplane.tenants.selectors import tenant_list
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
@@ -88,6 +89,8 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
     rows = []
     for deployment in model_list():
         row = present.model_page_row(deployment, rollouts)
+        row["stopped"] = deployment.replicas == 0
+        row["replica_states"] = replica_states(deployment.name, deployment.replicas)  # never waits on a replica
         if request.operator.is_admin:
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
@@ -179,7 +182,7 @@ def rollback(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def replicas(request: HttpRequest, name: str) -> HttpResponse:
     """Scale a deployment (``model_set_replicas``, audited ``model.scale``): up starts replicas, down
-    drains the extra ones."""
+    drains the extra ones, 0 (the Stop button) stops it, the Start button asks for 1."""
     deployment = model_get(name=name)
     form = ReplicasForm(request.POST, auto_id=_form_id("rep", name))
     scaled, status = submit(request, form, lambda d: model_set_replicas(
@@ -187,8 +190,12 @@ def replicas(request: HttpRequest, name: str) -> HttpResponse:
         {"invalid_replicas": "replicas"})
     if scaled is None:
         return _models_page(request, status, bound={("replicas", name): form})
-    messages.success(request, f"{name} now runs {scaled.replicas} replica(s); new ones start and removed ones "
-                              f"drain in the background.")
+    if scaled.replicas == 0:
+        messages.success(request, f"{name} is stopping: its replicas drain and stop in the background; tenants "
+                                  f"get 503 model_stopped until it is started again. Its cached KV in L3 stays.")
+    else:
+        messages.success(request, f"{name} now runs {scaled.replicas} replica(s); new ones start and removed ones "
+                                  f"drain in the background.")
     return redirect(f"{reverse('ui:models')}#m-{name}")
 
 
