@@ -323,7 +323,12 @@ class TenantStatsOut(UsageStatsOut):
 
 class WorkerStatsOut(_StatsOut):
     model: str
-    status: Literal["ok", "unreachable", "not started"]
+    status: Literal["ok", "unreachable", "not started", "starting", "pending"] = Field(
+        description="the last poll: answered, did not answer, no actor, constructor still running (not "
+                    "asked), or no poll finished yet")
+    sampled_at: str | None = Field(None, description="when the figures shown were taken (ISO 8601)")
+    age_s: float | None = Field(None, description="seconds since then")
+    stale: bool = Field(False, description="no figures yet, the last poll got no answer, or they are old")
 
 
 class StatsOut(_StatsOut):
@@ -331,3 +336,6 @@ class StatsOut(_StatsOut):
     tiers: dict[str, TierStatsOut] = Field(description="per tier (l1, l2, l3): counters summed over workers")
     tenants: list[TenantStatsOut]
     workers: list[WorkerStatsOut]
+    stale: bool = Field(False, description="some worker's figures are stale: the figures come from the last "
+                                           "sample of each replica, never a call made for this request")
+    stale_workers: int = 0

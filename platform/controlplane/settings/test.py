@@ -29,6 +29,12 @@ STRATA_AUDIT_HEAD_LOG = str(_TEST_HOME / "audit-head-{db}.log")
 STRATA_THROTTLE_NAMESPACE = f"test-{os.getpid()}"
 CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'broker-{os.getpid()}.sqlite3'}"
 
+# Admin reads answer from the last stats sample of each replica (``runtime.samples``): in tests every
+# read polls again and waits for the answers, so a figure asserted right after a request is current.
+# tests/controlplane/test_stats_no_stall.py runs with the production bounds.
+STRATA_STATS_FRESH_SECONDS = 0.0
+STRATA_STATS_READ_WAIT_SECONDS = 30.0
+
 _db = DATABASES["default"]
 if _db["ENGINE"].endswith("sqlite3"):
     _db["TEST"] = {"NAME": str(_TEST_HOME / f"db-{os.getpid()}.sqlite3")}
