@@ -6,8 +6,16 @@ from ninja import Router, Status
 
 from controlplane.adminapi.auth import actor_of
 from controlplane.adminapi.present import model_out, revision_out
-from controlplane.adminapi.schemas import ModelCreateIn, ModelOut, ModelPatchIn, RevisionIn, RevisionOut
+from controlplane.adminapi.schemas import (
+    ModelCreateIn,
+    ModelDetailOut,
+    ModelOut,
+    ModelPatchIn,
+    RevisionIn,
+    RevisionOut,
+)
 from controlplane.registry import selectors, services
+from controlplane.runtime import capacity
 
 router = Router(tags=["models"])
 
@@ -42,9 +50,12 @@ def list_models(request):
     return [model_out(d) for d in selectors.model_list()]
 
 
-@router.get("models/{name}", response=ModelOut)
+@router.get("models/{name}", response=ModelDetailOut)
 def get_model(request, name: str):
-    return model_out(selectors.model_get(name=name))
+    """The deployment, with each replica's KV capacity in tokens and sequences of its context (from
+    the replica's last stats sample: this never waits on a replica)."""
+    deployment = selectors.model_get(name=name)
+    return {**model_out(deployment), "capacity": capacity.deployment_capacity(deployment)}
 
 
 @router.post("models/{name}/revisions", response={201: RevisionOut})

@@ -218,6 +218,35 @@ class ModelOut(Schema):
     created: datetime
 
 
+class TierCapacityOut(Schema):
+    label: str
+    blocks: int
+    tokens: int
+    bytes: int
+    sequences: int | None = Field(description="sequences of the model's full context the tier holds")
+
+
+class ReplicaCapacityOut(Schema):
+    """One replica's KV capacity, from its last stats sample (``runtime.capacity``)."""
+
+    replica: int
+    status: str | None = Field(description="the sample's poll: ok, starting, unreachable, not started, pending")
+    stale: bool | None
+    age_s: float | None
+    sampled_at: str | None
+    context_tokens: int | None = Field(description="the model's full context length")
+    block_size: int | None = None
+    bytes_per_block: int | None = None
+    blocks_per_sequence: int | None = None
+    tiers: dict[str, TierCapacityOut] = Field(default_factory=dict, description="l1, l2 and a sized l3")
+    tokens: int | None = Field(None, description="L1 + L2 (the replica's own; L3 is shared)")
+    sequences: int | None = Field(None, description="L1 + L2 sequences of the full context")
+
+
+class ModelDetailOut(ModelOut):
+    capacity: list[ReplicaCapacityOut] = Field(description="each replica's KV capacity (its last sample)")
+
+
 class ShareGroupIn(StrictIn):
     slug: str = Field(pattern=SLUG_PATTERN, max_length=63)
     name: str = Field(min_length=1, max_length=200)
