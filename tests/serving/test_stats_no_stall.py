@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from django.test import Client
 
 from workers.actor import NAMESPACE, actor_name
 
@@ -106,6 +107,13 @@ def stand_in(ray_cluster, actor, tmp_path):
         ray.kill(handle)
 
 
+def _console(django_user_model) -> Client:
+    user = django_user_model.objects.create_superuser("stall-admin", "stall@example.com", "pw-stall-admin-1")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
 def _worker(client, name: str) -> tuple[dict, float]:
     t0 = time.perf_counter()
     response = client.get("/api/admin/stats")
@@ -115,7 +123,7 @@ def _worker(client, name: str) -> tuple[dict, float]:
 
 
 def test_stats_answer_from_the_cache_while_a_replica_starts_and_refresh_after(
-        admin_client, stand_in, production_bounds, ray_calls):
+        admin_client, stand_in, production_bounds, ray_calls, django_user_model):
     name, start, _stall, launch = stand_in
     assert admin_client.get("/api/admin/models").status_code == 200  # the process's first request, not timed
     handle = launch()  # its constructor waits for ``start``: a replica loading its weights
@@ -134,6 +142,13 @@ def test_stats_answer_from_the_cache_while_a_replica_starts_and_refresh_after(
     text = admin_client.get("/metrics").content.decode()
     assert f'strata_worker_state{{model="{name}",replica="0",state="starting"}} 1.0' in text
     assert f'strata_worker_up{{model="{name}",replica="0"}}' not in text  # no alert for a starting replica
+    console = _console(django_user_model)
+    pages = (("/ui/live/", "starting (loading its weights)"), ("/ui/models/", "capacity shows once it is up"))
+    for url, shown in pages:
+        t0 = time.perf_counter()
+        response = console.get(url)
+        print(f"GET {url} while the replica starts: {(time.perf_counter() - t0) * 1000:.0f} ms")
+        assert response.status_code == 200 and shown in response.content.decode()
     assert "MainThread" not in ray_calls and ray_calls  # every Ray call ran on the sampler's threads
     assert all(t.startswith("strata-stats-poll") for t in ray_calls)
 
