@@ -111,7 +111,7 @@ def _row(name: str, outcomes: list[Outcome], split: dict[int, int]) -> dict:
 def _requests_per_replica(model: str) -> dict[int, int]:
     from controlplane.runtime.stats import cluster_stats
 
-    return {w["replica"]: int(w["totals"]["requests"]) for w in cluster_stats()["workers"]
+    return {w["replica"]: int(w["totals"]["requests"]) for w in cluster_stats(refresh=True)["workers"]
             if w["model"] == model and w["status"] == "ok"}
 
 

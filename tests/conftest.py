@@ -25,6 +25,18 @@ if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
 
+@pytest.fixture(autouse=True)
+def _forget_stats_samples():
+    """Each test starts with no replica samples (``controlplane.runtime.samples``): deployments of
+    the same name in two tests are different replicas."""
+    yield
+    import sys
+
+    samples = sys.modules.get("controlplane.runtime.samples")
+    if samples is not None and samples._store is not None:
+        samples._store.forget()
+
+
 @pytest.fixture
 def actor():
     """An internal actor for calling services directly in tests."""

@@ -59,7 +59,7 @@ def _complete(url: str, key: str, prompt: str, max_tokens: int = 3) -> httpx.Res
 def _requests_per_replica() -> dict[int, int]:
     from controlplane.runtime.stats import cluster_stats
 
-    return {w["replica"]: w["totals"]["requests"] for w in cluster_stats()["workers"]
+    return {w["replica"]: w["totals"]["requests"] for w in cluster_stats(refresh=True)["workers"]
             if w["model"] == MODEL and w["status"] == "ok"}
 
 
@@ -148,7 +148,7 @@ def test_two_replicas_on_two_nodes(asgi_url, transactional_db, actor, admin_clie
         assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 256, again.json()["usage"]
         from controlplane.runtime.stats import cluster_stats
 
-        l3_hits = sum(w["tiers"].get("l3", {}).get("hits", 0) for w in cluster_stats()["workers"]
+        l3_hits = sum(w["tiers"].get("l3", {}).get("hits", 0) for w in cluster_stats(refresh=True)["workers"]
                       if w["model"] == MODEL and w["status"] == "ok")
         assert l3_hits >= 1
     finally:

@@ -262,7 +262,8 @@ class VllmWorker:
         snap.update(evictions=self.blocks.evictions, duplicate_stores=0, bytes_per_block=self._bytes_per_block(),
                     load_policy=(tiers or {}).get("load_cost") or {"policy": "none"},
                     write_policy="write_through" if a.tiers else "none", resident_blocks=resident)
-        snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used}
+        snap["pool"] = {"total": self._active.num_blocks, "used": used, "free": self._active.num_blocks - used,
+                        "block_size": self._active.block_size}  # as the strata engine's pool: capacity hints
         snap["worker"] = {"deployment": self.deployment, "engine": "vllm", "revision": self._active.label,
                           "boot_id": self.boot_id,
                           "cancelled": self.counters["cancelled"], "tenant_busy": self.counters["tenant_busy"]}

@@ -554,7 +554,7 @@ def test_a_replica_never_started_is_not_down(admin_client, monkeypatch, actor):
                if s.labels.get("model") == "never-used"]
     assert not [s for s in samples if s.name == "strata_worker_up"]
     states = {s.labels["state"]: s.value for s in samples if s.name == "strata_worker_state"}
-    assert states == {"up": 0.0, "down": 0.0, "not_started": 1.0}
+    assert states == {"up": 0.0, "down": 0.0, "not_started": 1.0, "starting": 0.0, "unknown": 0.0}
 
 
 def test_a_model_created_or_granted_is_warmed_where_enabled(transactional_db, monkeypatch, actor,

@@ -182,8 +182,8 @@ def test_sample_take_keeps_one_row_per_replica(cluster, monkeypatch):
 
     real = services.cluster_stats
 
-    def two_replicas():
-        stats = real()
+    def two_replicas(**kwargs):
+        stats = real(**kwargs)
         extra = [dict(w, replica=1) for w in stats["workers"] if w.get("status") == "ok"]
         return {**stats, "workers": [dict(w, replica=0) for w in stats["workers"]] + extra}
 

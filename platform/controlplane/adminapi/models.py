@@ -6,8 +6,16 @@ from ninja import Router, Status
 
 from controlplane.adminapi.auth import actor_of
 from controlplane.adminapi.present import model_out, revision_out
-from controlplane.adminapi.schemas import ModelCreateIn, ModelOut, ModelPatchIn, RevisionIn, RevisionOut
+from controlplane.adminapi.schemas import (
+    ModelCreateIn,
+    ModelDetailOut,
+    ModelOut,
+    ModelPatchIn,
+    RevisionIn,
+    RevisionOut,
+)
 from controlplane.registry import selectors, services
+from controlplane.runtime import capacity
 
 router = Router(tags=["models"])
 
@@ -43,13 +51,16 @@ def list_models(request):
     return [model_out(d) for d in selectors.model_list()]
 
 
-@router.get("models/{name}", response=ModelOut)
+@router.get("models/{name}", response=ModelDetailOut)
 def get_model(request, name: str):
-    """The deployment with ``replica_states`` (``runtime.replica_states``: never waits on a replica)."""
+    """The deployment, with ``replica_states`` (``runtime.replica_states``) and each replica's KV
+    capacity in tokens and sequences of its context (from the replica's last stats sample): neither
+    waits on a replica."""
     from controlplane.runtime.replica_states import replica_states
 
     deployment = selectors.model_get(name=name)
-    return {**model_out(deployment), "replica_states": replica_states(deployment.name, deployment.replicas)}
+    return {**model_out(deployment), "replica_states": replica_states(deployment.name, deployment.replicas),
+            "capacity": capacity.deployment_capacity(deployment)}
 
 
 @router.post("models/{name}/revisions", response={201: RevisionOut})

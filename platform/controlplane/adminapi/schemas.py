@@ -232,6 +232,35 @@ class ModelOut(Schema):
         "(error), stopping, stopped"))
 
 
+class TierCapacityOut(Schema):
+    label: str
+    blocks: int
+    tokens: int
+    bytes: int
+    sequences: int | None = Field(description="sequences of the model's full context the tier holds")
+
+
+class ReplicaCapacityOut(Schema):
+    """One replica's KV capacity, from its last stats sample (``runtime.capacity``)."""
+
+    replica: int
+    status: str | None = Field(description="the sample's poll: ok, starting, unreachable, not started, pending")
+    stale: bool | None
+    age_s: float | None
+    sampled_at: str | None
+    context_tokens: int | None = Field(description="the model's full context length")
+    block_size: int | None = None
+    bytes_per_block: int | None = None
+    blocks_per_sequence: int | None = None
+    tiers: dict[str, TierCapacityOut] = Field(default_factory=dict, description="l1, l2 and a sized l3")
+    tokens: int | None = Field(None, description="L1 + L2 (the replica's own; L3 is shared)")
+    sequences: int | None = Field(None, description="L1 + L2 sequences of the full context")
+
+
+class ModelDetailOut(ModelOut):
+    capacity: list[ReplicaCapacityOut] = Field(description="each replica's KV capacity (its last sample)")
+
+
 class ShareGroupIn(StrictIn):
     slug: str = Field(pattern=SLUG_PATTERN, max_length=63)
     name: str = Field(min_length=1, max_length=200)
@@ -337,7 +366,12 @@ class TenantStatsOut(UsageStatsOut):
 
 class WorkerStatsOut(_StatsOut):
     model: str
-    status: Literal["ok", "unreachable", "not started"]
+    status: Literal["ok", "unreachable", "not started", "starting", "pending"] = Field(
+        description="the last poll: answered, did not answer, no actor, constructor still running (not "
+                    "asked), or no poll finished yet")
+    sampled_at: str | None = Field(None, description="when the figures shown were taken (ISO 8601)")
+    age_s: float | None = Field(None, description="seconds since then")
+    stale: bool = Field(False, description="no figures yet, the last poll got no answer, or they are old")
 
 
 class StatsOut(_StatsOut):
@@ -345,3 +379,6 @@ class StatsOut(_StatsOut):
     tiers: dict[str, TierStatsOut] = Field(description="per tier (l1, l2, l3): counters summed over workers")
     tenants: list[TenantStatsOut]
     workers: list[WorkerStatsOut]
+    stale: bool = Field(False, description="some worker's figures are stale: the figures come from the last "
+                                           "sample of each replica, never a call made for this request")
+    stale_workers: int = 0

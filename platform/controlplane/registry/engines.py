@@ -15,8 +15,8 @@ Rules (``checkpoint_engine``, ``preset_engine``, ``check_tensor_parallel``):
    when vLLM is installed here and can serve it (``vllm_refusal`` is None); otherwise by ``strata``.
    Preset revisions (seed or weights_path) are always ``strata``.
 2. "vLLM can serve it" (``vllm_refusal``): config.json's single architecture is in vLLM's model
-   registry (``ModelRegistry.get_supported_archs()``, imported lazily and cached: it takes seconds),
-   and, where this machine has no CUDA (``torch.cuda.is_available()`` false: vLLM's CPU build), the
+   registry (``ModelRegistry.get_supported_archs()``, read from its source: importing it takes
+   seconds), and, where this machine has no CUDA (``torch.cuda.is_available()`` false: vLLM's CPU build), the
    attention head size (``head_dim``, else ``hidden_size // num_attention_heads``) is one that vLLM's
    CPU attention implements (``vllm_cpu_head_sizes``).
 3. ``engine: "vllm"`` given: 422 ``invalid_engine`` when vLLM is not installed (the message says how
@@ -62,10 +62,42 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+@lru_cache(maxsize=1)
 def cuda_available() -> bool:
-    import torch
+    """Does this machine run CUDA: torch built with CUDA and an NVIDIA device present. Read without
+    importing torch (a second or more in a web process, which never needs torch otherwise): the
+    ``cuda`` of the installed ``torch/version.py`` and the driver's device list. Where torch is
+    imported already, or its version file reads otherwise, ``torch.cuda.is_available()``."""
+    import sys
 
-    return bool(torch.cuda.is_available())
+    torch_cuda = _torch_cuda_version() if "torch" not in sys.modules else ...
+    if torch_cuda is ...:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    if torch_cuda is None:  # a CPU build of torch: no CUDA whatever the machine has
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+
+
+def _torch_cuda_version() -> Any:
+    """``torch.version.cuda`` read from the installed file (None: a CPU build), ``...`` when unread."""
+    try:
+        spec = importlib.util.find_spec("torch")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            source = Path(location) / "version.py"
+            if source.is_file():
+                for node in ast.parse(source.read_text(encoding="utf-8")).body:
+                    target = node.target if isinstance(node, ast.AnnAssign) else (
+                        node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+                    if isinstance(target, ast.Name) and target.id == "cuda" and node.value is not None:
+                        value = ast.literal_eval(node.value)
+                        if value is None or isinstance(value, str):
+                            return value
+    except (OSError, SyntaxError, ValueError, ImportError) as exc:
+        logger.info("torch's CUDA version not read from its source (%r); importing torch", exc)
+    return ...
 
 
 _archs_lock = threading.Lock()
@@ -73,12 +105,53 @@ _archs_lock = threading.Lock()
 
 @lru_cache(maxsize=1)
 def vllm_architectures() -> frozenset[str]:
-    """The architectures (config.json ``architectures`` names) vLLM's model registry serves. Imports
-    vLLM's registry on first call (seconds), then cached for the process."""
+    """The architectures (config.json ``architectures`` names) vLLM's model registry serves: the keys
+    of ``_VLLM_MODELS`` read from the installed ``registry.py`` (milliseconds), cached for the process.
+    Importing the registry instead costs seconds (it imports vLLM and torch's compiler), which a
+    ``POST models`` paid on the request thread; it is done only when the source does not read as
+    expected."""
+    archs = vllm_architectures_from_source()
+    if archs:
+        return archs
     with _archs_lock:
         from vllm.model_executor.models import ModelRegistry
 
         return frozenset(ModelRegistry.get_supported_archs())
+
+
+def vllm_architectures_from_source() -> frozenset[str] | None:
+    """The keys of ``_VLLM_MODELS`` in the installed ``vllm/model_executor/models/registry.py``: a
+    dict literal of ``**`` spreads of the module's other dict literals, whose keys are the
+    architecture names. None when the file is absent or reads otherwise."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            source = Path(location) / "model_executor" / "models" / "registry.py"
+            if source.is_file():
+                return _dict_keys(ast.parse(source.read_text(encoding="utf-8")), "_VLLM_MODELS")
+    except (OSError, SyntaxError, ValueError, ImportError) as exc:
+        logger.info("vLLM's model registry not read from its source (%r); importing it", exc)
+    return None
+
+
+def _dict_keys(module: ast.Module, name: str) -> frozenset[str] | None:
+    """The keys of the module-level dict ``name``, built from the module's dict assignments alone
+    (run without builtins: literals, ``**`` spreads and comprehensions over each other; nothing is
+    imported). None when it cannot be built that way."""
+    body = []
+    for node in module.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (
+            node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and isinstance(node.value, ast.Dict):
+            body.append(ast.copy_location(ast.Assign(targets=[target], value=node.value), node))
+    namespace: dict[str, Any] = {"__builtins__": {}}
+    try:
+        exec(compile(ast.Module(body=body, type_ignores=[]), "<vllm registry>", "exec"), namespace)  # noqa: S102
+    except Exception as exc:
+        logger.info("vLLM's model registry dicts did not build from their source (%r)", exc)
+        return None
+    found = namespace.get(name)
+    return frozenset(k for k in found if isinstance(k, str)) if isinstance(found, dict) and found else None
 
 
 @lru_cache(maxsize=1)

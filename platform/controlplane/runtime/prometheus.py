@@ -1,6 +1,7 @@
 """/metrics: Prometheus text exposition of the cache figures (token-weighted, per tenant and model).
 
-Gathered on each scrape from the workers (``stats.cluster_stats``), the jobs table and the audit
+Gathered on each scrape from the last sample of each worker (``stats.cluster_stats``: no call to a
+worker on the scrape, ``strata_worker_sample_age_seconds`` says how old), the jobs table and the audit
 chain's two heads (``strata_audit_head_seq``: the database's head row and the external head log),
 so the scraping Prometheus keeps a history of the head that nobody with database access can rewind
 (alert when it decreases). Tenant labels are slugs, bounded by the engine's label cap (resident bytes
@@ -74,6 +75,8 @@ TIER_GAUGES = {
     "used_bytes": ("strata_tier_used_bytes", "Bytes of KV the tier holds"),
 }
 QUANTILES = {"p50": "0.5", "p99": "0.99"}
+# a worker row's ``status`` (``runtime.samples``) -> its ``strata_worker_state``; anything else is down
+WORKER_STATES = {"ok": "up", "not started": "not_started", "starting": "starting", "pending": "unknown"}
 LEDGER_KINDS = {"prompt": "prompt_tokens", "cached_l1": "cached_l1", "cached_l2": "cached_l2",
                 "cached_l3": "cached_l3", "write": "write_tokens", "completion": "completion_tokens"}
 
@@ -89,7 +92,10 @@ class _Collector:
         up = GaugeMetricFamily("strata_worker_up", "1 if the started replica answered, 0 if it is down (a replica "
                                "never started is not listed: see strata_worker_state)", labels=worker)
         worker_states = GaugeMetricFamily("strata_worker_state", "1 for the replica's state: up, down (started, not "
-                                  "answering) or not_started", labels=["model", "replica", "state"])
+                                  "answering), not_started, starting (its constructor runs: not asked) or "
+                                  "unknown (not polled yet)", labels=["model", "replica", "state"])
+        age = GaugeMetricFamily("strata_worker_sample_age_seconds", "Age of the replica's last stats sample "
+                                "(what every figure here comes from)", labels=worker)
         pages = GaugeMetricFamily("strata_pages", "L1 pages by state", labels=["model", "replica", "state"])
         evictions = CounterMetricFamily("strata_evictions", "Cached blocks evicted", labels=worker)
         dupes = CounterMetricFamily("strata_duplicate_stores", "Stores of blocks already cached", labels=worker)
@@ -114,11 +120,13 @@ class _Collector:
                                             labels=["tier", "model", "replica"])
         for w in self.snapshot["workers"]:
             model, replica = w["model"], str(w.get("replica", 0))
-            now = {"ok": "up", "not started": "not_started"}.get(w["status"], "down")
-            for name in ("up", "down", "not_started"):
+            now = WORKER_STATES.get(w["status"], "down")
+            for name in (*dict.fromkeys(WORKER_STATES.values()), "down"):
                 worker_states.add_metric([model, replica, name], 1.0 if name == now else 0.0)
-            if now != "not_started":  # an alert on up == 0 fires for a replica that is down, never for one not used yet
-                up.add_metric([model, replica], 1.0 if now == "up" else 0.0)
+            if now in ("up", "down"):  # an alert on up == 0 fires for a replica that is down, never for one not
+                up.add_metric([model, replica], 1.0 if now == "up" else 0.0)  # used yet or still starting
+            if w.get("age_s") is not None:
+                age.add_metric([model, replica], w["age_s"])
             if w["status"] != "ok":
                 continue
             for state in ("protected", "evictable", "free"):
@@ -157,7 +165,7 @@ class _Collector:
         for kind in FlushJob.Kind.values:
             for status in FlushJob.FINAL:
                 finished.add_metric([kind, str(status)], self.finished.get((kind, str(status)), 0))
-        yield from (up, worker_states, pages, evictions, dupes, saved, jobs, finished, heads, *self._audit_check(),
+        yield from (up, worker_states, age, pages, evictions, dupes, saved, jobs, finished, heads, *self._audit_check(),
                     *usage.values(), *tier_counters.values(), tier_bytes, *tier_gauges.values(), latency, resident,
                     breaker, breaker_opens)
 

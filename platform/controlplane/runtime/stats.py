@@ -3,8 +3,11 @@
 Every replica of every deployment is one entry of ``workers`` (``model``, ``replica`` index, actor
 ``name``, and ``routing``: the replica's state in this process's ``ReplicaSet``), addressed through
 the gateway's ``ReplicaSet``; the cluster and tenant figures sum them.
-Workers know tenants only by id (their cache owner key); the slug is attached here. A replica that
-does not answer is listed as unreachable; it never fails the whole call.
+Workers know tenants only by id (their cache owner key); the slug is attached here. Every figure
+comes from the replica's last sample (``runtime.samples``): this never calls a replica on the
+caller's thread, and each worker row says how old its figures are (``sampled_at``, ``age_s``,
+``stale``) and how its last poll went (``status``: ok, starting, unreachable, not started, pending).
+A replica that does not answer never fails the whole call; its last figures stay, marked stale.
 
 The figures keep docs/design.md section 2's layers apart, all token-weighted against ``query_tokens``:
 lookup hit (the index said present), load success (the bytes arrived), effective hit (prefill
@@ -18,9 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from cachecore.metrics import MAX_TENANT_LABELS
-from controlplane.common.errors import Unavailable
 from controlplane.registry.models import ModelDeployment
-from controlplane.runtime import gateway
+from controlplane.runtime import gateway, samples
 from controlplane.tenants.models import Tenant
 from workers.actor import actor_name
 
@@ -32,6 +34,7 @@ TIER_SUMS = ("hits", "hit_tokens", "bytes_in", "bytes_out", "failures", "corrupt
              "capacity_bytes", "used_bytes", "evictions")
 TIER_OPTIONAL_SUMS = ("rejected_puts",)  # summed where a tier reports them (L2 puts refused)
 TIER_ORDER = ("l1", "l2", "l3")
+SAMPLE_KEYS = ("status", "sampled_at", "age_s", "stale", "error")  # a worker row's freshness
 OTHER = "other"  # the label that tenants beyond the label cap are folded into
 
 
@@ -114,7 +117,10 @@ def worker_resident_bytes(snap: dict, slugs: dict[str, str]) -> dict[str, dict[s
     return out
 
 
-def cluster_stats() -> dict:
+def cluster_stats(*, refresh: bool = False) -> dict:
+    """The cluster's figures from the last sample of every replica (``runtime.samples``): never a call
+    to a replica on this thread. ``refresh`` polls every replica first and waits for the answers: for
+    background callers only (the time-series sampler, tests), never a request."""
     slugs = {str(pk): slug for pk, slug in Tenant.objects.values_list("pk", "slug")}
     workers: list[dict] = []
     totals = _usage_row()
@@ -126,21 +132,25 @@ def cluster_stats() -> dict:
     def tenant(slug: str) -> dict:
         return tenants.setdefault(slug, {"tenant": slug, **_usage_row(), "hit_requests": 0, "resident_bytes": {}})
 
-    replicas = []
+    targets = []
     for deployment in ModelDeployment.objects.select_related("active_revision").filter(
             active_revision__isnull=False).order_by("name"):
         spec = gateway.spec_for(deployment)
-        replicas += [(deployment.name, spec, i) for i in gateway.replica_set(spec).indices()]
-    for model, spec, replica in replicas:
+        targets += [(spec, i) for i in gateway.replica_set(spec).indices()]
+    if refresh:
+        samples.store().refresh(targets)
+    latest = samples.read(targets)
+    stale: list[float | None] = []
+    for spec, replica in targets:
+        model = spec.deployment
         ident = {"model": model, "replica": replica, "name": actor_name(model, replica),
                  "routing": gateway.replica_set(spec).describe(replica)}
-        try:
-            snap = gateway.call(spec, "stats", create=False, timeout=5, replica=replica)
-        except Unavailable:
-            workers.append({**ident, "status": "unreachable"})
-            continue
-        if snap is None:
-            workers.append({**ident, "status": "not started"})
+        snap = latest[(model, replica)]
+        freshness = {k: snap.pop(k) for k in SAMPLE_KEYS if k in snap}
+        if freshness["stale"]:
+            stale.append(freshness["age_s"])
+        if "totals" not in snap:  # no figures yet (never answered, starting, not started)
+            workers.append({**ident, **freshness})
             continue
         for row in snap.get("usage", []):
             row["tenant"] = slugs.get(row["tenant"], row["tenant"])
@@ -177,7 +187,7 @@ def cluster_stats() -> dict:
             for slug, nbytes in owners.items():
                 resident = tenant(slug)["resident_bytes"]
                 resident[tier] = resident.get(tier, 0) + nbytes
-        workers.append({**ident, "status": "ok", **snap})
+        workers.append({**ident, **snap, **freshness})
     _add_l3(tiers, l3_scopes, l3_resident, tenant)
 
     names = tier_names(tiers)
@@ -191,4 +201,6 @@ def cluster_stats() -> dict:
         "tiers": {name: tiers[name] for name in names},
         "tenants": sorted(tenants.values(), key=lambda r: r["tenant"]),
         "workers": workers,
+        "stale": bool(stale),  # some replica's figures are not fresh (see each worker's ``stale``)
+        "stale_workers": len(stale),
     }

@@ -1,5 +1,5 @@
-"""Take a sample of every running worker's counters (``runtime.stats.cluster_stats()``) and prune
-samples older than the retention.
+"""Take a sample of every running worker's counters (``runtime.stats.cluster_stats(refresh=True)``:
+every replica polled now, on the sample store's threads) and prune samples older than the retention.
 
 A sample's time is floored to the interval, and rows are inserted ignoring conflicts on (time,
 scope, worker replica): a second sampler writing the same interval (two web processes) adds nothing.
@@ -80,18 +80,20 @@ def sample_take(*, now: datetime | None = None) -> SampleResult:
     cfg = sampler_config()
     now = now or timezone.now()
     at = sample_time(now, cfg.interval_seconds)
-    stats = cluster_stats()  # Ray calls: outside the transaction, so no write lock is held meanwhile
+    # Ray calls (on the sample store's poll threads): outside the transaction, so no write lock is held
+    stats = cluster_stats(refresh=True)
+    # Only what answered this time: a stale sample would record the same figures twice.
+    workers = [w for w in stats["workers"] if w.get("status") == "ok" and not w.get("stale")]
     rows = [StatSample(at=at, kind=kind, name=name, model=worker["model"], replica=worker.get("replica", 0),
                        values=values)
-            for worker in stats["workers"] if worker.get("status") == "ok"
-            for kind, name, values in worker_rows(worker)]
+            for worker in workers for kind, name, values in worker_rows(worker)]
     with transaction.atomic():
         StatSample.objects.bulk_create(rows, ignore_conflicts=True)
         pruned, _ = StatSample.objects.filter(at__lt=now - timedelta(seconds=cfg.retention_seconds)).delete()
         from controlplane.ledger.services import ledger_accrue_sample
 
-        ledger_accrue_sample(at=at, interval_seconds=cfg.interval_seconds, workers=stats["workers"])
+        ledger_accrue_sample(at=at, interval_seconds=cfg.interval_seconds, workers=workers)
     from controlplane.caches.repin import repin_restarted
 
-    repin_restarted(stats["workers"])  # a replica that started anew gets its named caches' pins back
+    repin_restarted(workers)  # a replica that started anew gets its named caches' pins back
     return SampleResult(at=at, written=len(rows), pruned=pruned)

@@ -27,10 +27,12 @@ from controlplane.jobs.selectors import flush_job_get, flush_job_list
 from controlplane.jobs.services import flush_job_request, rollout_request
 from controlplane.registry.selectors import model_get, model_list
 from controlplane.registry.services import model_create, model_set_replicas, revision_create
+from controlplane.runtime.capacity import capacity_by_model
 from controlplane.runtime.replica_states import replica_states
 from controlplane.tenants.selectors import tenant_list
 from controlplane.ui import present
 from controlplane.ui.access import operator_view
+from controlplane.ui.capacity_hints import capacity_rows
 from controlplane.ui.forms import (
     FlushForm,
     ModelCreateForm,
@@ -87,10 +89,13 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
     bound = bound or {}
     rollouts = list(flush_job_list(kind=FlushJob.Kind.ROLLOUT, limit=ROLLOUTS_READ))
     rows = []
-    for deployment in model_list():
+    deployments = list(model_list())
+    capacity = capacity_by_model(deployments)  # the replicas' last samples: never waits on a replica
+    for deployment in deployments:
         row = present.model_page_row(deployment, rollouts)
         row["stopped"] = deployment.replicas == 0
         row["replica_states"] = replica_states(deployment.name, deployment.replicas)  # never waits on a replica
+        row["capacity"] = capacity_rows(capacity.get(deployment.name, []))
         if request.operator.is_admin:
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))

@@ -81,7 +81,8 @@ def dashboard(stats: dict) -> dict:
     layers and each tenant's resident bytes per tier (display-ready)."""
     workers = []
     for worker in stats["workers"]:
-        row = {"model": worker["model"], "status": worker["status"]}
+        row = {"model": worker["model"], "status": worker["status"], "stale": worker.get("stale", False),
+               "age_s": worker.get("age_s")}
         if worker["status"] == "ok":
             pool = worker.get("pool", {})
             total = int(pool.get("total", 0))
