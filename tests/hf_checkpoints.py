@@ -78,12 +78,15 @@ VLLM_CPU_SHAPE = {"dim": 128, "heads": 2, "kv_heads": 1}
 def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, layers: int = 2, heads: int = 4,
                      kv_heads: int = 2, ffn: int = 128, max_pos: int = 512, tie: bool = False,
                      max_shard_size: str | None = None, dtype: torch.dtype = torch.float32, experts: int = 4,
-                     top_k: int = 2, **extra):
+                     top_k: int = 2, pad_vocab: int = 0, **extra):
     """Save a random ``kind`` checkpoint (one of ``KINDS`` or ``VLLM_ONLY_KINDS``) with its tokenizer under
     ``path``; returns ``(model, tokenizer)`` (transformers objects, eval mode, fp32). ``max_shard_size``
     shards it; ``extra`` goes into the config (e.g. ``attention_bias=True``). The MoE kinds have
     ``experts`` experts of width ``ffn``, ``top_k`` of them routed per token. For vLLM's CPU build pass
-    ``**VLLM_CPU_SHAPE`` (its attention needs head_dim 32, 64, 80, ...)."""
+    ``**VLLM_CPU_SHAPE`` (its attention needs head_dim 32, 64, 80, ...). ``pad_vocab`` gives the model that
+    many embedding rows past the tokenizer's ids (config ``vocab_size`` = tokenizer size + ``pad_vocab``,
+    as Qwen2.5 pads 151,665 tokens to 152,064 rows); random weights make the padded ids as likely as
+    the others."""
     from transformers import (
         GemmaConfig,
         GemmaForCausalLM,
@@ -109,6 +112,7 @@ def build_checkpoint(kind: str, path: Path, *, seed: int = 0, dim: int = 64, lay
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_pos,
                   rms_norm_eps=1e-6, tie_word_embeddings=tie, bos_token_id=0,
                   eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), **extra)
+    common["vocab_size"] += pad_vocab  # padded embedding rows the tokenizer has no token for
     if kind == "llama":
         config, cls = LlamaConfig(**common, rope_theta=10000.0), LlamaForCausalLM
     elif kind == "llama3":

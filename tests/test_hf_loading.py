@@ -227,6 +227,24 @@ def test_decode_refuses_ids_outside_the_vocabulary(llama_dir):
         tok.encode(b"bytes")
 
 
+def test_padded_ids_decode_to_nothing_as_in_vllm_and_the_model_may_generate_them(tmp_path):
+    from tokenizers.decoders import DecodeStream
+
+    _, hf_tok = build_checkpoint("qwen2", tmp_path, seed=4, layers=1, pad_vocab=64)
+    loaded = _load(tmp_path)
+    tok = loaded.tokenizer
+    assert (tok.vocab_size, tok.model_vocab_size, loaded.config.vocab_size) == (320, 384, 384)
+    assert tok.generatable_ids() == tuple(range(384))  # vLLM samples from all of the model's logits
+    ids = tok.encode("Ünïcödé 🙂 漢字", add_bos=False)
+    mixed = [320, *ids[:2], 383, *ids[2:], 350]  # a padded id inside a split character, first and last
+    assert tok.decode(mixed) == tok.decode(ids) == "Ünïcödé 🙂 漢字" == hf_tok.decode(mixed, skip_special_tokens=True)
+    stream = DecodeStream(skip_special_tokens=True)  # vLLM's detokenizer, token by token
+    assert "".join(stream.step(hf_tok._tokenizer, i) or "" for i in mixed) == tok.decode(mixed)
+    assert tok.decode([383]) == ""
+    with pytest.raises(InvalidPrompt, match="outside the vocabulary"):
+        tok.decode([*ids, 384])
+
+
 def test_serving_a_checkpoint_never_imports_transformers(llama_dir):
     import subprocess
     import sys

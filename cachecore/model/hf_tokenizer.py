@@ -45,15 +45,17 @@ class HFTokenizer:
 
     ``encode(text, add_bos=True)`` adds the special tokens the tokenizer's post-processor adds (BOS
     for Llama, nothing for Qwen) when ``add_bos``, as transformers' ``encode`` does by default;
-    ``decode`` skips special tokens. Every id of the tokenizer is generatable (as in transformers'
-    ``generate``). Bad input raises ``InvalidPrompt``.
+    ``decode`` skips special tokens and the model's ids the tokenizer lacks (``model_vocab_size`` above
+    the tokenizer's ``vocab_size``: padded rows), as vLLM's detokenizer does. Every id of the model is
+    generatable (as in transformers' ``generate`` and vLLM, which sample from all of the model's logits).
+    Bad input (an id outside the model's vocabulary) raises ``InvalidPrompt``.
     """
 
     name = TOKENIZER_NAME
     version = TOKENIZER_VERSION
 
     def __init__(self, tokenizer_json: bytes, special_tokens: dict[str, str], eos_ids: Sequence[int],
-                 bos_id: int | None = None) -> None:
+                 bos_id: int | None = None, model_vocab_size: int | None = None) -> None:
         try:
             self._tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         except Exception as exc:  # tokenizers raises its own Exception type for malformed files
@@ -62,6 +64,7 @@ class HFTokenizer:
         self._max_token_chars: int | None = None
         self.special_tokens = dict(special_tokens)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.model_vocab_size = max(self.vocab_size, model_vocab_size or 0)
         ids = {name: self._tok.token_to_id(text) for name, text in self.special_tokens.items()}
         eos = tuple(eos_ids) or ((ids["eos_token"],) if ids.get("eos_token") is not None else ())
         if not eos:
@@ -82,13 +85,19 @@ class HFTokenizer:
             raise InvalidPrompt(f"text cannot be tokenized: {exc}") from None
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``; a padded id (the model's, not the tokenizer's) adds nothing, as in vLLM
+        (``tokenizers`` drops ids it does not know; they are dropped here explicitly, so the text never
+        depends on that)."""
+        known = []
         for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.vocab_size:
-                raise InvalidPrompt(f"token id {i!r} outside the vocabulary (0..{self.vocab_size - 1})")
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.model_vocab_size:
+                raise InvalidPrompt(f"token id {i!r} outside the vocabulary (0..{self.model_vocab_size - 1})")
+            if i < self.vocab_size:
+                known.append(i)
+        return self._tok.decode(known, skip_special_tokens=True)
 
     def generatable_ids(self) -> tuple[int, ...]:
-        return tuple(range(self.vocab_size))
+        return tuple(range(self.model_vocab_size))
 
     @property
     def max_token_chars(self) -> int:
@@ -160,7 +169,8 @@ def load_text(path: str | os.PathLike[str], ckpt: CheckpointConfig | None = None
         raise CheckpointError(f"checkpoint {str(root)!r} has no readable tokenizer.json") from None
     cfg_path = root / "tokenizer_config.json"
     tok_cfg = read_json(cfg_path, "tokenizer_config.json") if cfg_path.is_file() else {}
-    tokenizer = HFTokenizer(tokenizer_json, _special_tokens(root, tok_cfg), ckpt.eos_token_ids, ckpt.bos_token_id)
+    tokenizer = HFTokenizer(tokenizer_json, _special_tokens(root, tok_cfg), ckpt.eos_token_ids, ckpt.bos_token_id,
+                            model_vocab_size=ckpt.model.vocab_size)
     if tokenizer.vocab_size > ckpt.model.vocab_size:
         raise CheckpointError(f"tokenizer has {tokenizer.vocab_size} ids but the model only "
                               f"{ckpt.model.vocab_size} (config.json vocab_size)")

@@ -105,6 +105,27 @@ def test_token_id_prompt_is_accepted(platform):
     assert out.usage.prompt_tokens == 4
 
 
+def test_return_token_ids_gives_the_prompt_and_generated_ids_as_vllm_does(platform):
+    from controlplane.serving.model_facts import model_facts
+
+    tokenizer = model_facts(platform.deployment).tokenizer
+    client = platform.client("acme")
+    plain = client.completions.create(model=platform.model, prompt="Hi", max_tokens=3, temperature=0)
+    assert getattr(plain.choices[0], "token_ids", None) is None
+    out = client.completions.create(model=platform.model, prompt="Hi", max_tokens=3, temperature=0,
+                                    extra_body={"return_token_ids": True})
+    choice = out.choices[0]
+    assert choice.prompt_token_ids == tokenizer.encode("Hi") and len(choice.token_ids) == 3
+    assert choice.text == tokenizer.decode(choice.token_ids) == plain.choices[0].text
+    chunks = list(client.completions.create(model=platform.model, prompt="Hi", max_tokens=3, temperature=0,
+                                            stream=True, extra_body={"return_token_ids": True}))
+    assert chunks[0].choices[0].prompt_token_ids == tokenizer.encode("Hi")
+    assert [i for c in chunks if c.choices for i in c.choices[0].token_ids] == choice.token_ids
+    chat = client.chat.completions.create(model=platform.model, messages=[{"role": "user", "content": "x"}],
+                                          max_tokens=2, temperature=0, extra_body={"return_token_ids": True})
+    assert chat.usage.prompt_tokens == len(chat.prompt_token_ids) and len(chat.choices[0].token_ids) == 2
+
+
 def test_models_lists_only_granted_models(platform, actor):
     from controlplane.registry.services import model_create
 

@@ -135,3 +135,15 @@ def chunk(kind: str, cid: str, model: str, created: int, *, token: dict | None =
     choice = {"index": 0, "delta": delta, "finish_reason": finish_reason,
               "logprobs": chat_logprobs([token]) if (token and with_logprobs) else None}
     return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+
+
+def add_token_ids(out: dict, kind: str, generated: list[int], prompt: list[int] | None = None) -> dict:
+    """vLLM's ``return_token_ids`` on a response or a streamed chunk ``out`` (changed in place and
+    returned): the choice's ``token_ids`` (the generated ids; a chunk: its own), and with ``prompt``
+    (a stream: its first chunk only) ``prompt_token_ids``, on the choice of a completion and on the
+    response of a chat, where vLLM puts them."""
+    choice = out["choices"][0]
+    choice["token_ids"] = list(generated)
+    if prompt is not None:
+        (choice if kind == "text" else out)["prompt_token_ids"] = list(prompt)
+    return out

@@ -49,6 +49,8 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     presence_penalty: Literal[0, 0.0] = 0
     frequency_penalty: Literal[0, 0.0] = 0
+    # vLLM's extension: the response carries the prompt's and the generated token ids (``responses``).
+    return_token_ids: StrictBool | None = None
 
     @field_validator("temperature")
     @classmethod

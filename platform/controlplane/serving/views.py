@@ -99,13 +99,18 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
             if ev["type"] in ("finished", "error"):
                 ended.append(True)
             if ev["type"] == "token":
-                yield _sse(responses.chunk(kind, cid, prep.model, created, token=ev, first=not sent_first,
-                                           with_logprobs=with_logprobs))
+                out = responses.chunk(kind, cid, prep.model, created, token=ev, first=not sent_first,
+                                      with_logprobs=with_logprobs)
+                if prep.body.return_token_ids:
+                    responses.add_token_ids(out, kind, [ev["id"]], None if sent_first else prep.tokens)
+                yield _sse(out)
                 sent_first = True
             elif ev["type"] == "finished":
                 diagnosis = await _account(request, prep, ev)
                 last = responses.chunk(kind, cid, prep.model, created, finish_reason=ev["finish_reason"],
                                        first=not sent_first)
+                if prep.body.return_token_ids:
+                    responses.add_token_ids(last, kind, [], None if sent_first else prep.tokens)
                 if diagnosis is not None:
                     last["cache_diagnostics"] = diagnosis
                 yield _sse(last)
@@ -167,6 +172,8 @@ async def _serve(request: HttpRequest, kind: str):
     tokens, finished = await _collect(prep, started)
     shape = responses.completion if kind == "text" else responses.chat_completion
     out = shape(prep.model, tokens, finished, with_logprobs=with_logprobs)
+    if prep.body.return_token_ids:
+        responses.add_token_ids(out, kind, [t["id"] for t in tokens], prep.tokens)
     diagnosis = await _account(request, prep, finished)
     if diagnosis is not None:
         out["cache_diagnostics"] = diagnosis
