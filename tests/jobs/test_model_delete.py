@@ -14,6 +14,7 @@ import pytest
 
 from tests.controlplane.helpers import audit_events, post
 from tests.jobs.conftest import wait_for
+from tests.serving.test_quota_paths_http import slow  # noqa: F401  (fixture: a model that decodes slowly)
 
 PROMPT = "Quarterly plan, confidential: revenue by region, hiring, the roadmap and its risks. " * 8
 
@@ -191,3 +192,30 @@ def test_a_model_with_no_replica_running_still_has_its_l3_objects_deleted(platfo
     assert figures["objects_deleted"] == objects_before - 1 and figures["disk_bytes_freed"] == bytes_before
     assert figures["replicas_stopped"] == 0 and figures["grants_ended"] == 3
     assert services.job_execute(job_id=job_id).status == "succeeded"  # final: a rerun changes nothing
+
+
+def test_a_stream_running_on_a_deleted_model_is_stopped_before_its_replica(platform, slow, admin_client,  # noqa: F811
+                                                                           monkeypatch):
+    """A 2,000-token stream on a model whose decoding takes seconds: the job stops it (a retryable
+    ``request_stopped`` and no token after it), counts it, then stops the replica."""
+    import httpx
+
+    from controlplane.jobs import services
+    from tests.serving.test_quota_paths_http import SLOW, _events, _open_stream
+
+    monkeypatch.setattr(services, "_enqueue", lambda job: None)
+    with httpx.Client() as client:
+        cm, lines = _open_stream(client, platform, "acme")
+        try:
+            job_id = admin_client.delete(f"/api/admin/models/{SLOW}?reason=retired").json()["id"]
+            job = _run_with_retries(services, job_id)
+            rest = _events(lines)  # returns: the stream ended (it would run for 2,000 tokens otherwise)
+        finally:
+            cm.__exit__(None, None, None)
+    assert job.status == "succeeded" and job.verified, (job.error, job.steps)
+    assert job.results[f"cache-worker:{SLOW}:0:cancel"]["cancelled"] == 1
+    errors = [e for e in rest if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "request_stopped", rest[-3:]
+    assert not any(isinstance(e, dict) and e.get("choices") for e in rest[rest.index(errors[0]):])
+    assert sum(1 for e in rest if isinstance(e, dict) and e.get("choices")) < 1990
+    assert _actors_of(SLOW) == []
