@@ -35,6 +35,10 @@ REVIEWED = {
         "re-created weights-source check admits every row it writes (checkpoint_path stays NULL)",
     ("registry", "0003_engine_and_tensor_parallel"):
         "engine and tensor_parallel_size NOT NULL: the previous release's model creation failed during the window",
+    ("registry", "0004_soft_delete"):
+        "the unique index on a deployment's name is replaced by one on names not purged, added first: the "
+        "previous release's inserts leave purged_at NULL, so every name it writes stays unique; it deletes "
+        "nothing, so it never meets a deleted row it would show",
     ("tenants", "0003_data_keys_and_cache_policy"):
         "persist_kv and retention_seconds NOT NULL: the previous release's tenant creation failed during the "
         "window; the retention check holds for the default it gets (86400)",

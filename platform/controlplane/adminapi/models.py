@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ninja import Router, Status
 
 from controlplane.adminapi.auth import actor_of
@@ -14,6 +16,9 @@ from controlplane.adminapi.schemas import (
     RevisionIn,
     RevisionOut,
 )
+from controlplane.common.errors import InvalidInput
+from controlplane.jobs import deletes
+from controlplane.jobs.selectors import flush_job_view
 from controlplane.registry import selectors, services
 from controlplane.runtime import capacity
 
@@ -71,3 +76,38 @@ def create_revision(request, name: str, payload: RevisionIn):
         weights_path=payload.weights_path, path=payload.path,
     )
     return Status(201, revision_out(revision, deployment.active_revision_id))
+
+
+def _delete_reason(request, reason: str) -> str:
+    """The reason of a DELETE: ``?reason=`` (as offboarding and shredding take it) or a JSON body
+    ``{"reason"}``; a body that is not such an object is 422."""
+    if not request.body:
+        return reason
+    try:
+        body = json.loads(request.body)
+    except ValueError:
+        raise InvalidInput("the body must be JSON: {\"reason\": \"...\"}", code="invalid_json") from None
+    if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str):
+        raise InvalidInput("the body may only hold {\"reason\": \"...\"}")
+    return body.get("reason") or reason
+
+
+@router.delete("models/{name}", response={202: dict})
+def delete_model(request, name: str, reason: str = ""):
+    """Delete a deployment (a reason is required): 202 with its ``model_delete`` job (follow it at
+    ``flush-jobs/{id}``). From now on tenants get 404 ``model_not_found`` and lists leave it out; the
+    job stops its requests, flushes it everywhere, stops every replica, deletes its L3 objects and
+    ends its grants. While it runs, a DELETE answers the same job; after a job that did not succeed,
+    a new one; once deleted, 404. The name can be used again once the job succeeded."""
+    job = deletes.model_delete_request(actor=actor_of(request), model=name, reason=_delete_reason(request, reason))
+    return Status(202, {"job": {"id": job.pk, "status": job.status}, **flush_job_view(job)})
+
+
+@router.delete("models/{name}/revisions/{label}", response={202: dict})
+def delete_revision(request, name: str, label: str, reason: str = ""):
+    """Delete a revision that is not active (409 ``revision_active``): 202 with its
+    ``revision_delete`` job, which removes its KV from every tier. It is no longer listed, and a
+    rollout to it is a 404."""
+    job = deletes.revision_delete_request(actor=actor_of(request), model=name, revision=label,
+                                          reason=_delete_reason(request, reason))
+    return Status(202, {"job": {"id": job.pk, "status": job.status}, **flush_job_view(job)})

@@ -148,6 +148,14 @@ def caches_forget_tenant(tenant) -> int:
             .update(deleted_at=now, token_ids=[], messages=None, updated=now))
 
 
+def caches_forget_deployment(deployment) -> int:
+    """A model is deleted: its named caches end at once (their bytes go with the model's delete job),
+    their tokens cleared. Returns how many."""
+    now = timezone.now()
+    return (NamedCache.objects.filter(deployment=deployment, deleted_at__isnull=True)
+            .update(deleted_at=now, token_ids=[], messages=None, updated=now))
+
+
 SWEEP_ACTOR = Actor.system("caches.sweep")
 SWEEP_BATCH = 500  # rows cleared per UPDATE (SQLite bounds the parameters of one statement)
 

@@ -8,4 +8,4 @@ class JobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from controlplane.jobs import signals  # noqa: F401  (resume stale jobs when a worker starts)
+        from controlplane.jobs import deletes, signals  # noqa: F401  (delete jobs' executors; resume stale jobs)

@@ -5,6 +5,9 @@ job flushes its tenant and shreds every one of its versions (steps inside that o
 cache policy queues the two L3-only jobs: ``l3_delete`` (persistence turned off: every L3 object of
 the tenant is deleted on every replica; L1/L2 untouched) and ``l3_expire`` (retention lowered: every
 replica applies the tenant's retention as it is when the job runs and deletes what is older).
+Deleting a model queues a ``model_delete`` job (scope model: stop its requests, flush it everywhere,
+stop every replica, delete its L3 objects, end its grants: ``jobs.deletes``); deleting an inactive
+revision a ``revision_delete`` job (scope revision: its KV leaves every tier, L3 included).
 
 Per-worker results live in ``results`` keyed by worker name, so a retried or resumed task skips the
 workers already done (idempotent), and ``steps`` is the job's own history, shown in the UI and API.
@@ -23,6 +26,8 @@ class FlushJob(models.Model):
         SHRED = "shred"
         L3_DELETE = "l3_delete"
         L3_EXPIRE = "l3_expire"
+        MODEL_DELETE = "model_delete"
+        REVISION_DELETE = "revision_delete"
 
     class Scope(models.TextChoices):
         TENANT = "tenant"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import transaction
@@ -55,6 +56,11 @@ DONE = ("ok", NOT_RUNNING, "absent", "skipped")
 
 class RetryLater(Exception):
     """Some workers could not be reached; the task retries with backoff."""
+
+
+# Job kinds run by another module (kind -> its executor, ``(job, final_attempt) -> job``), which
+# registers itself when the app is ready (``jobs.deletes``): this module never imports it.
+EXECUTORS: dict[str, Callable[[FlushJob, bool], FlushJob]] = {}
 
 
 def job_send(job_id: int) -> None:
@@ -197,8 +203,8 @@ def _describe(job: FlushJob) -> dict:
 
 # ---------------------------------------------------------------------- execution
 def _targets(job: FlushJob) -> list[ModelDeployment]:
-    if job.deployment_id:
-        return [ModelDeployment.objects.select_related("active_revision").get(pk=job.deployment_id)]
+    if job.deployment_id:  # a job reaches its deployment even once it is being deleted
+        return [ModelDeployment.all_objects.select_related("active_revision").get(pk=job.deployment_id)]
     return list(ModelDeployment.objects.select_related("active_revision").filter(active_revision__isnull=False)
                 .order_by("name"))
 
@@ -241,6 +247,8 @@ def job_execute(*, job_id: int, final_attempt: bool = False) -> FlushJob:
     job = _begin(job_id)
     if job is None:
         return FlushJob.objects.get(pk=job_id)
+    if job.kind in EXECUTORS:
+        return EXECUTORS[job.kind](job, final_attempt)
     if job.kind == FlushJob.Kind.ROLLOUT:
         return _execute_rollout(job, final_attempt)
     if job.kind == FlushJob.Kind.SHRED:
@@ -285,6 +293,8 @@ def _phases(job: FlushJob) -> int:
     tenant's requests); offboard both."""
     if job.kind == FlushJob.Kind.ROLLOUT:
         return 2
+    if job.kind == FlushJob.Kind.MODEL_DELETE:
+        return 3  # stop its requests, flush, stop the replica
     versions = len(_shred_versions(job)) + 1  # + cancel_tenant first
     if job.kind == FlushJob.Kind.SHRED:
         return versions
@@ -345,7 +355,8 @@ def _verify(job: FlushJob, scope: dict) -> tuple[bool, dict[str, dict]]:
     return ok, per_replica
 
 
-def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
+def _finish(job: FlushJob, failed: list[str], verified: bool, figures: dict | None = None) -> FlushJob:
+    """Record the job's final state and audit ``<kind>.complete`` with its totals (and ``figures``)."""
     done = [n for n, r in job.results.items() if r.get("status") in DONE]
     if not failed and verified:
         job.status = FlushJob.Status.SUCCEEDED
@@ -368,6 +379,7 @@ def _finish(job: FlushJob, failed: list[str], verified: bool) -> FlushJob:
     if job.kind in (FlushJob.Kind.L3_DELETE, FlushJob.Kind.L3_EXPIRE):
         totals["objects_deleted"] = sum(int(r.get("tiers", {}).get("l3", 0)) for r in job.results.values())
         totals["bytes_deleted"] = sum(int(r.get("l3_bytes", 0)) for r in job.results.values())
+    totals.update(figures or {})
     audit_record(actor=Actor.system("jobs"), action=f"{job.kind}.complete", target=f"job:{job.pk}",
                  tenant=job.tenant.slug if job.tenant_id else "", new={"status": job.status, **totals},
                  reason=job.reason, result="ok" if job.status == FlushJob.Status.SUCCEEDED else "error")

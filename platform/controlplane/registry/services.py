@@ -188,7 +188,11 @@ def model_create(
             weights_path=revision.get("weights_path"),
         )
     with transaction.atomic():
-        if ModelDeployment.objects.filter(name=name).exists():
+        taken = ModelDeployment.all_objects.filter(name=name, purged_at__isnull=True).first()
+        if taken is not None and taken.deleted_at is not None:
+            raise Conflict(f"model {name!r} is being deleted; its name is free once its delete job succeeds",
+                           code="model_deleting")
+        if taken is not None:
             raise Conflict(f"model {name!r} already exists")
         deployment = ModelDeployment.objects.create(
             name=name, preset=preset, architecture=architecture, tokenizer=tokenizer, engine=engine,
@@ -229,7 +233,10 @@ def revision_create(
     if checkpoint_path is not None:
         _check_same_layout(deployment, checkpoint_path)
     with transaction.atomic():
-        if ModelRevision.objects.filter(deployment=deployment, label=label).exists():
+        taken = ModelRevision.all_objects.filter(deployment=deployment, label=label).first()  # deleted ones too
+        if taken is not None and taken.deleted_at is not None:
+            raise Conflict(f"model {deployment.name!r} had a revision {label!r}, deleted: a label is not reused")
+        if taken is not None:
             raise Conflict(f"model {deployment.name!r} already has a revision {label!r}")
         revision = ModelRevision.objects.create(
             deployment=deployment, label=label, seed=seed, weights_path=weights_path,
@@ -333,3 +340,4 @@ def model_check_engine(*, deployment: ModelDeployment, engine: str) -> ModelDepl
         raise Conflict(f"model {deployment.name!r} is served by engine {deployment.engine!r}; the engine is "
                        "chosen when the deployment is created: create a new deployment", code="engine_fixed")
     return deployment
+

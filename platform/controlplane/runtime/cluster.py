@@ -50,6 +50,7 @@ class WorkerSpec:
     replicas: int = 1
     engine: str = "strata"  # "strata" | "vllm" (registry.engines)
     tensor_parallel_size: int = 1  # devices of one replica (vllm only)
+    deployment_id: int | None = None  # the registry row: a name deleted and created again is another one
 
 
 def revision_source(rev) -> dict:
@@ -66,7 +67,8 @@ def spec_for(deployment) -> WorkerSpec:
     """The worker spec of a registry ``ModelDeployment`` at its active revision."""
     return WorkerSpec(deployment=deployment.name, preset=deployment.preset,
                       revision=revision_source(deployment.active_revision), replicas=deployment.replicas,
-                      engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size)
+                      engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size,
+                      deployment_id=deployment.pk)
 
 
 def join():
@@ -147,8 +149,14 @@ def registry_spec(deployment: str) -> WorkerSpec | None:
 
 
 def replica_set(spec: WorkerSpec) -> ReplicaSet:
-    """This process's directory of ``spec``'s replicas, updated to ``spec`` (count, revision)."""
+    """This process's directory of ``spec``'s replicas, updated to ``spec`` (count, revision). A name
+    that now belongs to another deployment (deleted and created again) starts a new directory: the
+    old one's handles name actors its delete job killed."""
     rs = _sets.get(spec.deployment)
+    if rs is not None and None not in (spec.deployment_id, getattr(rs.spec, "deployment_id", None)) \
+            and rs.spec.deployment_id != spec.deployment_id:
+        forget(spec.deployment)
+        rs = None
     if rs is None:
         with _lock:
             rs = _sets.get(spec.deployment)

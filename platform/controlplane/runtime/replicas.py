@@ -313,8 +313,7 @@ class ReplicaSet:
         try:
             for delay in REVIVE_BACKOFF_S:
                 time.sleep(delay)
-                self._refresh_spec()
-                if self.closed or rep.index >= self.count or rep.draining:
+                if not self._refresh_spec() or self.closed or rep.index >= self.count or rep.draining:
                     return
                 try:
                     self._start_one(rep.index)
@@ -330,16 +329,20 @@ class ReplicaSet:
             with self._lock:
                 rep.reviving = False
 
-    def _refresh_spec(self) -> None:
+    def _refresh_spec(self) -> bool:
+        """Re-read the spec; False when the registry no longer has the deployment (deleted): a
+        replica of it is never brought back."""
         if self._refresh is None:
-            return
+            return True
         try:
             spec = self._refresh()
         except Exception as exc:  # the registry is briefly away: keep the last spec seen
             logger.info("could not re-read the spec of %s: %r", self.deployment, exc)
-            return
-        if spec is not None:
-            self.spec = spec
+            return True
+        if spec is None:
+            return False
+        self.spec = spec
+        return True
 
     def drain(self, index: int, *, deadline_s: float) -> dict:
         """Scale replica ``index`` away: out of routing now, wait (up to ``deadline_s``) until neither

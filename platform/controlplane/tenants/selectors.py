@@ -115,7 +115,7 @@ def api_key_get(*, tenant: Tenant, key_id: int) -> ApiKey:
 
 
 def grant_list(*, tenant: Tenant) -> QuerySet[Grant]:
-    return Grant.objects.filter(tenant=tenant).select_related("deployment")
+    return Grant.objects.filter(tenant=tenant, deployment__deleted_at__isnull=True).select_related("deployment")
 
 
 def share_group_list() -> QuerySet[ShareGroup]:

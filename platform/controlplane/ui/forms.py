@@ -182,3 +182,35 @@ def form_error_text(form: forms.Form) -> str:
         label = "" if field == "__all__" else f"{field}: "
         parts.extend(f"{label}{e}" for e in errors)
     return "; ".join(parts)
+
+
+CONFIRM_NAME = "Type the model's name to confirm"
+
+
+class DeleteModelForm(forms.Form):
+    """Delete a deployment: said twice (the model's name typed, as a rollback), never the primary button."""
+
+    confirm = forms.CharField(max_length=200, label=CONFIRM_NAME, widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    reason = forms.CharField(max_length=REASON_MAX, widget=forms.TextInput(attrs={"placeholder": "no longer served"}))
+
+
+class DeleteRevisionForm(forms.Form):
+    """Delete a revision that is not active: said twice (the model's name typed), as a rollback."""
+
+    revision = forms.CharField(max_length=64)
+    confirm = forms.CharField(max_length=200, label=CONFIRM_NAME, widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    reason = forms.CharField(max_length=REASON_MAX, widget=forms.TextInput(attrs={"placeholder": "bad weights"}))
+
+
+def delete_forms(name: str, revisions: list[dict], active: str | None, bound: dict) -> dict:
+    """A model row's delete controls: ``delete_form`` always, ``delete_revision_form`` (a choice of
+    the revisions that are not active) when there is one; the operator's bound forms when a delete
+    was refused (``bound`` keys ``("delete", name)``, ``("delete-revision", name)``)."""
+    out: dict = {"delete_form": bound.get(("delete", name)) or DeleteModelForm(auto_id=f"id_del_{name}_%s")}
+    inactive = [r for r in revisions if r["label"] != active]
+    if inactive:
+        form = bound.get(("delete-revision", name)) or DeleteRevisionForm(auto_id=f"id_delrev_{name}_%s")
+        form.fields["revision"].widget = forms.Select(
+            choices=[(r["label"], f"{r['label']} ({r.get('state', 'staged')})") for r in inactive])
+        out["delete_revision_form"] = form
+    return out

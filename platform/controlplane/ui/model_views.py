@@ -40,6 +40,7 @@ from controlplane.ui.forms import (
     RevisionForm,
     RollbackForm,
     RolloutForm,
+    delete_forms,
     form_error_text,
 )
 from controlplane.ui.views import _page, _partial
@@ -99,6 +100,7 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
         if request.operator.is_admin:
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
+            row.update(delete_forms(name, row["revisions"], row["active_revision"], bound))
             labels = [r["label"] for r in row["revisions"]]
             at = labels.index(row["active_revision"]) if row["active_revision"] in labels else -1
             newer = list(reversed(row["revisions"][at + 1:]))  # newest first: the default is the newest

@@ -221,7 +221,7 @@ def _phase(name: str) -> tuple[str, str]:
     if ":drop:v" in name:
         worker, version = name.split(":drop:v", 1)
         return worker, f"drop key v{version}"
-    for suffix in ("stage", "switch"):
+    for suffix in ("stage", "switch", "cancel", "stop"):
         if name.endswith(f":{suffix}"):
             return name[: -len(suffix) - 1], suffix
     return name, "flush"

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from controlplane.ui import chart_views, model_views, tenant_views, token_views, user_views, views
+from controlplane.ui import chart_views, delete_views, model_views, tenant_views, token_views, user_views, views
 
 app_name = "ui"
 
@@ -34,6 +34,8 @@ urlpatterns = [
     path("ui/models/<str:name>/revisions/", model_views.revision_add, name="revision-add"),
     path("ui/models/<str:name>/rollout/", model_views.rollout, name="rollout"),
     path("ui/models/<str:name>/rollback/", model_views.rollback, name="rollback"),
+    path("ui/models/<str:name>/delete/", delete_views.model_delete, name="model-delete"),
+    path("ui/models/<str:name>/revisions/delete/", delete_views.revision_delete, name="revision-delete"),
     path("ui/models/<str:name>/replicas/", model_views.replicas, name="replicas"),
     path("ui/jobs/", model_views.jobs, name="jobs"),
     path("ui/jobs/live/", model_views.jobs_live, name="jobs-live"),
