@@ -35,7 +35,7 @@ ENGINE_MODULES = (
 # one must be torch-free (this test fails otherwise) and be added here on purpose.
 WEB_WORKERS_MODULES = {
     "workers", "workers.protocol", "workers.actor", "workers.admission", "workers.engine_contract", "workers.stops",
-    "workers.placement",
+    "workers.placement", "workers.replica_board",  # the replica board: start states, stdlib + Ray only
 }
 
 PROBE = r"""

@@ -37,11 +37,16 @@ class ReplicaBoard:
         self._clock = clock
         self._states: dict[str, dict[str, Any]] = {}
 
-    def report(self, name: str, state: str, phase: str | None = None, error: str | None = None) -> dict:
+    def report(self, name: str, state: str, phase: str | None = None, error: str | None = None,
+               known_only: bool = False) -> dict:
+        """Record ``state``; with ``known_only`` only for a replica the board already holds (a drain of
+        a replica that never existed has nothing to say). Returns the entry ({} when not recorded)."""
         if state not in STATES:
             raise ValueError(f"unknown replica state {state!r}")
         now = self._clock()
         old = self._states.get(name)
+        if old is None and known_only:
+            return {}
         if old is not None and old["state"] == state:
             entry = {**old, "updated": now}
             if phase is not None:
@@ -53,6 +58,13 @@ class ReplicaBoard:
                      "error": error[-ERROR_CHARS:] if error else None}
         self._states[name] = entry
         return dict(entry)
+
+    def forget(self, prefix: str) -> int:
+        """Drop every state of replicas named ``prefix...`` (a deleted deployment's); how many."""
+        gone = [name for name in self._states if name.startswith(prefix)]
+        for name in gone:
+            del self._states[name]
+        return len(gone)
 
     def snapshot(self, prefix: str = "") -> dict[str, dict]:
         """Every state whose replica name starts with ``prefix``, with ``now`` (the board's clock)."""
@@ -74,15 +86,29 @@ def _board():
     ).remote()
 
 
-def report(name: str, state: str, *, phase: str | None = None, error: str | None = None) -> None:
-    """Fire-and-forget: record replica ``name``'s ``state``. Never raises, never waits for the board."""
+def report(name: str, state: str, *, phase: str | None = None, error: str | None = None,
+           known_only: bool = False) -> None:
+    """Fire-and-forget: record replica ``name``'s ``state`` (``known_only``: only if the board holds
+    it already). Never raises, never waits for the board."""
     try:
         import ray
 
         if ray.is_initialized():
-            _board().report.remote(name, state, phase, error)
+            _board().report.remote(name, state, phase, error, known_only)
     except Exception as exc:  # the board is a view: a start never fails for it
         logger.info("could not report %s as %s: %r", name, state, exc)
+
+
+def forget(prefix: str) -> None:
+    """Fire-and-forget: drop the states of every replica named ``prefix...`` (a deleted deployment's,
+    so a model created again under its name starts with none). Never raises."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            _board().forget.remote(prefix)
+    except Exception as exc:
+        logger.info("could not forget %s: %r", prefix, exc)
 
 
 def snapshot(prefix: str = "", *, timeout: float = 2.0) -> dict[str, dict] | None:

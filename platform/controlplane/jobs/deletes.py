@@ -63,6 +63,7 @@ from controlplane.runtime import gateway
 from controlplane.runtime.replicas import MAX_REPLICAS
 from controlplane.tenants.access import grant_delete
 from controlplane.tenants.models import Grant
+from workers import replica_board
 from workers.actor import NAMESPACE, actor_name
 
 logger = logging.getLogger("controlplane.jobs")
@@ -208,6 +209,8 @@ def _stop_replicas(job: FlushJob, final_attempt: bool) -> list[str]:
             raise RetryLater(f"replicas could not be stopped: {exc!r}") from exc
         left = [f"unknown: {type(exc).__name__}"]
     gateway.forget(deployment.name)
+    if not left:  # its replicas' states go with it: a model created again under the name starts with none
+        replica_board.forget(actor_name(deployment.name, 0)[:-1])
     if left and not final_attempt:  # started again meanwhile (a request that resolved before the delete)
         job.results = {n: r for n, r in job.results.items() if n.removesuffix(":stop") not in left}
         _save(job, "results")

@@ -354,8 +354,8 @@ class ReplicaSet:
         try:
             ray = self._join()
             handle = rep.handle or self._actor.find(self.deployment, index)
-            if handle is None:
-                replica_board.report(rep.name, "stopped")
+            if handle is None:  # a replica whose start failed or was reported shows as stopped; others stay unlisted
+                replica_board.report(rep.name, "stopped", known_only=True)
                 return {"replica": index, "status": "absent", "running_at_kill": 0}
             replica_board.report(rep.name, "stopping", phase="draining running requests")
             deadline = time.monotonic() + max(0.0, deadline_s)
