@@ -31,7 +31,8 @@ def _system(ttl: str | None = "5m", text: str = SYSTEM) -> list[dict]:
 
 def _create(platform, tenant="acme", *, model=None, system=None, question=QUESTION, **kw):
     return _client(platform, tenant).messages.create(
-        model=model or platform.model, max_tokens=kw.pop("max_tokens", 8), extra_body={"temperature": 0},
+        model=model or platform.model, max_tokens=kw.pop("max_tokens", 8),
+        extra_body={"temperature": 0, **kw.pop("extra_body", {})},
         system=system if system is not None else _system(),
         messages=[{"role": "user", "content": question}], **kw)
 
@@ -86,6 +87,10 @@ def test_breakpoint_is_created_then_read_and_the_counts_add_up(platform):
     listed = httpx.get(f"{platform.url}/v1/caches", headers={"Authorization": f"Bearer {platform.keys['acme']}"},
                        timeout=30).json()["data"]
     assert [(c["kind"], c["pinned_tokens"]) for c in listed] == [("prefix", bp["pinned_tokens"])]
+    from controlplane.audit.models import AuditEvent
+
+    [created] = AuditEvent.objects.filter(action="cache.create", target=listed[0]["id"])
+    assert created.new_value["kind"] == "prefix" and created.tenant == "acme"
 
 
 def test_streaming_sends_anthropics_events_and_the_final_usage(platform):
@@ -233,6 +238,11 @@ def test_bad_bytes_and_methods_are_anthropic_shaped(platform):
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.get(f"{platform.url}/v1/messages", headers=_key(platform), timeout=30)
     assert r.status_code == 405 and r.json()["type"] == "error"
+    # refused by the gate before the body is read (over what the tenant's models can need)
+    r = httpx.post(f"{platform.url}/v1/messages", content=b"{" + b" " * 1_000_000 + b"}", timeout=30,
+                   headers={**_key(platform), "content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    assert r.json()["type"] == "error"
 
 
 def test_another_tenants_pins_are_never_visible(platform):
@@ -356,3 +366,43 @@ def test_on_vllm_breakpoints_are_read_back_streamed_and_bounded(vllm_platform):
         {"role": "user", "content": [{"type": "text", "text": f"p{i}", "cache_control": cc} for i in range(4)]}]},
         _key(platform))
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_conversation_reuses_the_breakpoint_on_its_last_turn_and_a_prefill_is_continued(platform):
+    _pin_quota("acme", 100_000)
+    cc = {"type": "ephemeral"}
+    turns = [{"role": "user", "content": "Explain the tiers of the cache, one by one, in detail please. " * 3},
+             {"role": "assistant", "content": "L1 holds device pages; L2 host memory; L3 a remote store. " * 3},
+             {"role": "user", "content": [{"type": "text", "text": "And which tier keeps a pinned prefix? " * 3,
+                                           "cache_control": cc}]}]
+    client = _client(platform)
+    first = client.messages.create(model=platform.model, max_tokens=4, system=SYSTEM, messages=turns,
+                                   extra_body={"temperature": 0})
+    [bp] = first.usage.model_extra["cache_breakpoints"]
+    assert bp["status"] == "pinned" and bp["tokens"] > len(SYSTEM) + 3 * 150
+    follow = [*turns, {"role": "assistant", "content": "L2."}, {"role": "user", "content": "Why?"}]
+    nxt = client.messages.create(model=platform.model, max_tokens=4, system=SYSTEM, messages=follow,
+                                 extra_body={"temperature": 0})
+    assert nxt.usage.cache_read_input_tokens >= bp["pinned_tokens"]  # the whole previous turn's prefix
+    # a final assistant message is continued: the same tokens as the chat path rendering it as a prefix
+    prefill = client.messages.create(model=platform.model, max_tokens=4, system=SYSTEM, extra_body={"temperature": 0},
+                                     messages=[*turns, {"role": "assistant", "content": "The answer is"}])
+    prompt = (prefill.usage.input_tokens + prefill.usage.cache_read_input_tokens
+              + prefill.usage.cache_creation_input_tokens)
+    opened = (first.usage.input_tokens + first.usage.cache_read_input_tokens
+              + first.usage.cache_creation_input_tokens)
+    assert prompt == opened + len("The answer is")  # no end of turn, no new assistant header
+
+
+def test_messages_are_booked_in_the_ledger_and_diagnosed_on_request(platform):
+    from controlplane.ledger.models import LedgerHour
+    from controlplane.serving import accountant
+
+    _pin_quota("acme", 100_000)
+    _create(platform, max_tokens=3)
+    second = _create(platform, max_tokens=3, extra_body={"cache_diagnostics": True})
+    assert "cache_diagnostics" in second.model_extra
+    accountant.drain()
+    row = LedgerHour.objects.get(tenant=platform.tenants["acme"], model=platform.model)
+    assert row.requests == 2 and row.completion_tokens == 6
+    assert row.cached_tokens == second.usage.cache_read_input_tokens > 0
