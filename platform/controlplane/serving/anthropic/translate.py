@@ -9,7 +9,8 @@ the generation prompt, as Anthropic's prefill does.
 A breakpoint ends where its block ends in the rendered prompt: the chat up to that block is rendered
 without a generation prompt, and the breakpoint's position is the length of what it shares with the
 whole prompt (so a template's end-of-turn tokens after a message's last block belong to it, and a
-block in the middle of a message ends where its text does).
+block in the middle of a message ends where its text does). A prefix the template refuses to render
+on its own ends nowhere: served, never pinned (``too_short``).
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def render(facts: ModelFacts, body: MessagesRequest, budget: RenderBudget) -> Re
             if block.cache_control is None:
                 continue
             partial = [*chat[:i], {"role": role, "content": _text(blocks[:j + 1])}]
-            prefix = prompt_of(facts, partial, budget, open_end=False)
+            try:
+                prefix = prompt_of(facts, partial, budget, open_end=False)
+            except BadRequest:  # a template that renders no such prefix (a system message alone): not kept
+                prefix = []
             marks.append(Breakpoint(tokens=_shared(tokens, prefix), ttl=block.cache_control.ttl,
                                     ttl_seconds=block.cache_control.seconds))
     return Rendered(tokens=tokens, breakpoints=tuple(marks))
