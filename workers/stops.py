@@ -48,6 +48,7 @@ class TextStream:
         self.text = ""  # decoded so far (complete characters)
         self.sent = 0  # characters of text already emitted
         self.stopped = False
+        self.matched: str | None = None  # the stop sequence that ended the text
         self._prefix = 0  # ids[_prefix:_read] is the context window for decoding the next id
         self._read = 0
 
@@ -78,9 +79,9 @@ class TextStream:
         return self._emit(final=True)
 
     def _emit(self, *, final: bool) -> str:
-        hits = [i for i in (self.text.find(s, self.sent) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.text.find(s, self.sent), s) for s in self.stops) if i >= 0]
         if hits:
-            end = min(hits)
+            end, self.matched = min(hits, key=lambda h: h[0])
             out, self.sent, self.stopped = self.text[self.sent:end], end, True
             return out
         end = len(self.text)
@@ -128,6 +129,7 @@ def apply_stops(events: Iterator[dict], tokenizer, stop: object) -> Iterator[dic
                     yield ev
                     prompt, cached = prefilled.get("prompt_tokens", 0), prefilled.get("cached_tokens", 0)
                     yield {"type": "finished", "finish_reason": "stop", "revision": prefilled.get("revision"),
+                           "stop_sequence": stream.matched,
                            "usage": {"prompt_tokens": prompt, "completion_tokens": generated,
                                      "total_tokens": prompt + generated, "cached_tokens": cached}}
                     return

@@ -53,6 +53,7 @@ from django.urls import set_script_prefix  # noqa: E402
 
 from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
 from controlplane.serving import admission  # noqa: E402
+from controlplane.serving.anthropic.asgi import AnthropicErrors  # noqa: E402
 from controlplane.serving.gate import RequestGate  # noqa: E402
 from controlplane.serving.health import ServingMetrics  # noqa: E402
 
@@ -168,6 +169,7 @@ _site = BodyLimit(ASGIHandler())
 # The gate first: a body declared over the path's limit from a known key counts against its tenant's
 # requests per minute too (413, then 429), before BodyLimit would refuse it uncounted.
 _serving = ServingMetrics(RequestGate(BodyLimit(ServingASGIHandler())))  # every /v1/ answer counted and timed
+_serving = AnthropicErrors(_serving)  # /v1/messages: the errors of the layers above in Anthropic's shape
 
 
 async def application(scope, receive, send):

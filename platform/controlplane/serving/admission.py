@@ -71,6 +71,7 @@ class Deferred:
     on_refused: Callable[[ApplicationError], None] | None = None
 
 
+API_KEY_PATHS = frozenset({"/v1/messages"})  # Anthropic's clients send the tenant key as ``x-api-key``
 CACHES_PATH = "/v1/caches"  # named caches: POST (a prewarm: a prompt) and GET; ``/{id}``: GET, PATCH, DELETE
 BODYLESS_METHODS = frozenset({"GET", "HEAD", "DELETE"})
 SMALL_JSON_BODY = bounds.BODY_SLACK  # a call without a prompt: ``{"ttl_seconds"}`` at most
@@ -169,9 +170,21 @@ def admitted(request: HttpRequest) -> Admission:
     return _admit_request(request)
 
 
+def key_header(authorization: str, api_key: str, path: str) -> str:
+    """The ``Authorization`` value a request authenticates with: its own when it carries a bearer key;
+    else, on ``API_KEY_PATHS``, its ``x-api-key`` as a bearer key (the same tenant key under the same
+    checks and lockouts: another way to present it, never more access)."""
+    scheme, _, raw = authorization.partition(" ")
+    if scheme.lower() == "bearer" and raw.strip():
+        return authorization
+    if path.rstrip("/") in API_KEY_PATHS and api_key.strip():
+        return "Bearer " + api_key.strip()
+    return authorization
+
+
 def _admit_request(request: HttpRequest) -> Admission:
-    return admit(request.headers.get("Authorization", ""), where=request_source(request), method=request.method,
-                 path=request.path)
+    header = key_header(request.headers.get("Authorization", ""), request.headers.get("X-Api-Key", ""), request.path)
+    return admit(header, where=request_source(request), method=request.method, path=request.path)
 
 
 def _admit_deferred(request: HttpRequest, deferred: Deferred) -> Admission:

@@ -64,6 +64,8 @@ DEFERRED_PATHS = ADMITTED_PATHS - {"/v1/chat/completions"}  # prepared whole in 
 BODY_WAIT_S = 0.05  # how long a small body may take after its headers to be read before admission
 CACHES_METHODS = frozenset({"GET", "POST"})  # /v1/caches
 CACHE_METHODS = frozenset({"GET", "PATCH", "DELETE"})  # /v1/caches/{id}
+# /v1/messages: Anthropic's Messages API, its key as a bearer or x-api-key; rendered like a chat (never deferred)
+ADMITTED_PATHS = ADMITTED_PATHS | admission.API_KEY_PATHS
 
 
 def admits(method: str, path: str) -> bool:
@@ -130,13 +132,15 @@ class _ScopeRequest:
 
 
 def _authorization(scope: Scope) -> str | None:
-    """The ``Authorization`` header of a request with a bearer key (else None: the view answers it)."""
+    """The ``Authorization`` header of a request with a bearer key, or on ``admission.API_KEY_PATHS``
+    its ``x-api-key`` as one (else None: the view answers it)."""
+    found = {}
     for name, value in scope.get("headers", ()):
-        if name.lower() == b"authorization":
-            header = value.decode("latin-1")
-            scheme, _, raw = header.partition(" ")
-            return header if scheme.lower() == "bearer" and raw.strip() else None
-    return None
+        if name.lower() in (b"authorization", b"x-api-key"):
+            found.setdefault(name.lower(), value.decode("latin-1"))
+    header = admission.key_header(found.get(b"authorization", ""), found.get(b"x-api-key", ""), scope.get("path", ""))
+    scheme, _, raw = header.partition(" ")
+    return header if scheme.lower() == "bearer" and raw.strip() else None
 
 
 def _expects_continue(scope: Scope) -> bool:

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 NOTE = "strata.metrics"  # the scope-state key of a request's ``Note``
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/kv/layout", "/v1/kv/lookup",
           "/v1/kv/store", "/v1/kv/retrieve", "/v1/caches")
+ROUTES = (*ROUTES, "/v1/messages")  # Anthropic's Messages API
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 MAX_CODE = 48
 

@@ -4,11 +4,13 @@ from django.urls import path
 
 from controlplane.caches import api as cache_api
 from controlplane.serving import views
+from controlplane.serving.anthropic import views as anthropic_views
 
 urlpatterns = [
     path("models", views.models),
     path("completions", views.completions),
     path("chat/completions", views.chat_completions),
+    path("messages", anthropic_views.messages),
     path("kv/layout", views.kv_layout),
     path("kv/lookup", views.kv_lookup),
     path("kv/store", views.kv_store),

@@ -175,6 +175,8 @@ STRATA_SERVING_MAX_BODY_BYTES = ENV.serving_max_body_bytes
 # (serving.render_pool), each tenant on at most all but one of them; one render's time budget.
 STRATA_RENDER_THREADS = ENV.render_threads
 STRATA_RENDER_BUDGET_MS = ENV.render_budget_ms
+# Anthropic cache_control TTLs (5m, 1h) are multiplied by this (caches.breakpoints); tests scale them down.
+STRATA_CACHE_CONTROL_TTL_SCALE = 1.0
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(ENV.max_body_bytes, ENV.admin_max_body_bytes)
 STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
 # Peers whose X-Forwarded-For names the client (common.sources); empty: the TCP peer is the source.
