@@ -50,6 +50,9 @@ class WorkerSpec:
     replicas: int = 1
     engine: str = "strata"  # "strata" | "vllm" (registry.engines)
     tensor_parallel_size: int = 1  # devices of one replica (vllm only)
+    # (error code, message) while the revision may not serve (its weights digest is not known yet, or
+    # hashing them failed: hashing.selectors.hold); no replica starts for it, requests get that 503
+    unservable: tuple[str, str] | None = None
 
 
 def revision_source(rev) -> dict:
@@ -63,10 +66,15 @@ def revision_source(rev) -> dict:
 
 
 def spec_for(deployment) -> WorkerSpec:
-    """The worker spec of a registry ``ModelDeployment`` at its active revision."""
+    """The worker spec of a registry ``ModelDeployment`` at its active revision (held while that
+    revision's digest is pending: ``unservable``)."""
+    from controlplane.hashing.selectors import hold
+
+    rev = deployment.active_revision
     return WorkerSpec(deployment=deployment.name, preset=deployment.preset,
-                      revision=revision_source(deployment.active_revision), replicas=deployment.replicas,
-                      engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size)
+                      revision=revision_source(rev), replicas=deployment.replicas,
+                      engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size,
+                      unservable=hold(rev))
 
 
 def join():
