@@ -113,6 +113,13 @@ def test_post_answers_before_the_digest_and_the_model_serves_once_it_lands(
     assert held.status_code == 503, held.text
     assert held.json()["error"]["code"] == "model_starting" and int(held.headers["Retry-After"]) >= 1
     assert worker_actor.find(name) is None  # nothing was started, so no namespace was formed from ""
+    from controlplane.registry.models import ModelDeployment
+    from controlplane.runtime import gateway, warm
+
+    spec = gateway.spec_for(ModelDeployment.objects.select_related("active_revision").get(name=name))
+    assert spec.unservable[0] == "model_starting"
+    assert warm.start_replicas(spec) == 0 and gateway.apply_scale(spec, wait=True) is None  # scaling refused
+    assert worker_actor.find(name) is None
 
     staged = admin.post(f"/models/{name}/revisions", json={"label": "r2", "path": str(path)})
     assert staged.status_code == 201 and staged.json()["digest"] == ""
@@ -121,11 +128,10 @@ def test_post_answers_before_the_digest_and_the_model_serves_once_it_lands(
 
     paused.unlink()  # the hasher goes on
     wait_for(lambda: _state(admin, name)["state"] == "ready")
-    body = admin.get(f"/models/{name}").json()
-    digests = {r["label"]: r["digest"] for r in body["revisions"]}
     wait_for(lambda: admin.get(f"/models/{name}").json()["revisions"][1]["digest"])
+    digests = {r["label"]: r["digest"] for r in admin.get(f"/models/{name}").json()["revisions"]}
     assert digests["r1"] == checkpoint_digest(path.resolve())
-    assert [e.target for e in audit_events("revision.digest")][:1] == [f"{name}@r1"]
+    assert sorted(e.target for e in audit_events("revision.digest")) == [f"{name}@r1", f"{name}@r2"]
 
     ids = tok(PROMPT)["input_ids"]
     with torch.no_grad():
