@@ -8,9 +8,9 @@ rollout goes to it.
 
 Crashes: a hash holds a lease, ``owner`` plus a heartbeat renewed at least every ``HEARTBEAT_S``
 while it runs (also while the test hook ``STRATA_DIGEST_PAUSE_FILE`` pauses it). A hash whose
-heartbeat is older than ``STRATA_DIGEST_STALE_SECONDS`` (its process died) is taken over from the
-start by ``resume_stale``, which every web process runs from its start (``start_at_startup``) until
-no hash is left. A hash that loses its lease stops without writing.
+heartbeat is older than ``STRATA_DIGEST_STALE_SECONDS`` (its process died, or its thread failed) is
+taken over from the start by ``resume_stale``, which every web process runs from its start and then
+every half window (``start_at_startup``). A hash that loses its lease stops without writing.
 
 Failures are final and visible: a file that changed since it was validated, or that cannot be read,
 leaves the row ``failed`` with the reason (the revision never serves; add a new revision), audited
@@ -43,7 +43,6 @@ logger = logging.getLogger("controlplane.hashing")
 INLINE_BYTES = 64 << 20  # default of STRATA_DIGEST_INLINE_BYTES: ~60 ms of SHA-256
 STALE_SECONDS = 30.0  # default of STRATA_DIGEST_STALE_SECONDS
 HEARTBEAT_S = 1.0
-STARTUP_ERRORS = 5  # database errors in a row after which the startup loop gives up
 ACTOR = Actor.system("hasher")
 
 
@@ -193,31 +192,26 @@ def resume_stale() -> list[int]:
 
 
 def start_at_startup() -> threading.Thread | None:
-    """A web process's startup hook: ``resume_stale`` every half staleness window in a daemon thread
-    until no hash is left (a dead process's lease goes stale meanwhile); None where
-    ``STRATA_DIGEST_RESUME`` is off (the test process, whose in-process server must leave the tests'
-    rows alone)."""
+    """A web process's startup hook: ``resume_stale`` now and every half staleness window after, in a
+    daemon thread for the life of the process (one indexed query a round), so a hash whose process
+    died is taken over by whichever web process lives; None where ``STRATA_DIGEST_RESUME`` is off (the
+    test process, whose in-process server must leave the tests' rows alone)."""
     if not getattr(settings, "STRATA_DIGEST_RESUME", True):
         return None
 
     def run() -> None:
-        errors = 0
+        failing = False
         while True:
             try:
                 resume_stale()
-                busy = WeightHash.objects.filter(state=WeightHash.State.HASHING).exists()
-                errors = 0
-            except Exception as exc:  # the database may come up after the web process
-                errors += 1
-                if errors >= STARTUP_ERRORS:
-                    logger.error("resuming weight hashes gave up: %r", exc)
-                    return
-                busy = True
+                failing = False
+            except Exception as exc:  # the database may come up after the web process, or be away a while
+                if not failing:
+                    logger.warning("could not look for weight hashes to resume (%r); retrying", exc)
+                failing = True
             finally:
                 connection.close()
-            if not busy:
-                return
-            time.sleep(max(0.5, stale_seconds() / 2))
+            time.sleep(max(1.0, stale_seconds() / 2))
 
     thread = threading.Thread(target=run, name="hash-resume", daemon=True)
     thread.start()
