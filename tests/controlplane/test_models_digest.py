@@ -136,3 +136,29 @@ def test_a_hash_cut_by_a_killed_web_process_is_completed_by_the_next_one(transac
     (landed,) = audit_events("revision.digest")
     assert landed.target == "resumed@r1"
     assert owner.split(":")[1] == str(first.proc.pid)  # the first process held it; another one finished it
+
+
+def test_a_model_deleted_while_its_weights_are_hashed_lands_nothing(transactional_db, admin_client, settings,
+                                                                    tmp_path):
+    import threading
+
+    from controlplane.hashing.models import WeightHash
+    from controlplane.registry.models import ModelDeployment
+
+    path = tmp_path / "ckpt"
+    build_checkpoint("qwen2", path, seed=6, layers=1)
+    pause = tmp_path / "pause"
+    pause.touch()
+    settings.STRATA_DIGEST_INLINE_BYTES = 0
+    settings.STRATA_DIGEST_PAUSE_FILE = str(pause)
+    created = post(admin_client, "/api/admin/models", {"name": "gone", "engine": "strata",
+                                                       "revision": {"label": "r1", "path": str(path)}})
+    assert created.status_code == 201 and created.json()["revisions"][0]["digest"] == ""
+    revision_id = WeightHash.objects.get().pk
+    hasher = next(t for t in threading.enumerate() if t.name == f"hash-revision-{revision_id}")
+    ModelDeployment.objects.get(name="gone").delete()
+    pause.unlink()
+    hasher.join(timeout=120)
+    assert not hasher.is_alive()
+    assert not WeightHash.objects.exists() and audit_events("revision.digest") == []
+    assert admin_client.get("/api/admin/models/gone").status_code == 404

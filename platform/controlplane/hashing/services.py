@@ -12,6 +12,10 @@ heartbeat is older than ``STRATA_DIGEST_STALE_SECONDS`` (its process died, or it
 taken over from the start by ``resume_stale``, which every web process runs from its start and then
 every half window (``start_at_startup``). A hash that loses its lease stops without writing.
 
+A revision or deployment deleted meanwhile (a row gone, or hidden by its manager) ends its hash: the
+heartbeat finds no live row and stops (``LeaseLost``), ``resume_stale`` drops such rows, and nothing
+lands for it.
+
 Failures are final and visible: a file that changed since it was validated, or that cannot be read,
 leaves the row ``failed`` with the reason (the revision never serves; add a new revision), audited
 ``revision.digest_failed``; a digest that lands is audited ``revision.digest``.
@@ -47,7 +51,14 @@ ACTOR = Actor.system("hasher")
 
 
 class LeaseLost(Exception):
-    """Another process took this hash over (this one was presumed dead)."""
+    """Another process took this hash over (this one was presumed dead), or its revision was deleted."""
+
+
+def _live() -> Q:
+    """Hashes of revisions that still exist, of deployments that still exist (the registry's default
+    managers hide deleted rows)."""
+    live = ModelRevision.objects.filter(deployment__in=ModelDeployment.objects.all())
+    return Q(revision__in=live.values("pk"))
 
 
 def inline_bytes() -> int:
@@ -104,7 +115,8 @@ class _Beat:
         if not force and now - self.last < HEARTBEAT_S:
             return
         self.last = now
-        if not WeightHash.objects.filter(pk=self.revision_id, owner=self.owner, state=WeightHash.State.HASHING) \
+        if not WeightHash.objects.filter(_live(), pk=self.revision_id, owner=self.owner,
+                                         state=WeightHash.State.HASHING) \
                 .update(done_bytes=done, heartbeat_at=timezone.now()):
             raise LeaseLost(self.revision_id)
 
@@ -123,7 +135,7 @@ def hash_run(*, revision_id: int, owner: str) -> str:
             beat.renew(0, force=True)
             digest = hash_plan(Plan.from_json(row.plan), beat)
         except LeaseLost:
-            logger.warning("hash of revision %s was taken over by another process", revision_id)
+            logger.warning("hash of revision %s stopped: taken over by another process, or deleted", revision_id)
             return "lost"
         except (WeightsChanged, OSError) as exc:
             reason = str(exc) if isinstance(exc, WeightsChanged) else f"cannot read the weights: {exc}"
@@ -142,8 +154,8 @@ def _target(revision: ModelRevision) -> str:
 
 def _fail(revision_id: int, owner: str, reason: str) -> str:
     with transaction.atomic():
-        if not WeightHash.objects.filter(pk=revision_id, owner=owner, state=WeightHash.State.HASHING).update(
-                state=WeightHash.State.FAILED, error=reason[:2000], heartbeat_at=timezone.now()):
+        if not WeightHash.objects.filter(_live(), pk=revision_id, owner=owner, state=WeightHash.State.HASHING) \
+                .update(state=WeightHash.State.FAILED, error=reason[:2000], heartbeat_at=timezone.now()):
             return "lost"
         revision = ModelRevision.objects.select_related("deployment").get(pk=revision_id)
         audit_record(actor=ACTOR, action="revision.digest_failed", target=_target(revision),
@@ -156,7 +168,7 @@ def _land(revision_id: int, owner: str, digest: str, seconds: float) -> str:
     from controlplane.runtime.warm import warm_after_commit
 
     with transaction.atomic():
-        row = WeightHash.objects.select_for_update().filter(pk=revision_id, owner=owner,
+        row = WeightHash.objects.select_for_update().filter(_live(), pk=revision_id, owner=owner,
                                                            state=WeightHash.State.HASHING).first()
         if row is None:
             return "lost"
@@ -179,11 +191,12 @@ def _stale() -> Q:
 
 def resume_stale() -> list[int]:
     """Take over every hash whose process stopped renewing its lease, each from the start in a thread
-    of this process; returns the revision ids taken."""
+    of this process (and drop those of deleted revisions); returns the revision ids taken."""
+    WeightHash.objects.exclude(_live()).delete()  # their revision or deployment was deleted
     taken = []
-    for revision_id in WeightHash.objects.filter(_stale()).values_list("pk", flat=True):
+    for revision_id in WeightHash.objects.filter(_stale(), _live()).values_list("pk", flat=True):
         owner = _owner()
-        if WeightHash.objects.filter(_stale(), pk=revision_id).update(
+        if WeightHash.objects.filter(_stale(), _live(), pk=revision_id).update(
                 owner=owner, heartbeat_at=timezone.now(), done_bytes=0, attempts=F("attempts") + 1):
             logger.warning("resuming the weights hash of revision %s (its process stopped)", revision_id)
             _start(revision_id, owner)
