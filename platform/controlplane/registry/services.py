@@ -20,7 +20,7 @@ generically (``inspect_checkpoint(..., engine="vllm")``: any architecture vLLM s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +85,18 @@ def _checkpoint(path: Any, engine: str = engines.STRATA, *, digest: bool = True)
         raise InvalidInput(str(exc), code="invalid_checkpoint") from None
 
 
-def _digest(plan: Plan, code: str) -> str:
-    """``plan``'s digest now, or ``""`` when the weights are hashed in the background (see the module
-    docstring); 422 ``code`` for files that cannot be read or change under the hashing."""
+def _digest(make_plan: Callable[[], Plan], code: str) -> tuple[str, Plan | None]:
+    """``(digest, None)`` with the weights hashed now, or ``("", plan)`` when they are hashed in the
+    background (see the module docstring); 422 ``code`` for files that cannot be read or that change
+    under the hashing."""
+    from cachecore.model.hf_config import CheckpointError
+
     try:
-        return hashing.digest_now_or_later(plan)
-    except (WeightsChanged, OSError) as exc:
+        plan = make_plan()
+        digest = hashing.digest_now_or_later(plan)
+    except (CheckpointError, WeightsChanged, OSError) as exc:
         raise InvalidInput(f"cannot hash the weights: {exc}", code=code) from None
+    return digest, None if digest else plan
 
 
 def _checkpoint_for(path: Any, engine: str):
@@ -123,9 +128,8 @@ def _revision_source(
             raise InvalidInput(f"this model runs preset {preset!r}; a checkpoint 'path' needs a model created "
                                "from a checkpoint", code="invalid_revision_source")
         info = _checkpoint_for(path, engine)
-        plan = plan_checkpoint(Path(info.path))
-        digest = _digest(plan, "invalid_checkpoint")
-        return None, None, info.path, digest, None if digest else plan
+        digest, plan = _digest(lambda: plan_checkpoint(Path(info.path)), "invalid_checkpoint")
+        return None, None, info.path, digest, plan
     if not preset:
         raise InvalidInput("this model serves a checkpoint directory: give the revision a 'path'",
                            code="invalid_revision_source")
@@ -135,9 +139,8 @@ def _revision_source(
             raise InvalidInput(f"seed must be an integer in [0, {MAX_SEED}]")
         return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed), None
     file = _weights_file(str(weights_path))
-    plan = plan_file(file)
-    digest = _digest(plan, "invalid_weights_path")
-    return None, str(file), None, digest, None if digest else plan
+    digest, plan = _digest(lambda: plan_file(file), "invalid_weights_path")
+    return None, str(file), None, digest, plan
 
 
 def _revision_view(revision: ModelRevision) -> dict[str, Any]:
@@ -184,10 +187,9 @@ def model_create(
         engine, info = engines.checkpoint_engine(
             engine, lambda which: _checkpoint(revision["path"], which, digest=False))
         tensor_parallel_size = engines.check_tensor_parallel(engine, tensor_parallel_size)
-        plan = plan_checkpoint(Path(info.path))
-        digest = _digest(plan, "invalid_checkpoint")
+        digest, later = _digest(lambda: plan_checkpoint(Path(info.path)), "invalid_checkpoint")
         architecture, tokenizer = info.config.model_type[:32], "hf"
-        seed, weights_path, checkpoint_path, later = None, None, info.path, None if digest else plan
+        seed, weights_path, checkpoint_path = None, None, info.path
     else:
         if not preset:
             raise InvalidInput("give a preset (or a checkpoint 'path' for the revision)", code="unknown_preset")
@@ -221,7 +223,7 @@ def model_create(
         )
         from controlplane.runtime.warm import warm_after_commit
 
-        warm_after_commit(deployment)  # its replicas start now (where enabled; once hashed), not at its first request
+        warm_after_commit(deployment)  # its replicas start now (where enabled), not at its first request
     return deployment
 
 
