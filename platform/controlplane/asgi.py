@@ -184,3 +184,8 @@ async def application(scope, receive, send):
 from controlplane.runtime import warm  # noqa: E402
 
 warm.start_at_startup()
+# Weight digests a web process died computing are taken over (controlplane.hashing), from every web
+# process, once their lease is stale.
+from controlplane.hashing import services as hashing  # noqa: E402
+
+hashing.start_at_startup()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.audit.models import AuditEvent
+from controlplane.hashing.selectors import digest_state
 from controlplane.registry.models import ModelDeployment, ModelRevision
 from controlplane.tenants.models import ApiKey, ShareGroup, Tenant
 from controlplane.tenants.selectors import scope_fingerprint, tenant_scope_fingerprint
@@ -34,7 +35,7 @@ def revision_out(revision: ModelRevision, active_id: int | None) -> dict[str, An
     return {
         "label": revision.label, "source": revision.source, "seed": revision.seed,
         "weights_path": revision.weights_path, "path": revision.checkpoint_path, "digest": revision.digest,
-        "active": revision.pk == active_id, "created": revision.created,
+        "digest_state": digest_state(revision), "active": revision.pk == active_id, "created": revision.created,
     }
 
 
@@ -42,12 +43,14 @@ def model_out(deployment: ModelDeployment) -> dict[str, Any]:
     active_id = deployment.active_revision_id
     revisions = sorted(deployment.revisions.all(), key=lambda r: r.pk)
     active = next((r.label for r in revisions if r.pk == active_id), None)
+    outs = [revision_out(r, active_id) for r in revisions]
     return {
         "name": deployment.name, "preset": deployment.preset, "architecture": deployment.architecture,
         "tokenizer": deployment.tokenizer, "replicas": deployment.replicas, "engine": deployment.engine,
         "tensor_parallel_size": deployment.tensor_parallel_size, "active_revision": active,
-        "revisions": [revision_out(r, active_id) for r in revisions], "created": deployment.created,
+        "revisions": outs, "created": deployment.created,
         "status": "stopped" if deployment.replicas == 0 else "running",
+        "digest_state": next((r["digest_state"] for r in outs if r["active"]), None),
     }
 
 

@@ -195,13 +195,23 @@ class ModelPatchIn(StrictIn):
         return self
 
 
+class DigestStateOut(Schema):
+    state: str = Field(description="ready (digest known), hashing (done_bytes of total_bytes), failed (error): "
+                                   "a revision serves only once ready")
+    done_bytes: int | None = None
+    total_bytes: int | None = None
+    error: str | None = None
+    message: str | None = Field(default=None, description='e.g. "hashing weights (N of M bytes, P%)"')
+
+
 class RevisionOut(Schema):
     label: str
     source: str
     seed: int | None
     weights_path: str | None
     path: str | None
-    digest: str
+    digest: str = Field(description='the weights digest; "" while it is computed (see digest_state)')
+    digest_state: DigestStateOut
     active: bool
     created: datetime
 
@@ -227,6 +237,9 @@ class ModelOut(Schema):
     revisions: list[RevisionOut]
     created: datetime
     status: str = Field(description="running, or stopped (replicas 0)")
+    digest_state: DigestStateOut | None = Field(default=None, description=(
+        "the active revision's digest_state: while it is not ready the model does not serve (503 "
+        "model_starting) and no replica starts"))
     replica_states: list[ReplicaStateOut] | None = Field(default=None, description=(
         "each replica's state (GET models/{name} only): starting (elapsed_s, phase), ready, failed "
         "(error), stopping, stopped"))

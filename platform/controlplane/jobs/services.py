@@ -143,12 +143,18 @@ def rollout_request(*, actor: Actor, model: str, revision: str, reason: str = ""
                     confirm: str = "") -> FlushJob:
     """Request the weight-revision rollout protocol for ``model`` to ``revision`` (a job). A rollback
     (``is_rollback``) must be asked for as one: ``rollback`` and the model's name in ``confirm``
-    (409 ``rollback_not_confirmed`` otherwise), so a careless click never rolls back."""
+    (409 ``rollback_not_confirmed`` otherwise), so a careless click never rolls back. A revision whose
+    digest is not known yet (``hashing``) is 409 ``revision_not_ready``."""
     deployment = ModelDeployment.objects.filter(name=model).first() or _missing("model", model)
     target = ModelRevision.objects.filter(deployment=deployment, label=revision).first() or _missing(
         "revision", revision)
     if deployment.active_revision_id == target.pk:
         raise Conflict(f"revision '{revision}' is already active for '{model}'", code="already_active")
+    if not target.digest:  # its weights are still being hashed (or that failed): nothing may serve them
+        from controlplane.hashing.selectors import digest_state
+
+        raise Conflict(f"revision '{revision}' cannot be rolled out yet: {digest_state(target)['message']}",
+                       code="revision_not_ready")
     back = is_rollback(deployment, target)
     if back and not (rollback and confirm.strip() == model):
         raise Conflict(f"revision '{revision}' is older than the active '{deployment.active_revision.label}': "

@@ -6,8 +6,11 @@ Digests come from cachecore's torch-free ``cachecore.model.digests``: seeded rev
 revisions use the SHA-256 of the file's bytes, the same digest ``load_safetensors`` reports;
 checkpoint revisions (a Hugging Face directory, ``path``) are validated by
 ``cachecore.model.checkpoint.inspect_checkpoint`` (config, tensor shapes, tokenizer, chat template) and
-record its weight digest. Digests are computed before the transaction opens so no lock is held while a
-file is hashed. A checkpoint deployment has no preset (``preset == ""``); its architecture is the
+record its weight digest. Weights are validated on the request, but hashed there only when small
+(``hashing.services.digest_now_or_later``, before the transaction opens so no lock is held while a file
+is hashed); bigger ones are recorded with digest ``""`` (pending) and hashed in the background
+(``hashing.services.hash_later``), the revision held until its digest lands (``hashing.selectors.hold``).
+A checkpoint deployment has no preset (``preset == ""``); its architecture is the
 checkpoint's, and every revision must keep the KV layout of the deployment's first one.
 
 A deployment's ``engine`` (``strata`` | ``vllm``) and ``tensor_parallel_size`` are chosen at creation
@@ -17,7 +20,7 @@ generically (``inspect_checkpoint(..., engine="vllm")``: any architecture vLLM s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +28,12 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from cachecore.model.digests import checkpoint_digest, seeded_digest, sha256_file
+from cachecore.model.digests import seeded_digest
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
 from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.hashing import services as hashing
+from controlplane.hashing.hasher import Plan, WeightsChanged, plan_checkpoint, plan_file
 from controlplane.registry import engines
 from controlplane.registry.models import ModelDeployment, ModelRevision, label_validator, name_validator
 
@@ -80,12 +85,18 @@ def _checkpoint(path: Any, engine: str = engines.STRATA, *, digest: bool = True)
         raise InvalidInput(str(exc), code="invalid_checkpoint") from None
 
 
-def _with_digest(info):
-    """``info`` (inspected with ``digest=False``) with its weight digest: hashed once, after the engine
-    is chosen."""
-    from dataclasses import replace
+def _digest(make_plan: Callable[[], Plan], code: str) -> tuple[str, Plan | None]:
+    """``(digest, None)`` with the weights hashed now, or ``("", plan)`` when they are hashed in the
+    background (see the module docstring); 422 ``code`` for files that cannot be read or that change
+    under the hashing."""
+    from cachecore.model.hf_config import CheckpointError
 
-    return replace(info, digest=checkpoint_digest(Path(info.path)))
+    try:
+        plan = make_plan()
+        digest = hashing.digest_now_or_later(plan)
+    except (CheckpointError, WeightsChanged, OSError) as exc:
+        raise InvalidInput(f"cannot hash the weights: {exc}", code=code) from None
+    return digest, None if digest else plan
 
 
 def _checkpoint_for(path: Any, engine: str):
@@ -106,8 +117,9 @@ def _checkpoint_for(path: Any, engine: str):
 def _revision_source(
     *, model_name: str, preset: str, label: str, seed: Any, weights_path: Any, path: Any = None,
     engine: str = engines.STRATA,
-) -> tuple[int | None, str | None, str | None, str]:
-    """Validate the weights source; return ``(seed, resolved weights_path, checkpoint directory, digest)``."""
+) -> tuple[int | None, str | None, str | None, str, Plan | None]:
+    """Validate the weights source; return ``(seed, resolved weights_path, checkpoint directory, digest,
+    plan)``: ``plan`` is what to hash in the background when ``digest`` is ``""`` (pending)."""
     _validate(label_validator, label, "label")
     if sum(x is not None for x in (seed, weights_path, path)) != 1:
         raise InvalidInput("give exactly one of 'seed', 'weights_path' or 'path'", code="invalid_revision_source")
@@ -116,7 +128,8 @@ def _revision_source(
             raise InvalidInput(f"this model runs preset {preset!r}; a checkpoint 'path' needs a model created "
                                "from a checkpoint", code="invalid_revision_source")
         info = _checkpoint_for(path, engine)
-        return None, None, info.path, info.digest
+        digest, plan = _digest(lambda: plan_checkpoint(Path(info.path)), "invalid_checkpoint")
+        return None, None, info.path, digest, plan
     if not preset:
         raise InvalidInput("this model serves a checkpoint directory: give the revision a 'path'",
                            code="invalid_revision_source")
@@ -124,9 +137,10 @@ def _revision_source(
     if seed is not None:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise InvalidInput(f"seed must be an integer in [0, {MAX_SEED}]")
-        return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed)
+        return seed, None, None, seeded_digest(config, model_name=model_name, revision_label=label, seed=seed), None
     file = _weights_file(str(weights_path))
-    return None, str(file), None, sha256_file(file)
+    digest, plan = _digest(lambda: plan_file(file), "invalid_weights_path")
+    return None, str(file), None, digest, plan
 
 
 def _revision_view(revision: ModelRevision) -> dict[str, Any]:
@@ -173,9 +187,9 @@ def model_create(
         engine, info = engines.checkpoint_engine(
             engine, lambda which: _checkpoint(revision["path"], which, digest=False))
         tensor_parallel_size = engines.check_tensor_parallel(engine, tensor_parallel_size)
-        info = _with_digest(info)
+        digest, later = _digest(lambda: plan_checkpoint(Path(info.path)), "invalid_checkpoint")
         architecture, tokenizer = info.config.model_type[:32], "hf"
-        seed, weights_path, checkpoint_path, digest = None, None, info.path, info.digest
+        seed, weights_path, checkpoint_path = None, None, info.path
     else:
         if not preset:
             raise InvalidInput("give a preset (or a checkpoint 'path' for the revision)", code="unknown_preset")
@@ -183,7 +197,7 @@ def model_create(
             raise InvalidInput(f"unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}")
         engine = engines.preset_engine(engine)
         tensor_parallel_size = engines.check_tensor_parallel(engine, tensor_parallel_size)
-        seed, weights_path, checkpoint_path, digest = _revision_source(
+        seed, weights_path, checkpoint_path, digest, later = _revision_source(
             model_name=name, preset=preset, label=label, seed=revision.get("seed"),
             weights_path=revision.get("weights_path"),
         )
@@ -202,6 +216,8 @@ def model_create(
             deployment=deployment, label=label, seed=seed, weights_path=weights_path,
             checkpoint_path=checkpoint_path, digest=digest,
         )
+        if later is not None:
+            hashing.hash_later(revision=first, plan=later)
         deployment.active_revision = first
         deployment.save(update_fields=["active_revision"])
         audit_record(
@@ -226,7 +242,7 @@ def revision_create(
     it. Raises
     InvalidInput (see ``model_create``) or Conflict (label taken for this deployment).
     """
-    seed, weights_path, checkpoint_path, digest = _revision_source(
+    seed, weights_path, checkpoint_path, digest, later = _revision_source(
         model_name=deployment.name, preset=deployment.preset, label=label, seed=seed, weights_path=weights_path,
         path=path, engine=deployment.engine,
     )
@@ -242,6 +258,8 @@ def revision_create(
             deployment=deployment, label=label, seed=seed, weights_path=weights_path,
             checkpoint_path=checkpoint_path, digest=digest,
         )
+        if later is not None:
+            hashing.hash_later(revision=revision, plan=later)
         audit_record(
             actor=actor, action="revision.create", target=f"{deployment.name}@{label}",
             new=_revision_view(revision),

@@ -51,6 +51,9 @@ class WorkerSpec:
     engine: str = "strata"  # "strata" | "vllm" (registry.engines)
     tensor_parallel_size: int = 1  # devices of one replica (vllm only)
     deployment_id: int | None = None  # the registry row: a name deleted and created again is another one
+    # (error code, message) while the revision may not serve (its weights digest is not known yet, or
+    # hashing them failed: hashing.selectors.hold); no replica starts for it, requests get that 503
+    unservable: tuple[str, str] | None = None
 
 
 def revision_source(rev) -> dict:
@@ -64,11 +67,15 @@ def revision_source(rev) -> dict:
 
 
 def spec_for(deployment) -> WorkerSpec:
-    """The worker spec of a registry ``ModelDeployment`` at its active revision."""
+    """The worker spec of a registry ``ModelDeployment`` at its active revision (held while that
+    revision's digest is pending: ``unservable``)."""
+    from controlplane.hashing.selectors import hold
+
+    rev = deployment.active_revision
     return WorkerSpec(deployment=deployment.name, preset=deployment.preset,
-                      revision=revision_source(deployment.active_revision), replicas=deployment.replicas,
+                      revision=revision_source(rev), replicas=deployment.replicas,
                       engine=deployment.engine, tensor_parallel_size=deployment.tensor_parallel_size,
-                      deployment_id=deployment.pk)
+                      deployment_id=deployment.pk, unservable=hold(rev))
 
 
 def join():

@@ -14,7 +14,9 @@ found at once when it already runs) and waited for at most ``STRATA_START_WAIT_S
 ``START_WAIT_S``); past that the request is 503 ``model_starting`` with ``Retry-After`` while the
 start goes on. A replica whose start failed is 503 ``replica_failed`` with its error (another replica
 is tried first), and is not started again from a request for ``replicas.FAILED_HOLD_S``. A stopped
-deployment (``replicas = 0``) is 503 ``model_stopped`` before anything is chosen or started.
+deployment (``replicas = 0``) is 503 ``model_stopped`` before anything is chosen or started, and a
+revision whose weights are still being hashed 503 ``model_starting`` (``model_failed`` when hashing
+them failed: ``WorkerSpec.unservable``), with nothing started.
 
 A call's first try can be started from another thread (``submit``: the router's pick, the replica's
 in-flight count and the actor call), so that the worker is already at work while the event loop takes
@@ -66,11 +68,22 @@ def stopped(spec: WorkerSpec) -> Unavailable:
                        code="model_stopped", retry_after=STOPPED_RETRY_AFTER_S)
 
 
+def held(spec: WorkerSpec) -> Unavailable | None:
+    """The 503 of a revision that may not serve yet (``spec.unservable``), or None."""
+    if spec.unservable is None:
+        return None
+    code, message = spec.unservable
+    return Unavailable(message, code=code,
+                       retry_after=STARTING_RETRY_AFTER_S if code == "model_starting" else STOPPED_RETRY_AFTER_S)
+
+
 def _pick(spec: WorkerSpec, rs: ReplicaSet, method: str, args: tuple, exclude: frozenset[int]) -> Replica:
     """The replica for one call: the router's choice for requests, the tenant's replica for KV calls,
     the first routable one otherwise. ``Unavailable`` when no replica is routable."""
     if rs.count == 0:
         raise stopped(spec)
+    if (error := held(spec)) is not None:
+        raise error
     candidates = [r for r in rs.routable() if r.index not in exclude]
     if not candidates:
         raise Unavailable(f"no replica of {spec.deployment} is available; retry shortly", retry_after=5)

@@ -64,6 +64,7 @@ from controlplane.runtime.dispatch import (  # noqa: F401
     abandon,
     acall,
     astream,
+    held,
     start_wait_s,
     stopped,
     submit,
@@ -86,6 +87,8 @@ def call(spec: WorkerSpec, method: str, *args, timeout: float = CALL_TIMEOUT_S, 
     if replica is None:
         if rs.count == 0:
             raise stopped(spec)
+        if (error := held(spec)) is not None:
+            raise error
         reps = rs.routable()
         if not reps:
             raise Unavailable(f"no replica of {spec.deployment} is available; retry shortly", retry_after=5)

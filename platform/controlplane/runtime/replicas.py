@@ -229,9 +229,19 @@ class ReplicaSet:
             rep.handle, rep.dead = handle, False
         return handle
 
+    def _servable(self) -> None:
+        """No replica starts for a revision that may not serve yet (``WorkerSpec.unservable``: its
+        weights are being hashed): ``Unavailable``, which is no fault of the replica's."""
+        hold = getattr(self.spec, "unservable", None)
+        if hold:
+            from controlplane.common.errors import Unavailable
+
+            raise Unavailable(hold[1], code=hold[0], retry_after=10)
+
     def _start_one(self, index: int) -> Any:
         """Blocking: find or launch replica ``index``, wait until it answers (its engine built), use its
         handle; each step reported to the replica board. Raises what Ray raised (reported ``failed``)."""
+        self._servable()
         rep = self.replica(index)
         ray = self._join()
         handle = self._actor.find(self.deployment, index)
@@ -287,6 +297,7 @@ class ReplicaSet:
     def start_all(self) -> list[Any]:
         """Find or launch every configured replica (launched in parallel), wait until each answers;
         returns their handles in index order."""
+        self._servable()
         ray = self._join()
         with self._start_lock:
             pending = {}

@@ -12,7 +12,8 @@ that comes meanwhile waits a bounded time (``runtime.dispatch``).
 ``STRATA_WARM_REPLICAS`` (``strata_env.warm_replicas``): unset means on where a Ray cluster is
 configured (``RAY_ADDRESS``: ``make run`` and compose's web), off elsewhere (tests, which start Ray
 themselves); ``0`` turns warm starts off (replicas then start on their first request), ``1`` on.
-A stopped deployment (``replicas = 0``) never starts here.
+A stopped deployment (``replicas = 0``) never starts here, nor one whose active revision's weights are
+still being hashed (``WorkerSpec.unservable``): ``hashing.services`` warms it when its digest lands.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def start_replicas(spec) -> int:
     found); returns how many starts were asked. Never blocks, never raises."""
     from controlplane.runtime import gateway
 
+    if spec.unservable is not None:
+        return 0
     try:
         rs = gateway.replica_set(spec)
         for index in rs.indices():

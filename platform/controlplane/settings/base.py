@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "controlplane.audit",
     "controlplane.tenants",
     "controlplane.registry",
+    "controlplane.hashing",
     "controlplane.operators",
     *[app for app in OPTIONAL_APPS if _exists(app)],
 ]
@@ -214,6 +215,13 @@ STRATA_RAY_ADDRESS = ENV.ray_address
 # Retry-After (runtime.dispatch): replicas start with the platform (runtime.warm), so a request rarely
 # meets one, and a proxy's timeout (often 60 s) must never be what ends the wait.
 STRATA_START_WAIT_SECONDS = 30.0
+# Weight digests (controlplane.hashing): weights up to this many bytes are hashed on the POST that adds
+# the revision (SHA-256 runs at about 1 GiB/s); bigger ones in the background, the revision held until
+# then. A background hash whose heartbeat is this old (its process died) is taken over.
+STRATA_DIGEST_INLINE_BYTES = 64 << 20
+STRATA_DIGEST_STALE_SECONDS = 30.0
+STRATA_DIGEST_RESUME = True  # web processes take stale hashes over from their start
+STRATA_DIGEST_PAUSE_FILE = None  # test hook: a hash waits while this file exists
 # Test settings set this so TransactionTestCase's flush may empty the append-only audit table.
 STRATA_AUDIT_ALLOW_FLUSH = False
 # The audit chain's HMAC key never lives in the database: STRATA_AUDIT_KEY, or this file: the one

@@ -33,6 +33,9 @@ CELERY_BROKER_URL = ENV.celery_broker_url or f"sqla+sqlite:///{_TEST_HOME / f'br
 # taking up to minutes on a loaded 2-core machine: those requests wait for it, as they always did. The
 # bounded wait's own tests set a short bound.
 STRATA_START_WAIT_SECONDS = 900.0
+# The test process's in-process web server never takes over the hashes of the tests' rows; the web
+# subprocesses of tests/controlplane/test_models_digest.py (settings.test_worker) do.
+STRATA_DIGEST_RESUME = False
 # Admin reads answer from the last stats sample of each replica (``runtime.samples``): in tests every
 # read polls again and waits for the answers, so a figure asserted right after a request is current.
 # tests/controlplane/test_stats_no_stall.py runs with the production bounds.

@@ -15,3 +15,8 @@ STRATA_JOB_STALE_SECONDS = float(os.environ.get("STRATA_TEST_JOB_STALE_SECONDS",
 STRATA_ROLLOUT_DRAIN_SECONDS = float(os.environ.get("STRATA_TEST_ROLLOUT_DRAIN_SECONDS", "10"))
 # Several test web processes that must share their lockouts (one Redis) name one namespace.
 STRATA_THROTTLE_NAMESPACE = os.environ.get("STRATA_TEST_THROTTLE_NAMESPACE", STRATA_THROTTLE_NAMESPACE)  # noqa: F405
+# Weight hashes: web subprocesses take stale ones over, within a short window; a file pauses them.
+STRATA_DIGEST_RESUME = True
+STRATA_DIGEST_STALE_SECONDS = float(os.environ.get("STRATA_TEST_DIGEST_STALE_SECONDS", "2"))
+STRATA_DIGEST_PAUSE_FILE = os.environ.get("STRATA_TEST_DIGEST_PAUSE_FILE") or None
+STRATA_DIGEST_INLINE_BYTES = int(os.environ.get("STRATA_TEST_DIGEST_INLINE_BYTES", str(64 << 20)))
