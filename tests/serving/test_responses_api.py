@@ -279,6 +279,56 @@ def test_bad_json_size_and_count_limits(platform, settings):
     assert unauth.status_code == 401
 
 
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.hf_checkpoints import build_checkpoint
+
+    path = tmp_path_factory.mktemp("responses-hf")
+    hf, tok = build_checkpoint("llama", path, seed=21, max_pos=512)
+    return path, tok
+
+
+@pytest.fixture
+def hf_platform(asgi_url, transactional_db, actor, checkpoint):
+    """A Hugging Face checkpoint (byte-level BPE, ChatML template that trims contents) on the reference
+    engine: generated ids do not re-tokenize to themselves."""
+    import ray
+
+    from controlplane.registry.services import model_create
+    from tests.serving.conftest import _platform
+    from workers import actor as worker_actor
+
+    deployment = model_create(actor=actor, name="responses-hf", preset="", revision={"label": "r1",
+                                                                                      "path": str(checkpoint[0])})
+    yield _platform(asgi_url, actor, deployment)
+    handle = worker_actor.find(deployment.name)
+    if handle is not None:
+        ray.kill(handle)
+
+
+def test_a_follow_up_continues_from_the_generated_ids_not_their_retokenization(hf_platform, checkpoint):
+    from controlplane.conversations.selectors import response_get
+
+    platform, tok = hf_platform, checkpoint[1]
+    client = platform.client("acme")
+    first = client.responses.create(model=platform.model, input="Hello world! How are you today?",
+                                    instructions="Tenants never read each other's cache entries.",
+                                    max_output_tokens=24, temperature=0)
+    stored = response_get(platform.tenants["acme"], first.id)
+    generated = stored["output_ids"]
+    # what makes this test bite: the answer's text re-tokenizes to other ids than were generated
+    assert tok(first.output_text, add_special_tokens=False)["input_ids"] != generated
+    second = client.responses.create(model=platform.model, input="And then?", max_output_tokens=4, temperature=0,
+                                     instructions="Tenants never read each other's cache entries.",
+                                     previous_response_id=first.id)
+    prompt = response_get(platform.tenants["acme"], second.id)["prompt_ids"]
+    assert prompt[:len(stored["prompt_ids"]) + len(generated)] == stored["prompt_ids"] + generated
+    conversation = first.usage.input_tokens + len(generated)
+    assert second.usage.input_tokens_details.cached_tokens >= _covered(conversation, platform.block_size)
+    assert second.usage.input_tokens_details.cached_tokens > first.usage.input_tokens
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine_platform", ["vllm"], indirect=True)
 def test_on_vllm_a_stored_conversation_streams_and_reuses_its_prefix(engine_platform):

@@ -76,13 +76,17 @@ def build(facts: ModelFacts, body: ResponseCreate, previous: dict | None, budget
 def _tail(facts: ModelFacts, whole: list[int], before: list[dict], answer: str, budget: RenderBudget
           ) -> list[int] | None:
     """What ``whole`` holds after the previous prompt (``before`` rendered with its generation prompt)
-    and the previous ``answer``; None when ``whole`` does not start with them."""
+    and the previous ``answer`` (as the template writes it: as it is, or trimmed, as many templates
+    trim a message's content); None when ``whole`` does not start with them."""
     prompt = intake.render_messages(facts, before, budget)
-    said = facts.tokenizer.encode(answer, add_bos=False)
-    cut = len(prompt) + len(said)
-    if whole[:len(prompt)] != prompt or whole[len(prompt):cut] != said:
+    if whole[:len(prompt)] != prompt:
         return None
-    return whole[cut:]
+    for written in dict.fromkeys((answer, answer.strip(), answer.rstrip(), answer.lstrip())):
+        said = facts.tokenizer.encode(written, add_bos=False)
+        cut = len(prompt) + len(said)
+        if whole[len(prompt):cut] == said:
+            return whole[cut:]
+    return None
 
 
 def output_ids(facts: ModelFacts, generated: list[int]) -> list[int]:
