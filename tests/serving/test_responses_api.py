@@ -124,6 +124,38 @@ def test_three_turns_through_previous_response_id_reuse_the_whole_previous_turn(
     assert [i.content[0].text for i in items.data] == ["Thanks, one more?"]
 
 
+def test_turns_are_in_the_ledger_and_carry_diagnostics_when_asked(platform):
+    from controlplane.ledger.selectors import ledger_totals
+
+    client = platform.client("initech")
+    first = client.responses.create(model=platform.model, input="Ledger me", instructions=SYSTEM,
+                                    max_output_tokens=6, temperature=0, extra_body={"cache_diagnostics": True})
+    second = client.responses.create(model=platform.model, input="Again", instructions=SYSTEM, max_output_tokens=6,
+                                     temperature=0, previous_response_id=first.id,
+                                     extra_headers={"X-Strata-Cache-Diagnostics": "1"})
+    diag = first.model_extra["cache_diagnostics"]
+    assert diag["cached_tokens"] == 0 and diag["lost"][0]["reason"] == "no_prior_request"
+    assert second.model_extra["cache_diagnostics"]["cached_tokens"] == \
+        second.usage.input_tokens_details.cached_tokens > 0
+    plain = client.responses.create(model=platform.model, input="x", max_output_tokens=2, temperature=0)
+    assert "cache_diagnostics" not in plain.model_extra
+    totals = ledger_totals(tenant=platform.tenants["initech"], model=platform.model)
+    turns = (first.usage, second.usage, plain.usage)
+    assert totals.counts["requests"] == 3
+    assert totals.counts["prompt_tokens"] == sum(u.input_tokens for u in turns)
+    assert totals.counts["completion_tokens"] == sum(u.output_tokens for u in turns)
+    assert totals.counts["cached_tokens"] == sum(u.input_tokens_details.cached_tokens for u in turns)
+
+
+def test_serving_metrics_count_the_route_without_response_ids(platform):
+    from controlplane.serving import health
+
+    r = platform.client("acme").responses.create(model=platform.model, input="m", max_output_tokens=2)
+    platform.client("acme").responses.retrieve(r.id)
+    routes = {s.labels["route"] for m in health.REQUESTS.collect() for s in m.samples}
+    assert "/v1/responses" in routes and not any(r.id in route for route in routes)
+
+
 def test_another_tenants_response_is_a_404_like_a_missing_one(platform):
     mine = platform.client("acme").responses.create(model=platform.model, input="secret", max_output_tokens=4,
                                                     temperature=0)
