@@ -50,6 +50,10 @@ def test_create_retrieve_input_items_and_delete(platform):
     assert items.data[0].id.startswith("msg_")
 
     assert client.responses.delete(r.id) is None
+    from controlplane.audit.models import AuditEvent
+
+    deleted = AuditEvent.objects.get(action="response.delete", target=r.id)
+    assert deleted.tenant == "acme" and "Hello" not in str(deleted.new) + str(deleted.old)
     with pytest.raises(openai.NotFoundError) as missing:
         client.responses.retrieve(r.id)
     assert missing.value.body["code"] == "response_not_found"
@@ -122,6 +126,23 @@ def test_three_turns_through_previous_response_id_reuse_the_whole_previous_turn(
     assert fresh.usage.input_tokens_details.cached_tokens < second.input_tokens_details.cached_tokens
     items = client.responses.input_items.list(turns[2].id)
     assert [i.content[0].text for i in items.data] == ["Thanks, one more?"]
+
+
+def test_a_turn_with_other_instructions_is_rendered_whole(platform):
+    from controlplane.conversations.selectors import response_get
+
+    client = platform.client("globex")
+    tenant = platform.tenants["globex"]
+    first = client.responses.create(model=platform.model, input="Hi", instructions=SYSTEM, max_output_tokens=6,
+                                    temperature=0)
+    other = client.responses.create(model=platform.model, input="Hi again", instructions="Be brief.",
+                                    max_output_tokens=2, temperature=0, previous_response_id=first.id)
+    before, after = response_get(tenant, first.id), response_get(tenant, other.id)
+    # OpenAI does not carry instructions over: the conversation goes on under the new ones
+    assert after["messages"][:2] == [{"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": first.output_text}]
+    assert after["prompt_ids"][:len(before["prompt_ids"])] != before["prompt_ids"]
+    assert other.usage.input_tokens_details.cached_tokens < first.usage.input_tokens
 
 
 def test_turns_are_in_the_ledger_and_carry_diagnostics_when_asked(platform):

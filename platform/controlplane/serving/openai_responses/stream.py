@@ -12,6 +12,7 @@ away cancels the request on its worker, as a chat stream does.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, StreamingHttpResponse
@@ -22,13 +23,22 @@ from controlplane.serving import responses as chat_shapes
 from controlplane.serving.openai_responses import shapes
 from controlplane.serving.views import _chain, _close
 
+logger = logging.getLogger("controlplane.serving")
+
 
 def _sse(event: dict) -> bytes:
     return f"event: {event['type']}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n".encode()
 
 
+def _failed(ev: shapes.Events, job, code: str, message: str) -> list[bytes]:
+    """An ``error`` event and ``response.failed``: the end of a stream that already answered 200."""
+    failed = job.response("failed", [])
+    failed["error"] = {"code": code, "message": message}
+    return [_sse(ev("error", code=code, message=message, param=None)), _sse(ev("response.failed", response=failed))]
+
+
 async def respond(request: HttpRequest, prep, job) -> StreamingHttpResponse:
-    """The streamed answer of ``job`` (``views.Turn``) for ``prep``."""
+    """The streamed answer of ``job`` (``views.Pending``) for ``prep``."""
     events = gateway.astream(prep.spec, prep.worker_req).__aiter__()
     # The first event before answering, so an unreachable worker is a 503, not a broken stream.
     first = await events.__anext__()
@@ -65,14 +75,18 @@ async def respond(request: HttpRequest, prep, job) -> StreamingHttpResponse:
                               part=shapes.output_text_part(whole)))
                 yield _sse(ev("response.output_item.done", output_index=0,
                               item=shapes.output_message(item, whole, "completed")))
-                out = await job.finish(ids, whole, event)
+                try:
+                    out = await job.finish(ids, whole, event)
+                except Exception:  # the answer was sent; storing it failed (the database): said so, no 500
+                    logger.exception("a streamed response could not be stored")
+                    for failure in _failed(ev, job, "store_failed", "the response could not be stored; retry"):
+                        yield failure
+                    break
                 yield _sse(ev("response.completed", response=out))
             elif event["type"] == "error":  # e.g. the replica died mid-stream
                 error = chat_shapes.stream_error(event)["error"]
-                yield _sse(ev("error", code=error["code"], message=error["message"], param=None))
-                failed = job.response("failed", [])
-                failed["error"] = {"code": error["code"], "message": error["message"]}
-                yield _sse(ev("response.failed", response=failed))
+                for failure in _failed(ev, job, error["code"], error["message"]):
+                    yield failure
                 break
         await _close(chain, events)
 

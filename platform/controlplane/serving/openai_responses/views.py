@@ -41,14 +41,14 @@ async def create(request: HttpRequest):
     note = health.note_of(getattr(request, "scope", {}))
     if note is not None:  # the serving metrics' model label, and whether first-byte time is a TTFT
         note.model, note.stream = prep.model, parsed.body.stream
-    job = Turn(request, admission, parsed, turn, prep)
+    job = Pending(request, admission, parsed, turn, prep)
     if parsed.body.stream:
         return await stream.respond(request, prep, job)
     tokens, finished = await _collect(prep, None)
     return JsonResponse(await job.finish([t["id"] for t in tokens], "".join(t["text"] for t in tokens), finished))
 
 
-class Turn:
+class Pending:
     """One ``POST /v1/responses`` once prepared: its id, its shapes, and ``finish`` (accounted, stored)."""
 
     def __init__(self, request: HttpRequest, admission: Admission, parsed: turns.Parsed, turn, prep) -> None:
