@@ -84,7 +84,8 @@ def test_the_gate_lets_a_tenant_with_requests_left_through_to_the_view(server_ur
         assert b" 400 " in sock.recv(65536).split(b"\r\n", 1)[0]
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/kv/lookup", "/v1/kv/store"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/kv/lookup", "/v1/kv/store",
+                                  "/v1/responses"])
 def test_a_body_announced_over_the_tenants_limit_is_413_before_it_is_read(server_url, keys, path):
     from controlplane.serving.admission import body_limit_for
     from controlplane.serving.gate import SMALL_BODY

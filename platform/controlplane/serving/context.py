@@ -130,6 +130,14 @@ async def prepare(request: HttpRequest, schema: type[BaseModel], early: EarlyCal
                                         tokens, _wants_diagnostics(request, body))
 
 
+def prepare_rendered(request: HttpRequest, tenant, deployment: ModelDeployment, facts: ModelFacts, body: BaseModel,
+                     tokens: list[int]) -> Prepared:
+    """A chat whose prompt ids the caller rendered (``serving.openai_responses``: a conversation that
+    continues from its stored ids), finished as ``prepare`` finishes a chat: the same checks, quotas
+    and worker request. Runs on a database thread (``db_threads.for_request``)."""
+    return _finish(tenant, deployment, facts, body, tokens, _wants_diagnostics(request, body))
+
+
 def _then_start(early: EarlyCall | None, fn, *args) -> Prepared:
     prep = fn(*args)
     if early is not None:

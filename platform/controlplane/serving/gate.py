@@ -59,8 +59,8 @@ from controlplane.serving import admission, context, db_threads, health, lanes
 SMALL_BODY = context.INLINE_BODY  # completion bodies up to this are handled whole in one step by the view
 log = logging.getLogger(__name__)
 ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/kv/lookup", "/v1/kv/store",
-                            "/v1/kv/retrieve"})
-DEFERRED_PATHS = ADMITTED_PATHS - {"/v1/chat/completions"}  # prepared whole in one database-thread job
+                            "/v1/kv/retrieve", "/v1/responses"})
+DEFERRED_PATHS = ADMITTED_PATHS - {"/v1/chat/completions", "/v1/responses"}  # prepared whole in one database-thread job
 BODY_WAIT_S = 0.05  # how long a small body may take after its headers to be read before admission
 CACHES_METHODS = frozenset({"GET", "POST"})  # /v1/caches
 CACHE_METHODS = frozenset({"GET", "PATCH", "DELETE"})  # /v1/caches/{id}

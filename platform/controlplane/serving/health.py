@@ -61,6 +61,8 @@ def route_of(path: str) -> str:
     path = path.rstrip("/") or "/"
     if path.startswith("/v1/caches"):
         return "/v1/caches"
+    if path.startswith("/v1/responses"):  # a response's id never becomes a label
+        return "/v1/responses"
     return path if path in ROUTES else "other"
 
 

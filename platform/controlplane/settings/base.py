@@ -25,7 +25,8 @@ STRATA_HOME: Path = ENV.home
 # Subpackages owned by other parts of the platform; installed when they exist so that this
 # settings module never has to change when they land.
 OPTIONAL_APPS = ["controlplane.jobs", "controlplane.serving", "controlplane.runtime", "controlplane.ui",
-                 "controlplane.timeseries", "controlplane.caches", "controlplane.ledger", "controlplane.backups"]
+                 "controlplane.timeseries", "controlplane.caches", "controlplane.ledger", "controlplane.backups",
+                 "controlplane.conversations"]
 
 
 def _exists(module: str) -> bool:

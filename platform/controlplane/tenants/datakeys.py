@@ -54,4 +54,8 @@ def data_key_shred(*, actor: Actor, tenant: Tenant, version: int, reason: str = 
         from controlplane.caches.services import caches_forget_tenant
 
         caches_forget_tenant(locked)
+        # Stored responses sealed under that version could never be opened again: they go now.
+        from controlplane.conversations.services import responses_forget_key
+
+        responses_forget_key(locked, version)
         return shred_job_request(actor=actor, tenant=locked, version=version, reason=reason)

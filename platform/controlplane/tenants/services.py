@@ -213,6 +213,9 @@ def tenant_offboard(*, actor: Actor, tenant: Tenant, reason: str = "") -> Offboa
         job = flush_job_request(actor=actor, scope="tenant", tenant=locked, reason=reason or "tenant offboarded",
                                 kind="offboard")
         caches_forget_tenant(locked)  # the offboard job deletes their bytes with the tenant's cache
+        from controlplane.conversations.services import responses_forget_tenant
+
+        responses_forget_tenant(locked)  # its stored responses (Responses API) go with it
         audit_record(
             actor=actor, action="tenant.offboard", target=locked.slug, tenant=locked.slug, reason=reason,
             old={"status": old_status},
