@@ -80,7 +80,8 @@ FIT = """(sel) => {
     return {page: doc.scrollWidth, window: doc.clientWidth, over};
 }"""
 
-PAGES = ("/ui/", "/ui/tenants/acme/", "/ui/tenants/newco/", "/ui/models/", "/ui/jobs/", "/ui/tenants/")
+PAGES = ("/ui/", "/ui/tenants/acme/", "/ui/tenants/newco/", "/ui/models/", "/ui/jobs/", "/ui/tenants/", "/ui/audit/",
+         "/ui/tokens/", "/ui/users/", "/ui/tenants/acme/flush/")
 
 
 def _fits(page, path: str, width: int, scrollers: bool) -> None:
