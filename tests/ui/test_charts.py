@@ -76,7 +76,9 @@ def test_a_chart_refuses_a_line_of_the_wrong_length_and_rounds_for_the_wire():
     wire = chart.to_json()
     assert wire["series"][0]["values"] == [0.3333, None, None] and wire["x"] == [1, 2, 3]
     assert [r["cells"] for r in chart.rows()] == [["—", "50.0%"], ["33.3%", "—"]]  # newest first, gaps skipped
-    assert chart.latest() == [("a", "33.3%"), ("b", "50.0%")] and not chart.empty
+    # every line at the newest time with data (3), never a's older point beside b's newer one
+    assert chart.latest() == [("a", "—"), ("b", "50.0%")] and not chart.empty
+    assert chart.latest_at().timestamp() == 3.0
     assert Chart(id="e", title="t", hint="h", x=[1.0], lines=[Line("a", [None], "#000")]).empty
 
 

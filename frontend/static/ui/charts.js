@@ -45,14 +45,42 @@
     return function (v) { return si(v) + suffix; };
   }
 
+  // A bytes tick as short as it can be said: "48 MiB", "1.5 KiB".
+  function bytesTick(v) {
+    var units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    var i = 0;
+    while (Math.abs(v) >= 1024 && i < units.length - 1) {
+      v /= 1024;
+      i++;
+    }
+    return +v.toPrecision(3) + " " + units[i];
+  }
+
   function axisFormatter(spec) {
     if (spec.unit === "percent") {
       return function (v) { return Math.round(100 * v) + "%"; };
     }
     if (spec.unit === "bytes") {
-      return bytes;
+      return bytesTick;
     }
     return si;
+  }
+
+  // The y axis as wide as its widest label (plus its ticks and gap), so no label is clipped on the left.
+  var measurer = null;
+
+  function axisSize(u, values, axisIdx) {
+    var axis = u.axes[axisIdx];
+    if (!values || !values.length) {
+      return 40;
+    }
+    measurer = measurer || document.createElement("canvas").getContext("2d");
+    var font = Array.isArray(axis.font) ? axis.font[0].replace(/(\d+)px/, (axis.font[2] || 12) + "px") : "12px sans-serif";
+    measurer.font = font;
+    var widest = 0;
+    values.forEach(function (t) { widest = Math.max(widest, measurer.measureText(String(t)).width); });
+    var ticks = axis.ticks && axis.ticks.show !== false ? axis.ticks.size || 10 : 0;
+    return Math.ceil(widest + ticks + (axis.gap || 5) + 8);
   }
 
   function pad(n) {
@@ -111,7 +139,7 @@
         },
       },
       axes: [{}, {
-        size: 64,
+        size: axisSize,
         incrs: spec.unit === "bytes" ? BYTE_INCRS : undefined,
         values: function (u, ticks) { return ticks.map(axisFormatter(spec)); },
       }],
@@ -147,17 +175,19 @@
       return;
     }
     var fmt = formatter(spec);
-    var parts = spec.series.map(function (s) {
-      var last = null;
-      for (var i = s.values.length - 1; i >= 0; i--) {
-        if (s.values[i] !== null) {
-          last = s.values[i];
-          break;
-        }
+    // every line at one time, the newest where any has data: never one line's newest point beside
+    // another's older one
+    var at = -1;
+    for (var k = spec.x.length - 1; k >= 0 && at < 0; k--) {
+      if (spec.series.some(function (s) { return s.values[k] !== null; })) {
+        at = k;
       }
-      return s.label + " " + (last === null ? "—" : fmt(last));
+    }
+    var parts = spec.series.map(function (s) {
+      var v = at < 0 ? null : s.values[at];
+      return s.label + " " + (v === null || v === undefined ? "—" : fmt(v));
     });
-    text(p, "Latest: " + parts.join(" · "));
+    text(p, "Latest: " + parts.join(" · ") + (at < 0 ? "" : " (at " + timeText(spec.x[at]).slice(0, 16) + ")"));
   }
 
   function table(figure, spec) {
@@ -210,6 +240,7 @@
       if (emptyText) {
         emptyText.hidden = !empty;
         text(emptyText, spec.empty_text);
+        emptyText.title = spec.empty_text; // a collapsed chart shows one line of it
       }
       var latestP = figure.querySelector(".chart-latest");
       if (latestP) {
@@ -221,6 +252,9 @@
       var sig = signature(spec);
       if (known && known.signature === sig) {
         known.plot.setData(data(spec));
+        if (!empty && holder.clientWidth > 0 && Math.abs(known.plot.width - holder.clientWidth) > 2) {
+          known.plot.setSize({ width: Math.max(240, holder.clientWidth), height: HEIGHT }); // shown again: its box's width
+        }
         return;
       }
       if (known) {
@@ -228,6 +262,7 @@
       }
       var width = Math.max(240, holder.clientWidth || figure.clientWidth || 480);
       self.plots[spec.id] = { plot: new window.uPlot(options(spec, width), data(spec), holder), signature: sig };
+      figure.strataPlot = self.plots[spec.id].plot; // for the browser tests: its axes as drawn
     });
     var range = doc.range;
     if (range) {

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ninja import Router
 
 from controlplane.adminapi.auth import actor_of
-from controlplane.caches import selectors, services
+from controlplane.caches import residency, selectors, services
 from controlplane.caches.api import present
 from controlplane.common.errors import NotFound
 from controlplane.tenants import selectors as tenant_selectors
@@ -17,7 +17,9 @@ router = Router(tags=["caches"])
 @router.get("tenants/{slug}/caches", response=list[dict])
 def list_caches(request, slug: str):
     tenant = tenant_selectors.tenant_get(slug=slug)
-    return [{**present(c), "key_prefix": c.key_prefix} for c in selectors.caches_live(tenant)]
+    caches = list(selectors.caches_live(tenant))
+    now = residency.now_for(caches)  # asked from the replicas, within residency.ASK_TIMEOUT_S
+    return [{**present(c, now[c.pk]), "key_prefix": c.key_prefix} for c in caches]
 
 
 @router.delete("tenants/{slug}/caches/{cache_id}", response=dict)

@@ -23,7 +23,7 @@ import asyncio
 
 from django.http import HttpRequest, JsonResponse
 
-from controlplane.caches import prewarm, selectors, services, workers
+from controlplane.caches import prewarm, residency, selectors, services, workers
 from controlplane.caches.models import NamedCache
 from controlplane.caches.schemas import CachePatch
 from controlplane.common.actor import Actor
@@ -34,11 +34,26 @@ from controlplane.serving.admission import Admission, admitted, gate_admission
 from controlplane.serving.views import _api_view
 
 
-def present(cache: NamedCache) -> dict:
+def present(cache: NamedCache, where: residency.Residency | None = None) -> dict:
+    """The cache as the API shows it: ``tiers`` where its tokens are (``where``: asked from the replicas,
+    or the last known figures, ``tiers_stale`` and ``tiers_as_of``); without ``where``, as recorded."""
+    where = where or residency.recorded(cache)
     return {"id": cache.public_id, "object": "cache", "model": cache.deployment.name,
             "display_name": cache.display_name, "kind": cache.kind, "tokens": cache.tokens,
-            "pinned_tokens": cache.pinned_tokens, "tiers": cache.tiers,
+            "pinned_tokens": cache.pinned_tokens, **where.as_json(),
             "created_at": int(cache.created.timestamp()), "expires_at": int(cache.expires_at.timestamp())}
+
+
+async def _present_now(request: HttpRequest, caches: list[NamedCache], found: dict) -> list[dict]:
+    """``caches`` presented with where their tokens are now: the replicas asked off the database threads
+    (``residency.ask``, bounded), the answer remembered and presented on one."""
+    answered = await asyncio.to_thread(residency.ask, found)
+    return await db_threads.for_request(request, _remembered, caches, answered)
+
+
+def _remembered(caches: list[NamedCache], answered: dict) -> list[dict]:
+    residency.remember(caches, answered)
+    return [present(c, residency.residency(c, answered)) for c in caches]
 
 
 def _actor(request: HttpRequest, admission: Admission) -> Actor:
@@ -49,7 +64,8 @@ def _actor(request: HttpRequest, admission: Admission) -> Actor:
 @_api_view(("GET", "POST"))
 async def caches(request: HttpRequest):
     if request.method == "GET":
-        return JsonResponse(await db_threads.for_request(request, _list, request))
+        caches, found = await db_threads.for_request(request, _list, request)
+        return JsonResponse({"object": "list", "data": await _present_now(request, caches, found)})
     admission = gate_admission(request) or await db_threads.for_request(request, admitted, request)
     parsed = await render_pool.run(admission.tenant.pk, prewarm.parse, request, admission)
     prep = await db_threads.for_request(request, prewarm.prepare, admission, parsed)
@@ -61,9 +77,9 @@ async def caches(request: HttpRequest):
     return JsonResponse(present(cache), status=201)
 
 
-def _list(request: HttpRequest) -> dict:
-    tenant = admitted(request).tenant
-    return {"object": "list", "data": [present(c) for c in selectors.caches_live(tenant)]}
+def _list(request: HttpRequest) -> tuple[list[NamedCache], dict]:
+    caches = list(selectors.caches_live(admitted(request).tenant))
+    return caches, residency.targets(caches)
 
 
 def _find(request: HttpRequest, cache_id: str) -> tuple[Admission, NamedCache]:
@@ -75,8 +91,9 @@ def _find(request: HttpRequest, cache_id: str) -> tuple[Admission, NamedCache]:
     return admission, cache
 
 
-def _get(request: HttpRequest, cache_id: str) -> dict:
-    return present(_find(request, cache_id)[1])
+def _get(request: HttpRequest, cache_id: str) -> tuple[list[NamedCache], dict]:
+    caches = [_find(request, cache_id)[1]]
+    return caches, residency.targets(caches)
 
 
 def _patch(request: HttpRequest, cache_id: str) -> tuple[dict, workers.Target | None, NamedCache]:
@@ -101,7 +118,8 @@ def _deleted(request: HttpRequest, admission: Admission, cache: NamedCache, resu
 @_api_view(("GET", "PATCH", "DELETE"))
 async def cache_detail(request: HttpRequest, cache_id: str):
     if request.method == "GET":
-        return JsonResponse(await db_threads.for_request(request, _get, request, cache_id))
+        caches, found = await db_threads.for_request(request, _get, request, cache_id)
+        return JsonResponse((await _present_now(request, caches, found))[0])
     if request.method == "PATCH":
         out, target, cache = await db_threads.for_request(request, _patch, request, cache_id)
         if target is not None:

@@ -34,7 +34,8 @@ class NamedCache(models.Model):
     tokens = models.PositiveIntegerField()
     block_size = models.PositiveSmallIntegerField(default=16)  # the serving engine's cache block
     pinned_tokens = models.PositiveIntegerField(default=0)  # full-block tokens pinned (0: not pinned)
-    tiers = models.JSONField(default=dict)  # tokens resident per tier after the prewarm
+    tiers = models.JSONField(default=dict)  # tokens per tier, as the replicas last said (``residency``)
+    tiers_at = models.DateTimeField(null=True, blank=True)  # when ``tiers`` were last true
     key_prefix = models.CharField(max_length=16, blank=True)  # the API key that created it
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)

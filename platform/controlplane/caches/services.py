@@ -69,7 +69,7 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
         cache = NamedCache.objects.create(
             tenant=tenant, deployment=deployment, revision=revision, kind=kind, token_ids=token_ids,
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
-            pinned_tokens=pinned, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
+            pinned_tokens=pinned, tiers=tiers, tiers_at=timezone.now(), key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))
         audit_record(actor=actor, action="cache.create", target=cache.public_id, tenant=tenant.slug,
                      new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned,

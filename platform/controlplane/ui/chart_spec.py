@@ -110,14 +110,23 @@ class Chart:
     def empty(self) -> bool:
         return not any(v is not None for line in self.lines for v in line.values)
 
+    def _latest_index(self) -> int | None:
+        """The newest x where any line has data (None: no data at all)."""
+        return next((k for k in range(len(self.x) - 1, -1, -1)
+                     if any(line.values[k] is not None for line in self.lines)), None)
+
     def latest(self) -> list[tuple[str, str]]:
-        """Each line's last value, as text (— for a line without data)."""
+        """Each line's value at one time, the newest that has data (``latest_at``), as text (— for a
+        line without data then): never one line's newest point beside another's older one."""
         fmt = formatter(self.unit, self.suffix)
-        out = []
-        for line in self.lines:
-            last = next((v for v in reversed(line.values) if v is not None), None)
-            out.append((line.label, "—" if last is None else fmt(last)))
-        return out
+        k = self._latest_index()
+        return [(line.label, "—" if k is None or line.values[k] is None else fmt(line.values[k]))
+                for line in self.lines]
+
+    def latest_at(self) -> datetime | None:
+        """The time ``latest`` shows."""
+        k = self._latest_index()
+        return None if k is None else datetime.fromtimestamp(self.x[k], tz=timezone.get_current_timezone())
 
     def rows(self) -> list[dict[str, Any]]:
         """Table rows, newest first, for the x values where any line has data."""

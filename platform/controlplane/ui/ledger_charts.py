@@ -16,6 +16,8 @@ from urllib.parse import urlencode
 from django.urls import reverse
 from django.utils import timezone
 
+from controlplane.caches import residency
+from controlplane.caches.residency import Residency
 from controlplane.caches.selectors import caches_live
 from controlplane.ledger.models import MISS_REASONS, OTHER_REASON, miss_field
 from controlplane.ledger.selectors import (
@@ -47,11 +49,13 @@ def _by_hour(rows: list[LedgerRow], hours: list[datetime]) -> dict[datetime, Led
     return out
 
 
-def _cache_row(cache) -> dict[str, Any]:
-    tiers = cache.tiers if isinstance(cache.tiers, dict) else {}
+def _cache_row(cache, where: Residency) -> dict[str, Any]:
+    """A named cache's row: ``tiers`` where its tokens are now (``caches.residency``), ``stale`` with
+    ``as_of`` when no replica answered in time (its last known figures)."""
     return {"id": cache.public_id, "display_name": cache.display_name, "model": cache.deployment.name,
             "tokens": cache.tokens, "pinned_tokens": cache.pinned_tokens,
-            "tiers": " · ".join(f"{name.upper()} {si(n)}" for name, n in sorted(tiers.items())) or "—",
+            "tiers": " · ".join(f"{name.upper()} {si(n)}" for name, n in sorted(where.tiers.items())) or "—",
+            "tiers_stale": where.stale, "tiers_as_of": where.as_of,
             "created": cache.created, "expires_at": cache.expires_at}
 
 
@@ -89,6 +93,8 @@ def cache_usage(tenant: Tenant, *, now: datetime | None = None) -> dict[str, Any
               "pinned_token_hours": r.pinned_token_microseconds / 3.6e9}
              for h, r in sorted(by_hour.items(), reverse=True)
              if r.pinned_token_microseconds or any(v for k, v in r.counts.items() if k != "l3_byte_seconds")]
+    caches = list(caches_live(tenant).order_by("-created"))
+    now_for = residency.now_for(caches)  # the replicas asked, within residency.ASK_TIMEOUT_S
     query = urlencode({"format": "csv", "since": start.isoformat(), "until": end.isoformat()})
     return {
         "charts": charts, "hours": table, "reasons": [REASON_LABELS[r] for r in reasons],
@@ -96,5 +102,5 @@ def cache_usage(tenant: Tenant, *, now: datetime | None = None) -> dict[str, Any
                    "cached": totals.counts["cached_tokens"], "written": totals.counts["write_tokens"],
                    "pinned_token_hours": totals.pinned_token_microseconds / 3.6e9},
         "csv_url": f"{reverse('adminapi:tenant_ledger', kwargs={'slug': slug})}?{query}",
-        "caches": [_cache_row(c) for c in caches_live(tenant).order_by("-created")],
+        "caches": [_cache_row(c, now_for[c.pk]) for c in caches],
     }

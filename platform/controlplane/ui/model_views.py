@@ -117,6 +117,8 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
                 row["rollback_form"] = rollback_form
             row["replicas_form"] = bound.get(("replicas", name)) or ReplicasForm(
                 auto_id=_form_id("rep", name), initial={"replicas": deployment.replicas})
+            # its less used forms are folded away, open when one of them was refused (shown with its errors)
+            row["open"] = any(isinstance(key, tuple) and key[1] == name for key in bound)
         rows.append(row)
     create_form = (bound.get("create") or ModelCreateForm(auto_id="id_new_%s")) if request.operator.is_admin else None
     return _page(request, "ui/models.html", "models", status, models=rows, create_form=create_form)

@@ -147,8 +147,10 @@ def tenants(request: HttpRequest) -> HttpResponse:
 
 # ---------------------------------------------------------------------- the tenant page
 def _tenant_jobs(tenant: Tenant) -> list[dict]:
+    """The tenant's newest jobs as the Jobs page shows them (``present.job_page``: with ``tier_totals``,
+    the blocks and bytes each freed)."""
     jobs = [j for j in flush_job_list(limit=JOBS_SCANNED) if j.tenant_id == tenant.pk]
-    return [present.job(j) for j in jobs[:JOBS_SHOWN]]
+    return [present.job_page(j) for j in jobs[:JOBS_SHOWN]]
 
 
 def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Form) -> HttpResponse:
@@ -188,6 +190,8 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         usable=usable, keys=keys, granted=granted,
         data_keys=data_keys, group=group, has_groups=bool(groups),
         active_keys=sum(1 for k in keys if k["revoked_at"] is None),
+        # a tenant that cannot be served yet: its key and grant forms first (its charts are empty)
+        next_steps=bool(forms) and usable and (not granted or all(k["revoked_at"] for k in keys)),
         jobs=_tenant_jobs(tenant),
         chartset=tenant_chartset(tenant.slug, request.GET.get("range")),
         usage=usage,

@@ -2,7 +2,16 @@
 
 from django.urls import path
 
-from controlplane.ui import chart_views, delete_views, model_views, tenant_views, token_views, user_views, views
+from controlplane.ui import (
+    chart_views,
+    delete_views,
+    model_views,
+    tenant_flush_views,
+    tenant_views,
+    token_views,
+    user_views,
+    views,
+)
 
 app_name = "ui"
 
@@ -30,6 +39,7 @@ urlpatterns = [
     path("ui/tenants/<slug:slug>/caches/<str:cache_id>/delete/", tenant_views.named_cache_delete,
          name="tenant-cache-delete"),
     path("ui/tenants/<slug:slug>/offboard/", tenant_views.tenant_offboard, name="tenant-offboard"),
+    path("ui/tenants/<slug:slug>/flush/", tenant_flush_views.tenant_flush, name="tenant-flush"),
     path("ui/models/", model_views.models, name="models"),
     path("ui/models/<str:name>/revisions/", model_views.revision_add, name="revision-add"),
     path("ui/models/<str:name>/rollout/", model_views.rollout, name="rollout"),
