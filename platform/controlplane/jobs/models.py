@@ -5,6 +5,8 @@ job flushes its tenant and shreds every one of its versions (steps inside that o
 cache policy queues the two L3-only jobs: ``l3_delete`` (persistence turned off: every L3 object of
 the tenant is deleted on every replica; L1/L2 untouched) and ``l3_expire`` (retention lowered: every
 replica applies the tenant's retention as it is when the job runs and deletes what is older).
+``adapter_delete`` (scope model: the adapter's base deployment) removes one LoRA adapter's KV from
+every tier of every replica and unloads it (``adapters.services.adapter_delete``).
 
 Per-worker results live in ``results`` keyed by worker name, so a retried or resumed task skips the
 workers already done (idempotent), and ``steps`` is the job's own history, shown in the UI and API.
@@ -23,6 +25,7 @@ class FlushJob(models.Model):
         SHRED = "shred"
         L3_DELETE = "l3_delete"
         L3_EXPIRE = "l3_expire"
+        ADAPTER_DELETE = "adapter_delete"
 
     class Scope(models.TextChoices):
         TENANT = "tenant"
@@ -47,6 +50,8 @@ class FlushJob(models.Model):
                                  related_name="+")  # flush: the revision flushed; rollout: the new one
     from_revision = models.ForeignKey("registry.ModelRevision", null=True, blank=True, on_delete=models.PROTECT,
                                       related_name="+")  # rollout: the revision replaced
+    adapter = models.ForeignKey("adapters.Adapter", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")  # adapter_delete: the adapter whose KV goes
     key_version = models.PositiveIntegerField(null=True, blank=True)  # shred: the data-key version
     reason = models.TextField()
     requested_by = models.CharField(max_length=150)
