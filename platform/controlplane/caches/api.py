@@ -35,7 +35,8 @@ from controlplane.serving.views import _api_view
 
 
 def present(cache: NamedCache) -> dict:
-    return {"id": cache.public_id, "object": "cache", "model": cache.deployment.name,
+    return {"id": cache.public_id, "object": "cache", "model": cache.adapter.name if cache.adapter_id
+            else cache.deployment.name,
             "display_name": cache.display_name, "kind": cache.kind, "tokens": cache.tokens,
             "pinned_tokens": cache.pinned_tokens, "tiers": cache.tiers,
             "created_at": int(cache.created.timestamp()), "expires_at": int(cache.expires_at.timestamp())}

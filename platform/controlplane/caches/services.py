@@ -55,7 +55,7 @@ def check_ttl(tenant, ttl_seconds: int) -> int:
 
 def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: list[int], messages, cache_salt,
                  display_name: str, ttl_seconds: int, pin_tokens: int, tiers: dict, key_prefix: str,
-                 actor: Actor, block_size: int = 16) -> NamedCache:
+                 actor: Actor, block_size: int = 16, adapter_id: int | None = None) -> NamedCache:
     """The row of a cache the worker has prewarmed, audited. It is pinned (``pinned_tokens``:
     ``pin_tokens``, its full-block tokens) when the tenant's ``max_pinned_tokens``, as it is now, has
     room for all of them beside its live pinned caches, else not at all (0). The room is read and the
@@ -67,7 +67,8 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
         room = int(locked.max_pinned_tokens or 0) - pinned_tokens_in_use(tenant)
         pinned = pin_tokens if 0 < pin_tokens <= room else 0
         cache = NamedCache.objects.create(
-            tenant=tenant, deployment=deployment, revision=revision, kind=kind, token_ids=token_ids,
+            tenant=tenant, deployment=deployment, revision=revision, adapter_id=adapter_id, kind=kind,
+            token_ids=token_ids,
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
             pinned_tokens=pinned, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))

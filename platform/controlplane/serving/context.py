@@ -172,15 +172,15 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
 
 
 def _with_named_cache(tenant, deployment: ModelDeployment, facts: ModelFacts, body: BaseModel,
-                      tokens: list[int]) -> list[int]:
+                      tokens: list[int], adapter=None) -> list[int]:
     """The prompt with the named cache ``body.cache_id`` in front: its token ids before a completion's
     prompt, its messages before a chat's (rendered together, so the prefix is the cache's exactly as
     a template renders it). 404 for a cache that is not this tenant's live one."""
     from controlplane.caches.selectors import cache_get
 
     named = cache_get(tenant, body.cache_id)
-    if named is None or named.deployment_id != deployment.pk:
-        raise NotFound(f"cache '{body.cache_id}' does not exist for model '{deployment.name}'",
+    if named is None or named.deployment_id != deployment.pk or named.adapter_id != getattr(adapter, "id", None):
+        raise NotFound(f"cache '{body.cache_id}' does not exist for model '{body.model}'",
                        code="cache_not_found")
     chat = hasattr(body, "messages")
     if chat != (named.kind == "messages"):
@@ -213,7 +213,7 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
     minute) and the worker request. ``adapter``: the ``adapters.selectors.AdapterRef`` the request
     named (its ``lora``: the adapter's scope is in every cache key of the request)."""
     if getattr(body, "cache_id", None):
-        tokens = _with_named_cache(tenant, deployment, config, body, tokens)
+        tokens = _with_named_cache(tenant, deployment, config, body, tokens, adapter)
     bad = next((t for t in tokens if t >= config.vocab_size), None)
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
