@@ -34,6 +34,7 @@ import strata_env
 from cachecore.layout import KVLayout
 from cachecore.model.checkpoint import inspect_checkpoint
 from cachecore.model.hf_config import CheckpointError, weights_root
+from cachecore.model.peft import is_moe
 from cachecore.namespace import Namespace, canonical_encode
 from cachecore.routing.hashes import namespace_fields
 from workers.vllm_sizing import KVSizing, kv_sizing
@@ -65,11 +66,14 @@ class CheckpointFacts:
                    layers=m.n_layers, kv_heads=m.n_kv_heads, head_dim=m.head_dim, dtype=config.checkpoint_dtype)
 
 
-def lora_settings(requested: dict | None, architecture: str) -> dict | None:
+def lora_settings(requested: dict | None, architecture: str, config: dict) -> dict | None:
     """vLLM's LoRA arguments for a revision whose spec asks for them (``{"max_loras", "max_lora_rank"}``
     from the control plane's settings; ``max_lora_rank`` rounded up to a rank vLLM takes), or None when
-    it does not ask or vLLM serves no LoRA for ``architecture``."""
+    it does not ask, vLLM serves no LoRA for ``architecture``, or the model is a mixture of experts
+    (``config``: its ``config.json``; vLLM's LoRA of fused experts needs kernels its CPU build lacks)."""
     if not requested or int(requested.get("max_loras") or 0) < 1:
+        return None
+    if is_moe(config):
         return None
     try:
         from vllm.model_executor.models import ModelRegistry
@@ -143,7 +147,8 @@ class VllmRevision:
                    tokenizer_digest=info.chat.digest, block_size=block, dtype=dtype,
                    tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes, sizing=sizing,
                    block_bytes=block_bytes, num_blocks=kv_bytes // block_bytes, device=device,
-                   lora=lora_settings(revision.get("lora"), facts.architecture))
+                   lora=lora_settings(revision.get("lora"), facts.architecture,
+                                      getattr(info.config, "raw", None) or {}))
 
     def kv_layout(self) -> KVLayout:
         """Strata's block layout of this engine's KV (what its L2 and L3 blocks hold)."""

@@ -27,6 +27,13 @@ PREFIX = "base_model.model."
 DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 _TENSOR = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<part>[AB])\.weight$")
 DIGEST_FORMAT = b"strata-lora-v1"
+# config.json keys of a mixture of experts: served without LoRA (vLLM's LoRA of fused experts needs
+# kernels its CPU build lacks), so adapters are refused on them
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def is_moe(config: dict) -> bool:
+    return any(config.get(k) for k in MOE_KEYS)
 
 
 class AdapterError(ValueError):

@@ -5,11 +5,13 @@ Registration checks the PEFT directory against the base deployment's active chec
 (``adapters.peft``): 422 ``invalid_adapter`` with the reason; 422 ``adapters_need_vllm`` on a deployment
 of the reference engine (vLLM serves LoRA; the reference engine does not); 409 ``adapter_exists`` for a
 name already registered (replace an adapter by deleting it, then registering the new files) and
-``name_taken`` for a deployment's name.
+``name_taken`` for a deployment's name; 422 ``adapters_unsupported`` on a mixture of experts (served
+without LoRA: ``workers.vllm_revision.lora_settings``).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from django.conf import settings
@@ -42,6 +44,13 @@ def _inspect(deployment: ModelDeployment, path) -> peft.AdapterInfo:
     if not isinstance(path, str) or not path.strip():
         raise InvalidInput("path must be the adapter's directory", code="invalid_adapter")
     root = settings.STRATA_WEIGHTS_ROOT
+    try:
+        config = json.loads((Path(revision.checkpoint_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and peft.is_moe(config):
+        raise InvalidInput(f"model {deployment.name!r} is a mixture of experts, which vLLM serves without LoRA here",
+                           code="adapters_unsupported")
     try:
         base = peft.base_shapes(Path(revision.checkpoint_path))
         return peft.inspect_adapter(path, base=base, max_rank=max_rank(), root=Path(root) if root else None)
