@@ -167,6 +167,10 @@ def test_a_private_adapter_is_its_tenant_s_alone_and_a_404_like_a_missing_model_
     assert_error(private, 404, "model_not_found")
     assert private.json()["error"]["message"].replace("acme-only", "X") == \
         missing.json()["error"]["message"].replace("acme-onlx", "X")
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    assert_error(post(globex, "/v1/chat/completions", {**chat, "model": "acme-only"}), 404, "model_not_found")
+    # the KV API serves base models only: an adapter's name is a model it does not know, even its owner's
+    assert_error(post(acme, "/v1/kv/lookup", {"model": "acme-only", "tokens": [1, 2, 3]}), 404, "model_not_found")
     from controlplane.adapters.selectors import usable
     from controlplane.tenants.models import Tenant
 
@@ -175,7 +179,7 @@ def test_a_private_adapter_is_its_tenant_s_alone_and_a_404_like_a_missing_model_
 
 
 def test_delete_is_a_job_that_stops_serving_at_once_and_frees_the_name(admin_client, actor, deployment,
-                                                                        adapters_dir, vllm_checkpoint, ray_cluster):
+                                                                        adapters_dir, vllm_checkpoint, ray_cluster):  # noqa: F811
     from controlplane.adapters.models import Adapter
     from controlplane.jobs.services import job_execute
 

@@ -62,7 +62,7 @@ def parse(request: HttpRequest, admission: Admission) -> Parsed:
     model not granted, 422 for a bad field or TTL."""
     tenant = admission.tenant
     data = intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
+    deployment, _adapter = admission.resolve(intake.model_name(data))  # an adapter's cache lives in its scope
     facts = model_facts(deployment)
     prompt_bounds = bounds.prompt_bounds(facts, tenant.max_prompt_tokens)
     if "messages" in data:

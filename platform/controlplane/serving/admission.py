@@ -51,16 +51,25 @@ class Admission:
     adapters: dict[str, Any] = field(default_factory=dict)  # name -> adapters.selectors.AdapterRef it may use
 
     def deployment(self, name: str) -> ModelDeployment:
-        """The granted deployment ``name``, or the base deployment of the adapter ``name`` the tenant
-        may use; 404 alike for unknown, not granted and another tenant's adapter (no enumeration: one
-        dictionary lookup each, whatever the name is)."""
+        """The granted deployment ``name``; 404 alike for unknown and not granted (no enumeration). An
+        adapter's name is a 404 here: only the paths that serve adapters resolve them (``resolve``)."""
         deployment = self.deployments.get(name)
+        if deployment is None:
+            raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
+        return deployment
+
+    def resolve(self, name: str) -> tuple[ModelDeployment, Any]:
+        """``(deployment, adapter)``: the granted deployment ``name`` (adapter None), or the adapter
+        ``name`` this tenant may use (an ``adapters.selectors.AdapterRef``) with its base deployment;
+        404 alike for unknown, not granted and another tenant's adapter (no enumeration: the same
+        dictionary lookups and the same error, whatever the name is)."""
+        deployment, adapter = self.deployments.get(name), None
         if deployment is None:
             adapter = self.adapters.get(name)
             deployment = self.deployments.get(adapter.deployment) if adapter is not None else None
         if deployment is None:
             raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
-        return deployment
+        return deployment, adapter
 
     def adapter(self, name: str):
         """The ``AdapterRef`` when ``name`` is an adapter this tenant may use (None: a model's name)."""

@@ -156,7 +156,7 @@ def _parse(request: HttpRequest, schema: type[BaseModel], admission: Admission
     """The body parsed within the admission's limit, its model resolved from the granted ones, bounded,
     validated and tokenized (``intake``): no database."""
     data = intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
+    deployment, _adapter = admission.resolve(intake.model_name(data))  # an adapter is served on its base
     facts = model_facts(deployment)
     body, tokens = intake.render(data, schema, facts, admission.tenant.max_prompt_tokens)
     return deployment, facts, body, tokens
@@ -290,10 +290,7 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSp
     tenant's own salt: uploads are keyed under it alone (never the share group's)."""
     admission = admitted(request)  # counted, and the body bounded, before it is parsed
     tenant, data = admission.tenant, intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
-    if admission.adapter(intake.model_name(data)) is not None:
-        raise InvalidInput("the KV API serves base models only; name the adapter's base model",
-                           code="adapter_unsupported")
+    deployment = admission.deployment(intake.model_name(data))  # base models only: an adapter's name is a 404
     facts = model_facts(deployment)
     bounds.check_token_list(data.get("tokens"), facts)  # before pydantic looks at every id
     body = intake.validate(data, schema)
