@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+import httpx
 import openai
 import pytest
 import torch
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.slow
 NAME = "vllm-lora"
 PROMPT = [5 + (i * 7) % 290 for i in range(70)]  # two full blocks of vLLM's CPU build (32)
 DOC = [5 + (i * 13) % 290 for i in range(700)]  # two L3 chunks of 256 tokens and change
+NAMED = [9 + (i * 11) % 280 for i in range(66)]  # a named cache's prefix: two full blocks
 
 
 def _complete(client, model, prompt, max_tokens=8):
@@ -94,6 +96,21 @@ def test_adapters_serve_their_own_weights_and_never_share_kv(platform, admin_cli
         assert private.value.body["code"] == missing.value.body["code"] == "model_not_found"
         assert private.value.body["message"].replace("tuned-b", "X") == missing.value.body["message"].replace(
             "tuned-c", "X")
+
+        # a named cache prewarmed on B is B's: used with B it hits, with A it does not exist, and the base
+        # model sending its very prefix finds nothing of it
+        made = httpx.post(f"{platform.url}/v1/caches", timeout=300, json={"model": "tuned-b", "prompt": NAMED},
+                          headers={"Authorization": f"Bearer {platform.keys['acme']}"})
+        assert made.status_code == 201, made.text
+        assert made.json()["model"] == "tuned-b"
+        on_b = acme.completions.create(model="tuned-b", prompt=[7, 8, 9], max_tokens=4, temperature=0,
+                                       extra_body={"cache_id": made.json()["id"]})
+        assert on_b.usage.prompt_tokens_details.cached_tokens == 64
+        with pytest.raises(openai.NotFoundError) as other:
+            acme.completions.create(model="tuned-a", prompt=[7, 8, 9], max_tokens=4,
+                                    extra_body={"cache_id": made.json()["id"]})
+        assert other.value.body["code"] == "cache_not_found"
+        assert _complete(acme, NAME, NAMED + [7, 8, 9], max_tokens=4)[1] == 0
 
         # through L3: the device cache and L2 are gone with a replica restart
         cold = {m: _complete(acme, m, DOC) for m in (NAME, "tuned-a")}

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.adapters.models import Adapter
 from controlplane.audit.services import audit_record
 from controlplane.caches.models import NamedCache
 from controlplane.caches.selectors import pinned_tokens_in_use
@@ -72,8 +73,11 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
             pinned_tokens=pinned, tiers=tiers, key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))
+        if adapter_id is not None:  # loaded here, on the database thread: the answer names it
+            cache.adapter = Adapter.objects.only("name").get(pk=adapter_id)
         audit_record(actor=actor, action="cache.create", target=cache.public_id, tenant=tenant.slug,
-                     new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned,
+                     new={"model": deployment.name, **({"adapter": cache.adapter.name} if adapter_id else {}),
+                          "tokens": cache.tokens, "pinned_tokens": pinned,
                           "ttl_seconds": ttl_seconds, "key_prefix": key_prefix})
     return cache
 
