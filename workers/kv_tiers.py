@@ -442,7 +442,8 @@ class TierService:
                 n3, b3 = self.l3.store.delete_scope(model=self.deployment, revision=self._adapter_tag(scope))
             else:
                 self._writer.drain()  # writes queued before the flush land first (and skip themselves)
-                n3, b3 = self.l3.store.delete_scope(**l3_scope(scope, self.deployment))
+                n3, b3 = self.l3.store.delete_scope(**l3_scope(scope, self.deployment),
+                                                    revision_variants=kind == "revision")  # its adapters' too
         return {"l2": n2, "l3": n3, "l3_bytes": b3}
 
     def probe(self, scope: dict) -> int:
@@ -456,7 +457,8 @@ class TierService:
             elif kind == "adapter":
                 n += self.l3.store.count_scope(model=self.deployment, revision=self._adapter_tag(scope))[0]
             else:
-                n += self.l3.store.count_scope(**l3_scope(scope, self.deployment))[0]
+                n += self.l3.store.count_scope(**l3_scope(scope, self.deployment),
+                                               revision_variants=kind == "revision")[0]
         return n
 
     def _adapter_tag(self, scope: dict) -> str:
