@@ -97,6 +97,14 @@ def test_adapters_serve_their_own_weights_and_never_share_kv(platform, admin_cli
         assert private.value.body["message"].replace("tuned-b", "X") == missing.value.body["message"].replace(
             "tuned-c", "X")
 
+        # chats name the adapter too: its answer says so, and its prefix is its own
+        messages = [{"role": "system", "content": "You answer briefly. " * 8}, {"role": "user", "content": "Hi!"}]
+        chats = [acme.chat.completions.create(model=m, messages=messages, max_tokens=4, temperature=0)
+                 for m in ("tuned-a", "tuned-a", NAME)]
+        assert [c.model for c in chats] == ["tuned-a", "tuned-a", NAME]
+        cached = [c.usage.prompt_tokens_details.cached_tokens for c in chats]
+        assert cached[0] == cached[2] == 0 and cached[1] >= 32
+
         # a named cache prewarmed on B is B's: used with B it hits, with A it does not exist, and the base
         # model sending its very prefix finds nothing of it
         made = httpx.post(f"{platform.url}/v1/caches", timeout=300, json={"model": "tuned-b", "prompt": NAMED},
