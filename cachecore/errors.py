@@ -84,6 +84,13 @@ class KVApiUnsupported(CacheError):
     code = "kv_api_unsupported"
 
 
+class AdapterUnsupported(CacheError):
+    """A request for a LoRA adapter on a replica that cannot serve one (the reference engine, or a vLLM
+    engine started without LoRA), or whose adapter files changed since it was registered."""
+
+    code = "adapter_unsupported"
+
+
 class DecryptError(CacheError, ValueError):
     """An L3 object (or a wrapped data key) failed to decrypt or verify: wrong key, wrong associated
     data (moved to another key, tenant, model or revision), torn, truncated, bit-flipped or of an

@@ -33,7 +33,7 @@ from dataclasses import replace
 import torch
 
 from cachecore.engine import CacheEngine, Tag
-from cachecore.errors import CacheError
+from cachecore.errors import AdapterUnsupported, CacheError
 from cachecore.events import EventLog
 from cachecore.routing.hashes import namespace_fields, request_salt
 from cachecore.runner import Finished, Prefilled, SamplingParams, TokenOut
@@ -239,6 +239,8 @@ class CacheWorker:
         try:
             if req.expected_revision not in (None, revision):
                 raise RevisionChanged(f"revision {req.expected_revision} is no longer active; retry")
+            if req.lora is not None:
+                raise AdapterUnsupported("the reference engine serves no LoRA adapters (use engine 'vllm')")
             self._learn(req)
             self.engine.set_tenant_cap(tenant, req.max_cached_tokens)
             self.engine.set_inflight_limit(tenant, req.max_inflight_tokens)

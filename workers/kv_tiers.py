@@ -121,7 +121,7 @@ class TierService:
         """Whether a flush matching the request ran after the actor sent it (or it is a retired revision's)."""
         tag = self.tag(p)
         with self._lock:
-            if p.revision in self._retired or p.epoch < self._floor:
+            if p.revision.split("~", 1)[0] in self._retired or p.epoch < self._floor:
                 return True
             return any(e > p.epoch and match(tag) for e, match in self._flushes)
 
@@ -437,9 +437,13 @@ class TierService:
         if self.l3 is not None:
             if kind == "l3_expire":
                 n3, b3 = self.l3.expire(str(scope["tenant"]), int(scope["retention_seconds"]))
+            elif kind == "adapter":  # every tenant's objects of the adapter under this revision
+                self._writer.drain()
+                n3, b3 = self.l3.store.delete_scope(model=self.deployment, revision=self._adapter_tag(scope))
             else:
                 self._writer.drain()  # writes queued before the flush land first (and skip themselves)
-                n3, b3 = self.l3.store.delete_scope(**l3_scope(scope, self.deployment))
+                n3, b3 = self.l3.store.delete_scope(**l3_scope(scope, self.deployment),
+                                                    revision_variants=kind == "revision")  # its adapters' too
         return {"l2": n2, "l3": n3, "l3_bytes": b3}
 
     def probe(self, scope: dict) -> int:
@@ -450,9 +454,16 @@ class TierService:
             if kind == "l3_expire":
                 n += self.l3.store.count_expired(tenant=str(scope["tenant"]),
                                                  retention_seconds=int(scope["retention_seconds"]))
+            elif kind == "adapter":
+                n += self.l3.store.count_scope(model=self.deployment, revision=self._adapter_tag(scope))[0]
             else:
-                n += self.l3.store.count_scope(**l3_scope(scope, self.deployment))[0]
+                n += self.l3.store.count_scope(**l3_scope(scope, self.deployment),
+                                               revision_variants=kind == "revision")[0]
         return n
+
+    def _adapter_tag(self, scope: dict) -> str:
+        """The revision tag of an adapter's KV on this service (``workers.vllm_worker.tag_revision``)."""
+        return f"{self.revision}~{scope['adapter']}"
 
     def retire(self, revision: str) -> dict:
         """A rollout replaced ``revision``: it may neither load nor save again; its blocks go."""
@@ -520,9 +531,12 @@ def _matcher(scope: dict) -> Callable[[Tag], bool] | None:
     if kind == "tenant":
         tenant = str(scope["tenant"])
         return lambda t: t.owner == tenant
-    if kind == "revision":
+    if kind == "revision":  # an adapter's blocks of the revision too (tagged ``<label>~<adapter>``)
         label = scope["revision"]
-        return lambda t: t.revision == label
+        return lambda t: t.revision.split("~", 1)[0] == label
+    if kind == "adapter":
+        suffix = "~" + scope["adapter"]
+        return lambda t: t.revision.endswith(suffix)
     if kind in ("model", "all"):
         return lambda t: True
     if kind in ("key_version", "tenant_l3", "l3_expire"):

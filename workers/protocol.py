@@ -40,6 +40,9 @@ class WorkerRequest:
     ``tenant_retention_seconds``/``data_key``: the L3 policy (``controlplane.serving.context``).
     ``expected_revision``: fail with ``revision_changed`` when another revision is active.
     ``request_id``: what ``cancel`` names. ``use_cache`` False: neither read nor write the cache.
+    ``lora``: the LoRA adapter to serve the request with (``{"name", "id", "digest", "path", "scope"}``,
+    ``adapters.selectors.AdapterRef.to_worker``; None: the base model). Its ``scope`` is part of every
+    cache key of the request (the namespace's ``lora_id``); only a vLLM replica serves one.
     """
 
     tenant: str
@@ -64,6 +67,7 @@ class WorkerRequest:
     expected_revision: str | None = None
     request_id: str | None = None
     use_cache: bool = True
+    lora: dict | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tenant, str) or not self.tenant:
@@ -79,6 +83,10 @@ class WorkerRequest:
             raise ValueError(f"logprobs must be None or an int >= 0, got {self.logprobs!r}")
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise ValueError("cache_salt must be a string")
+        if self.lora is not None and not (isinstance(self.lora, dict) and isinstance(self.lora.get("scope"), str)
+                                          and self.lora["scope"] and isinstance(self.lora.get("id"), int)
+                                          and isinstance(self.lora.get("path"), str)):
+            raise ValueError("lora must be an adapter's {name, id, digest, path, scope}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | WorkerRequest) -> WorkerRequest:

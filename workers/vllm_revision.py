@@ -34,10 +34,13 @@ import strata_env
 from cachecore.layout import KVLayout
 from cachecore.model.checkpoint import inspect_checkpoint
 from cachecore.model.hf_config import CheckpointError, weights_root
+from cachecore.model.peft import is_moe
 from cachecore.namespace import Namespace, canonical_encode
 from cachecore.routing.hashes import namespace_fields
 from workers.vllm_sizing import KVSizing, kv_sizing
 
+MAX_CPU_LORAS = 16  # adapters vLLM keeps loaded in host memory (LRU) beyond the max_loras of one batch
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank values
 CPU_BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
 GPU_BLOCK_SIZE = 16
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -63,6 +66,29 @@ class CheckpointFacts:
                    layers=m.n_layers, kv_heads=m.n_kv_heads, head_dim=m.head_dim, dtype=config.checkpoint_dtype)
 
 
+def lora_settings(requested: dict | None, architecture: str, config: dict) -> dict | None:
+    """vLLM's LoRA arguments for a revision whose spec asks for them (``{"max_loras", "max_lora_rank"}``
+    from the control plane's settings; ``max_lora_rank`` rounded up to a rank vLLM takes), or None when
+    it does not ask, vLLM serves no LoRA for ``architecture``, or the model is a mixture of experts
+    (``config``: its ``config.json``; vLLM's LoRA of fused experts needs kernels its CPU build lacks)."""
+    if not requested or int(requested.get("max_loras") or 0) < 1:
+        return None
+    if is_moe(config):
+        return None
+    try:
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.interfaces import supports_lora
+
+        model_cls = ModelRegistry._try_load_model_cls(architecture)
+        if model_cls is None or not supports_lora(model_cls):
+            return None
+    except Exception:  # an architecture vLLM cannot inspect here: serve it without adapters
+        return None
+    rank = int(requested.get("max_lora_rank") or 16)
+    return {"max_loras": int(requested["max_loras"]),
+            "max_lora_rank": next((r for r in VLLM_LORA_RANKS if r >= rank), VLLM_LORA_RANKS[-1])}
+
+
 @dataclass
 class VllmRevision:
     label: str
@@ -84,6 +110,7 @@ class VllmRevision:
     tiers: object = None  # workers.kv_rpc.TierClient to this engine's tier service (None: no connector)
     tier_events: object = None  # a second client, for the KV events (never queued behind a slow job call)
     connector: dict | None = None  # KVTransferConfig arguments (workers.kv_connector.connector_config)
+    lora: dict | None = None  # {"max_loras", "max_lora_rank"}: vLLM's LoRA on (None: the engine serves no adapter)
 
     @classmethod
     def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
@@ -119,7 +146,9 @@ class VllmRevision:
         return cls(label=str(revision["label"]), root=root, facts=facts, weight_digest=digest, tokenizer=info.tokenizer,
                    tokenizer_digest=info.chat.digest, block_size=block, dtype=dtype,
                    tensor_parallel_size=int(tensor_parallel_size), kv_cache_bytes=kv_bytes, sizing=sizing,
-                   block_bytes=block_bytes, num_blocks=kv_bytes // block_bytes, device=device)
+                   block_bytes=block_bytes, num_blocks=kv_bytes // block_bytes, device=device,
+                   lora=lora_settings(revision.get("lora"), facts.architecture,
+                                      getattr(info.config, "raw", None) or {}))
 
     def kv_layout(self) -> KVLayout:
         """Strata's block layout of this engine's KV (what its L2 and L3 blocks hold)."""
@@ -159,6 +188,8 @@ class VllmRevision:
             kv_transfer_config=KVTransferConfig(**self.connector) if self.connector else None,
             model=str(self.root), tokenizer=str(self.root), dtype=self.dtype, seed=0,
             enable_prefix_caching=True, block_size=self.block_size,
+            **({"enable_lora": True, "max_loras": self.lora["max_loras"], "max_lora_rank": self.lora["max_lora_rank"],
+                "max_cpu_loras": max(self.lora["max_loras"], MAX_CPU_LORAS)} if self.lora else {}),
             **(self.sizing.engine_kwargs() if self.sizing else {"kv_cache_memory_bytes": self.kv_cache_bytes}),
             max_model_len=self.facts.max_seq_len, max_num_seqs=max_num_seqs,
             tensor_parallel_size=self.tensor_parallel_size,
@@ -199,10 +230,11 @@ class VllmRevision:
                 "n_kv_heads": self.facts.kv_heads, "head_dim": self.facts.head_dim,
                 "pages": self.pages}
 
-    def namespace(self, deployment: str, scope_salt: bytes, *, origin: str = "model") -> Namespace:
+    def namespace(self, deployment: str, scope_salt: bytes, *, origin: str = "model", lora_id: str = "") -> Namespace:
+        """``lora_id``: the scope of the request's LoRA adapter (``""``: the base model)."""
         return Namespace.build(scope_salt=bytes(scope_salt), model_id=deployment, weight_digest=self.weight_digest,
                                tokenizer_digest=self.tokenizer_digest, layout=self.layout(), rope={},
-                               tp_size=self.tensor_parallel_size, origin=origin)
+                               lora_id=lora_id, tp_size=self.tensor_parallel_size, origin=origin)
 
     def namespace_fields(self, deployment: str) -> dict:
         """The router's fields (every namespace field but the salt, plus vLLM's block size)."""

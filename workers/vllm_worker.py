@@ -32,6 +32,14 @@ What Strata keeps in front of vLLM, so that a tenant sees the same platform whic
   the tier service. The router's section (``workers.router_stats``) counts L1 and L2 as the
   reference engine's does: ``capacity_tokens`` is the blocks vLLM allocated plus L2's.
 
+- **LoRA adapters.** A request with ``lora`` (``WorkerRequest.lora``) runs with vLLM's
+  ``LoRARequest(name, id, path)`` (the engine loads an adapter on first use and evicts LRU; several in
+  one batch) on an engine started with ``enable_lora`` (``VllmRevision.lora``). The adapter's scope is
+  the namespace's ``lora_id`` in every key: vLLM's ``cache_salt``, Strata's block keys (L2, L3, KV
+  events, the router's hashes) and its tag ``<revision>~<scope>`` in L2 and L3 (``tag_revision``),
+  which an ``adapter`` flush deletes. Its files are checked against the registered digest before the
+  first request that uses them (a changed directory is refused, never served under the old scope).
+
 - **Named caches** (``workers.named_caches``): prewarm, soft pins and drops of a prompt's blocks in
   Strata's L2 and L3 (vLLM's device cache cannot be edited per block from outside).
 - **KV API** (``workers.vllm_kv_api``): layout, lookup, retrieve and uploads over the tier service's
@@ -53,7 +61,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import strata_env
-from cachecore.errors import BackendUnavailable, CacheError, InflightLimit, InvalidPrompt, PromptTooLong
+from cachecore.errors import (
+    AdapterUnsupported,
+    BackendUnavailable,
+    CacheError,
+    InflightLimit,
+    InvalidPrompt,
+    PromptTooLong,
+)
 from cachecore.events import AllCleared, BlockStored, EventBatch, EventLog
 from cachecore.hashing import chain_hashes
 from cachecore.loadcost import PRIORS
@@ -87,6 +102,22 @@ _END = object()
 _POLL_S = 0.05  # how often a waiting stream checks for cancellation
 _SCOPE_MEMORY = 4096  # flushed scopes whose generation is kept; past it every scope moves on at once
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
+def lora_id(req: WorkerRequest) -> str:
+    """The namespace's ``lora_id`` of a request: its adapter's scope (``""``: the base model)."""
+    return req.lora["scope"] if req.lora else ""
+
+
+def tag_revision(label: str, req: WorkerRequest) -> str:
+    """The revision its KV is tagged with in L1 records, L2 and L3: the revision's label, with
+    ``~<adapter scope>`` for an adapter's (so an ``adapter`` flush finds exactly its blocks)."""
+    return f"{label}~{req.lora['scope']}" if req.lora else label
+
+
+def label_of(tag: str) -> str:
+    """The revision label of a ``tag_revision``."""
+    return tag.split("~", 1)[0]
 
 
 class RevisionChanged(CacheError):
@@ -164,6 +195,7 @@ class VllmWorker:
         self._tier_seq = 1  # the next batch of the active tier service's KV events to forward
         self._tier_bandwidth: dict[str, float] = {}  # the tiers' measured load bandwidth (last stats)
         self._events_lock = threading.Lock()
+        self._adapters_checked: dict[int, str] = {}  # adapter id -> the digest its files were found to have
         self.gate = FairGate(cfg.max_batch)
         self._active = self._start(revision)
         self.blocks = DerivedBlocks(self._active.num_blocks, self.events)
@@ -363,7 +395,8 @@ class VllmWorker:
         salt = request_salt(req.cache_salt)
         if not req.use_cache:
             salt += uuid.uuid4().bytes  # a scope of its own: neither reuses nor is reused
-        return rev.cache_salt(rev.namespace(self.deployment, req.scope_salt), generation=generation, request_salt=salt)
+        ns = rev.namespace(self.deployment, req.scope_salt, lora_id=lora_id(req))
+        return rev.cache_salt(ns, generation=generation, request_salt=salt)
 
     # ------------------------------------------------------------------ serving
     def stream(self, req: dict) -> Iterator[dict]:
@@ -401,6 +434,29 @@ class VllmWorker:
         if len(req.prompt) + req.max_tokens > facts.max_seq_len:
             raise PromptTooLong(f"prompt of {len(req.prompt)} tokens plus max_tokens={req.max_tokens} exceeds the "
                                 f"model's context length of {facts.max_seq_len}")
+        if req.lora is not None:
+            self._check_adapter(req.lora, rev)
+
+    def _check_adapter(self, lora: dict, rev: VllmRevision) -> None:
+        """The engine serves LoRA and the adapter's files are the ones registered (checked once per
+        adapter: a changed directory would be served under the old digest's scope)."""
+        if rev.lora is None:
+            raise AdapterUnsupported(f"revision {rev.label} of this deployment runs without LoRA; "
+                                     "adapters cannot be served here")
+        if self._adapters_checked.get(lora["id"]) == lora.get("digest"):
+            return
+        from pathlib import Path
+
+        from cachecore.model.peft import digest
+
+        try:
+            found = digest(Path(lora["path"]))
+        except OSError:
+            found = None
+        if found != lora.get("digest"):
+            raise AdapterUnsupported(f"the files of adapter {lora.get('name')!r} changed since it was registered; "
+                                     "register the new files as a new adapter")
+        self._adapters_checked[lora["id"]] = found
 
     def _admit(self, req: WorkerRequest, key: str, rev: VllmRevision) -> None:
         """Count the request's tokens against the tenant's in-flight bound, then wait for a fair slot."""
@@ -449,16 +505,17 @@ class VllmWorker:
         """Strata's block keys of the prompt in the request's scope (none for an uncached request)."""
         if not req.use_cache:
             return []
-        ns = rev.namespace(self.deployment, req.scope_salt)
+        ns = rev.namespace(self.deployment, req.scope_salt, lora_id=lora_id(req))
         return chain_hashes(ns, req.prompt, rev.block_size, request_salt=request_salt(req.cache_salt))
 
     def _transfer(self, rev: VllmRevision, req: WorkerRequest, hashes: list[bytes]) -> dict | None:
         """The request's ``kv_transfer_params`` for Strata's connector (None: vLLM's cache only)."""
         if rev.tiers is None or not req.use_cache or not hashes:
             return None
-        ns = rev.namespace(self.deployment, req.scope_salt)
+        ns = rev.namespace(self.deployment, req.scope_salt, lora_id=lora_id(req))
         return TransferParams(
-            tenant=req.tenant, model=self.deployment, revision=rev.label, ns_digest=ns.digest, hashes=tuple(hashes),
+            tenant=req.tenant, model=self.deployment, revision=tag_revision(rev.label, req), ns_digest=ns.digest,
+            hashes=tuple(hashes),
             epoch=self._flush_epoch, share_weight=req.share_weight, max_cached_tokens=req.max_cached_tokens,
             max_l3_bytes=req.max_l3_bytes, persist=req.persist, retention_seconds=req.retention_seconds,
             tenant_retention_seconds=req.tenant_retention_seconds, data_key=req.data_key,
@@ -491,7 +548,7 @@ class VllmWorker:
                 hashes = self._hashes(rev, req)
                 t0 = time.perf_counter()
                 self.loop.submit(self._pump(rev, prompt, self._sampling(req, self._transfer(rev, req, hashes)), rid,
-                                            out_q))
+                                            out_q, self._lora_request(req)))
                 submitted = True
                 yield from self._events(req, key, rev, out_q, t0, hashes)
                 submitted = False  # finished normally: nothing to abort
@@ -503,9 +560,18 @@ class VllmWorker:
         except CacheError as exc:
             yield self._error(exc)
 
-    async def _pump(self, rev: VllmRevision, prompt: dict, params, rid: str, out_q: queue.SimpleQueue) -> None:
+    @staticmethod
+    def _lora_request(req: WorkerRequest):
+        if req.lora is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=req.lora["scope"], lora_int_id=int(req.lora["id"]), lora_path=req.lora["path"])
+
+    async def _pump(self, rev: VllmRevision, prompt: dict, params, rid: str, out_q: queue.SimpleQueue,
+                    lora_request=None) -> None:
         try:
-            async for out in rev.engine.generate(prompt, params, request_id=rid):
+            async for out in rev.engine.generate(prompt, params, request_id=rid, lora_request=lora_request):
                 out_q.put(out)
         except BaseException as exc:  # handed to the consumer, which turns it into an error event
             out_q.put(exc)
@@ -602,7 +668,7 @@ class VllmWorker:
             rate = computed / seconds
             self._prefill_rate = rate if self._prefill_rate is None else 0.8 * self._prefill_rate + 0.2 * rate
         if hashes:
-            self.blocks.stored(req.tenant, rev.label, hashes)
+            self.blocks.stored(req.tenant, tag_revision(rev.label, req), hashes)
 
     def _holding(self, tenant: str) -> int:  # RequestSlots.cancel_tenant waits for this to reach 0
         with self._lock:
@@ -647,7 +713,13 @@ class VllmWorker:
                 for rev in (self._active, *self._staged.values()):
                     if kind != "revision" or rev.label == label:
                         self.loop.run(self._reset(rev), timeout=60)
-            freed = self.blocks.flush(lambda owner, rev: kind != "revision" or rev == label)
+            freed = self.blocks.flush(lambda owner, rev: kind != "revision" or label_of(rev) == label)
+        elif kind == "adapter":  # its scope never recurs (lora_id): unload it, forget its blocks
+            for rev in (self._active, *self._staged.values()):
+                if rev.lora is not None:
+                    self.loop.run(self._unload(rev, int(scope["lora_id"])), timeout=60)
+            self._adapters_checked.pop(int(scope["lora_id"]), None)
+            freed = self.blocks.flush(lambda owner, rev: rev.endswith("~" + scope["adapter"]))
         elif kind not in ("key_version", "tenant_l3", "l3_expire"):
             raise ValueError(f"unknown flush scope {kind!r}")
         n2 = n3 = b3 = 0
@@ -663,6 +735,10 @@ class VllmWorker:
                 "seconds": round(time.perf_counter() - t0, 6)}
 
     @staticmethod
+    async def _unload(rev: VllmRevision, lora_int_id: int) -> bool:
+        return bool(await rev.engine.remove_lora(lora_int_id)) if rev.engine is not None else True
+
+    @staticmethod
     async def _reset(rev: VllmRevision) -> bool:
         return bool(await rev.engine.reset_prefix_cache()) if rev.engine is not None else True
 
@@ -674,7 +750,9 @@ class VllmWorker:
             tenant = str(scope["tenant"])
             remaining = self.blocks.count(lambda owner, rev: owner == tenant)
         elif kind == "revision":
-            remaining = self.blocks.count(lambda owner, rev: rev == scope.get("revision"))
+            remaining = self.blocks.count(lambda owner, rev: label_of(rev) == scope.get("revision"))
+        elif kind == "adapter":
+            remaining = self.blocks.count(lambda owner, rev: rev.endswith("~" + scope["adapter"]))
         elif kind in ("model", "all"):
             remaining = self.blocks.count()
         else:
@@ -715,7 +793,7 @@ class VllmWorker:
             while self._running_of(old.label):
                 time.sleep(0.01)
             self._aborting.discard(old.label)
-        freed = self.blocks.flush(lambda owner, rev: rev == old.label)
+        freed = self.blocks.flush(lambda owner, rev: label_of(rev) == old.label)
         bpb = self._bytes_per_block()
         old.shutdown()
         with self._events_lock:  # the old engine's L2 is gone with it; the new service's log starts at 1

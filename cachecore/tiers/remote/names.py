@@ -115,9 +115,14 @@ def scope_prefix(tenant: str | None, model: str | None, revision: str | None, ke
     return prefix
 
 
-def scope_matcher(tenant: str | None, model: str | None, revision: str | None, key_version: int | None
-                  ) -> Callable[[str], bool]:
-    """Whether an object name is in the scope (unset fields match anything)."""
+VARIANT = "~"  # ``<revision>~<variant>``: KV of a revision's variant (a LoRA adapter's), flushed with it
+
+
+def scope_matcher(tenant: str | None, model: str | None, revision: str | None, key_version: int | None,
+                  *, revision_variants: bool = False) -> Callable[[str], bool]:
+    """Whether an object name is in the scope (unset fields match anything). ``revision_variants``:
+    the revision's variants ``<revision>~...`` match too."""
+    variant = None if revision is None or not revision_variants else enc(revision + VARIANT)
     want = (
         None if tenant is None else enc(tenant),
         None if model is None else enc(model),
@@ -127,6 +132,8 @@ def scope_matcher(tenant: str | None, model: str | None, revision: str | None, k
 
     def match(name: str) -> bool:
         parts = name.split("/")
+        if variant is not None and len(parts) == 5 and parts[2].startswith(variant):
+            parts[2] = want[2]  # a variant of the revision: the other fields decide
         return len(parts) == 5 and all(w is None or w == p for w, p in zip(want, parts, strict=False))
 
     return match

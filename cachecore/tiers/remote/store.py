@@ -485,13 +485,17 @@ class RemoteStore:
         model: str | None = None,
         revision: str | None = None,
         key_version: int | None = None,
+        revision_variants: bool = False,
     ) -> tuple[int, int]:
-        """Delete every object of the scope (unset fields match anything; nothing set = all);
-        returns ``(objects, bytes)``. A prefix delete on the backend when the set fields lead
+        """Delete every object of the scope (unset fields match anything; nothing set = all;
+        ``revision_variants``: the revision's variants ``<revision>~...`` too, e.g. its LoRA adapters'
+        KV); returns ``(objects, bytes)``. A prefix delete on the backend when the set fields lead
         (tenant, tenant+model, ...), else a listing filtered by name. Raises ``BackendUnavailable``."""
-        prefix = scope_prefix(tenant, model, revision, key_version)
-        match = scope_matcher(tenant, model, revision, key_version)
-        leading = prefix.count("/") == sum(f is not None for f in (tenant, model, revision, key_version))
+        variants = revision_variants and revision is not None
+        prefix = scope_prefix(tenant, model, None if variants else revision, None if variants else key_version)
+        match = scope_matcher(tenant, model, revision, key_version, revision_variants=variants)
+        leading = not variants and prefix.count("/") == sum(
+            f is not None for f in (tenant, model, revision, key_version))
         if leading:
             objects, n_bytes = self.backend.delete_prefix(prefix)
         else:
@@ -519,12 +523,14 @@ class RemoteStore:
         revision: str | None = None,
         key_version: int | None = None,
         written_before: float | None = None,
+        revision_variants: bool = False,
     ) -> tuple[int, int]:
         """``(objects, bytes)`` the backend holds in the scope (the probe after a flush); with
-        ``written_before`` (epoch seconds) only the objects written before then. Raises
-        ``BackendUnavailable``."""
-        prefix = scope_prefix(tenant, model, revision, key_version)
-        match = scope_matcher(tenant, model, revision, key_version)
+        ``written_before`` (epoch seconds) only the objects written before then; ``revision_variants``
+        as for ``delete_scope``. Raises ``BackendUnavailable``."""
+        variants = revision_variants and revision is not None
+        prefix = scope_prefix(tenant, model, None if variants else revision, None if variants else key_version)
+        match = scope_matcher(tenant, model, revision, key_version, revision_variants=variants)
         objects = n_bytes = 0
         for info in self.backend.list(prefix):
             if match(info.name) and (written_before is None or info.mtime < written_before):

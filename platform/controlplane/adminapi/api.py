@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, reverse
 from ninja import NinjaAPI
 
-from controlplane.adminapi import audit, datakeys, grants, keys, models, sharegroups, tenants
+from controlplane.adminapi import adapters, audit, datakeys, grants, keys, models, sharegroups, tenants
 from controlplane.adminapi.auth import OperatorAuth
 from controlplane.common.errors import ApplicationError, error_response, install_ninja_handlers
 
@@ -71,8 +71,8 @@ def build_api() -> NinjaAPI:
     from controlplane.ledger import api as ledger_api
     from controlplane.runtime import api as runtime_api
 
-    for module in (tenants, datakeys, keys, grants, models, sharegroups, audit, jobs_api, runtime_api, ledger_api,
-                   caches_api):
+    for module in (tenants, datakeys, keys, grants, models, adapters, sharegroups, audit, jobs_api, runtime_api,
+                   ledger_api, caches_api):
         api.add_router("", module.router)
     return api
 

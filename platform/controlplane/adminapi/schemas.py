@@ -395,3 +395,26 @@ class StatsOut(_StatsOut):
     stale: bool = Field(False, description="some worker's figures are stale: the figures come from the last "
                                            "sample of each replica, never a call made for this request")
     stale_workers: int = 0
+
+
+class AdapterIn(StrictIn):
+    """A LoRA adapter to register on a model: ``path`` is a PEFT adapter directory under
+    ``STRATA_WEIGHTS_ROOT``; ``tenant`` (a slug) makes it that tenant's alone."""
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=100)
+    path: str = Field(min_length=1, max_length=1024)
+    tenant: str | None = Field(default=None, pattern=SLUG_PATTERN)
+
+
+class AdapterOut(Schema):
+    name: str
+    model: str
+    tenant: str | None
+    digest: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    dtype: str
+    path: str
+    state: str
+    created: datetime

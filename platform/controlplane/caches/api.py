@@ -38,7 +38,8 @@ def present(cache: NamedCache, where: residency.Residency | None = None) -> dict
     """The cache as the API shows it: ``tiers`` where its tokens are (``where``: asked from the replicas,
     or the last known figures, ``tiers_stale`` and ``tiers_as_of``); without ``where``, as recorded."""
     where = where or residency.recorded(cache)
-    return {"id": cache.public_id, "object": "cache", "model": cache.deployment.name,
+    return {"id": cache.public_id, "object": "cache", "model": cache.adapter.name if cache.adapter_id
+            else cache.deployment.name,
             "display_name": cache.display_name, "kind": cache.kind, "tokens": cache.tokens,
             "pinned_tokens": cache.pinned_tokens, **where.as_json(),
             "created_at": int(cache.created.timestamp()), "expires_at": int(cache.expires_at.timestamp())}

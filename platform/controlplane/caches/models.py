@@ -26,6 +26,8 @@ class NamedCache(models.Model):
     deployment = models.ForeignKey("registry.ModelDeployment", on_delete=models.CASCADE,
                                    related_name="named_caches")
     revision = models.CharField(max_length=100)  # the active revision's label when it was prewarmed
+    adapter = models.ForeignKey("adapters.Adapter", null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="+")  # the LoRA adapter it was prewarmed on (None: the base model)
     display_name = models.CharField(max_length=200, blank=True)
     kind = models.CharField(max_length=8, default="prompt")  # "prompt" (token ids) or "messages" (chat)
     token_ids = models.JSONField(default=list)  # the rendered prefix, as the worker saw it

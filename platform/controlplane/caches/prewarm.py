@@ -53,6 +53,7 @@ class Parsed:
     body: CacheCreate
     messages: list[dict] | None
     tokens: list[int]
+    adapter: object = None  # adapters.selectors.AdapterRef: the LoRA adapter the body named
 
 
 def parse(request: HttpRequest, admission: Admission) -> Parsed:
@@ -61,7 +62,7 @@ def parse(request: HttpRequest, admission: Admission) -> Parsed:
     model not granted, 422 for a bad field or TTL."""
     tenant = admission.tenant
     data = intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
+    deployment, _adapter = admission.resolve(intake.model_name(data))  # an adapter's cache lives in its scope
     facts = model_facts(deployment)
     prompt_bounds = bounds.prompt_bounds(facts, tenant.max_prompt_tokens)
     if "messages" in data:
@@ -76,7 +77,8 @@ def parse(request: HttpRequest, admission: Admission) -> Parsed:
     else:
         messages = None
         tokens = facts.tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-    return Parsed(deployment=deployment, facts=facts, body=body, messages=messages, tokens=tokens)
+    return Parsed(deployment=deployment, facts=facts, body=body, messages=messages, tokens=tokens,
+                  adapter=admission.adapter(body.model))
 
 
 def _render_prefix(facts: ModelFacts, messages: list[dict], budget) -> list[int]:
@@ -96,7 +98,8 @@ def prepare(admission: Admission, parsed: Parsed) -> context.Prepared:
     """Stage 3 (database): the quotas, bounds and worker request of a one-token completion of the prefix."""
     as_completion = CompletionRequest(model=parsed.body.model, prompt=parsed.tokens, max_tokens=1, temperature=0.0,
                                       cache_salt=parsed.body.cache_salt)
-    return context._finish(admission.tenant, parsed.deployment, parsed.facts, as_completion, parsed.tokens)
+    return context._finish(admission.tenant, parsed.deployment, parsed.facts, as_completion, parsed.tokens,
+                           adapter=parsed.adapter)
 
 
 async def run(prep: context.Prepared) -> dict:
@@ -152,7 +155,8 @@ def record(admission: Admission, actor: Actor, parsed: Parsed, prep: context.Pre
         kind="messages" if parsed.messages is not None else "prompt", token_ids=prep.tokens,
         messages=parsed.messages, cache_salt=parsed.body.cache_salt, display_name=parsed.body.display_name,
         ttl_seconds=parsed.body.ttl_seconds, pin_tokens=len(prep.tokens) // bs * bs, tiers=res.get("tiers") or {},
-        key_prefix=admission.key_prefix, actor=actor, block_size=bs)
+        key_prefix=admission.key_prefix, actor=actor, block_size=bs,
+        adapter_id=parsed.adapter.id if parsed.adapter is not None else None)
     if usage:
         book(prep, usage)
     return cache, workers.target(cache) if cache.pinned_tokens else None

@@ -11,7 +11,7 @@ from controlplane.caches.models import NamedCache
 def caches_live(tenant) -> QuerySet[NamedCache]:
     """``tenant``'s named caches that are neither deleted nor expired, newest first."""
     return (NamedCache.objects.filter(tenant=tenant, deleted_at__isnull=True, expires_at__gt=timezone.now())
-            .select_related("deployment"))
+            .select_related("deployment", "adapter__deployment"))
 
 
 def cache_get(tenant, public_id: str) -> NamedCache | None:

@@ -23,6 +23,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from controlplane.adapters.models import Adapter
 from controlplane.audit.services import audit_record
 from controlplane.caches.models import NamedCache
 from controlplane.caches.selectors import pinned_tokens_in_use
@@ -55,7 +56,7 @@ def check_ttl(tenant, ttl_seconds: int) -> int:
 
 def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: list[int], messages, cache_salt,
                  display_name: str, ttl_seconds: int, pin_tokens: int, tiers: dict, key_prefix: str,
-                 actor: Actor, block_size: int = 16) -> NamedCache:
+                 actor: Actor, block_size: int = 16, adapter_id: int | None = None) -> NamedCache:
     """The row of a cache the worker has prewarmed, audited. It is pinned (``pinned_tokens``:
     ``pin_tokens``, its full-block tokens) when the tenant's ``max_pinned_tokens``, as it is now, has
     room for all of them beside its live pinned caches, else not at all (0). The room is read and the
@@ -67,12 +68,16 @@ def cache_create(*, tenant, deployment, revision: str, kind: str, token_ids: lis
         room = int(locked.max_pinned_tokens or 0) - pinned_tokens_in_use(tenant)
         pinned = pin_tokens if 0 < pin_tokens <= room else 0
         cache = NamedCache.objects.create(
-            tenant=tenant, deployment=deployment, revision=revision, kind=kind, token_ids=token_ids,
+            tenant=tenant, deployment=deployment, revision=revision, adapter_id=adapter_id, kind=kind,
+            token_ids=token_ids,
             messages=messages, cache_salt=cache_salt, display_name=display_name, tokens=len(token_ids),
             pinned_tokens=pinned, tiers=tiers, tiers_at=timezone.now(), key_prefix=key_prefix, block_size=block_size,
             expires_at=timezone.now() + timedelta(seconds=ttl_seconds))
+        if adapter_id is not None:  # loaded here, on the database thread: the answer names it
+            cache.adapter = Adapter.objects.only("name").get(pk=adapter_id)
         audit_record(actor=actor, action="cache.create", target=cache.public_id, tenant=tenant.slug,
-                     new={"model": deployment.name, "tokens": cache.tokens, "pinned_tokens": pinned,
+                     new={"model": deployment.name, **({"adapter": cache.adapter.name} if adapter_id else {}),
+                          "tokens": cache.tokens, "pinned_tokens": pinned,
                           "ttl_seconds": ttl_seconds, "key_prefix": key_prefix})
     return cache
 

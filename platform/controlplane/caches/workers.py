@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from controlplane.adapters.selectors import AdapterRef
 from controlplane.caches.models import NamedCache
 from controlplane.common.errors import Unavailable
 from controlplane.runtime import gateway
@@ -44,6 +45,7 @@ def cache_request(cache: NamedCache) -> dict:
         cache_salt=cache.cache_salt, max_tokens=1, **quotas.worker_values(tenant, "cache"),
         persist=bool(tenant.persist_kv and tenant.retention_seconds > 0), retention_seconds=tenant.retention_seconds,
         tenant_retention_seconds=tenant.retention_seconds, data_key=tenant_selectors.data_key_for_worker(tenant),
+        lora=AdapterRef.of(cache.adapter).to_worker() if cache.adapter_id else None,  # the adapter's scope
     ).to_dict()
 
 

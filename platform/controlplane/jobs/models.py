@@ -8,6 +8,8 @@ replica applies the tenant's retention as it is when the job runs and deletes wh
 Deleting a model queues a ``model_delete`` job (scope model: stop its requests, flush it everywhere,
 stop every replica, delete its L3 objects, end its grants: ``jobs.deletes``); deleting an inactive
 revision a ``revision_delete`` job (scope revision: its KV leaves every tier, L3 included).
+``adapter_delete`` (scope model: the adapter's base deployment) removes one LoRA adapter's KV from
+every tier of every replica and unloads it (``adapters.services.adapter_delete``).
 
 Per-worker results live in ``results`` keyed by worker name, so a retried or resumed task skips the
 workers already done (idempotent), and ``steps`` is the job's own history, shown in the UI and API.
@@ -28,6 +30,7 @@ class FlushJob(models.Model):
         L3_EXPIRE = "l3_expire"
         MODEL_DELETE = "model_delete"
         REVISION_DELETE = "revision_delete"
+        ADAPTER_DELETE = "adapter_delete"
 
     class Scope(models.TextChoices):
         TENANT = "tenant"
@@ -52,6 +55,8 @@ class FlushJob(models.Model):
                                  related_name="+")  # flush: the revision flushed; rollout: the new one
     from_revision = models.ForeignKey("registry.ModelRevision", null=True, blank=True, on_delete=models.PROTECT,
                                       related_name="+")  # rollout: the revision replaced
+    adapter = models.ForeignKey("adapters.Adapter", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")  # adapter_delete: the adapter whose KV goes
     key_version = models.PositiveIntegerField(null=True, blank=True)  # shred: the data-key version
     reason = models.TextField()
     requested_by = models.CharField(max_length=150)

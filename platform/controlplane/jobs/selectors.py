@@ -35,6 +35,7 @@ def flush_job_view(job: FlushJob) -> dict:
         "revision": job.revision.label if job.revision_id else None,
         "from_revision": job.from_revision.label if job.from_revision_id else None,
         "version": job.key_version,  # shred: the data-key version
+        "adapter": job.adapter.name if job.adapter_id else None,  # adapter_delete: the adapter
         "reason": job.reason,
         "requested_by": job.requested_by,
         "status": job.status,

@@ -193,6 +193,22 @@ def shred_job_request(*, actor: Actor, tenant: Tenant, version: int, reason: str
     return job
 
 
+def adapter_delete_request(*, actor: Actor, adapter, reason: str) -> FlushJob:
+    """Create the ``adapter_delete`` job of ``adapter`` (an ``adapters.models.Adapter``, already no
+    longer served) on its base deployment and enqueue it on commit (``adapters.services.adapter_delete``)."""
+    with transaction.atomic():
+        job = FlushJob.objects.create(kind=FlushJob.Kind.ADAPTER_DELETE, scope=FlushJob.Scope.MODEL,
+                                      deployment_id=adapter.deployment_id, adapter=adapter, reason=reason.strip(),
+                                      requested_by=actor.name, auth_method=actor.auth_method)
+        _step(job, "requested", by=actor.name, adapter=adapter.name, digest=adapter.digest)
+        job.save(update_fields=["steps"])
+        audit_record(actor=actor, action="adapter_delete.request", target=f"job:{job.pk}",
+                     tenant=adapter.tenant.slug if adapter.tenant_id else "",
+                     new={**_describe(job), "adapter": adapter.name}, reason=job.reason)
+        _enqueue(job)
+    return job
+
+
 def _missing(what: str, name: str):
     raise NotFound(f"{what} '{name}' not found", code=f"{what}_not_found")
 
@@ -216,6 +232,8 @@ def _targets(job: FlushJob) -> list[ModelDeployment]:
 
 
 def _worker_scope(job: FlushJob) -> dict:
+    if job.kind == FlushJob.Kind.ADAPTER_DELETE:  # every tier's KV of the adapter, and vLLM unloads it
+        return {"scope": "adapter", "adapter": job.adapter.scope, "lora_id": job.adapter.pk}
     if job.kind == FlushJob.Kind.L3_DELETE:
         return {"scope": "tenant_l3", "tenant": str(job.tenant_id)}
     if job.kind == FlushJob.Kind.L3_EXPIRE:  # the retention as it is now (a later change wins)
@@ -236,7 +254,7 @@ def _save(job: FlushJob, *fields: str) -> None:
 def _begin(job_id: int) -> FlushJob | None:
     with transaction.atomic():
         job = (FlushJob.objects.select_for_update(of=("self",))
-               .select_related("tenant", "deployment", "revision", "from_revision").get(pk=job_id))
+               .select_related("tenant", "deployment", "revision", "from_revision", "adapter").get(pk=job_id))
         if job.is_final:
             return None
         job.attempts += 1
@@ -259,7 +277,24 @@ def job_execute(*, job_id: int, final_attempt: bool = False) -> FlushJob:
         return _execute_rollout(job, final_attempt)
     if job.kind == FlushJob.Kind.SHRED:
         return _execute_shred(job, final_attempt)
+    if job.kind == FlushJob.Kind.ADAPTER_DELETE:
+        return _execute_adapter_delete(job, final_attempt)
     return _execute_flush(job, final_attempt)
+
+
+def _execute_adapter_delete(job: FlushJob, final_attempt: bool) -> FlushJob:
+    """The adapter's KV flushed on every replica and verified; then the adapter is deleted (its name
+    free again). An adapter removed with its deployment meanwhile leaves nothing to do."""
+    from controlplane.adapters.models import Adapter
+
+    if job.adapter_id is None:
+        _step(job, "adapter_gone")
+        return _finish(job, [], True)
+    job = _execute_flush(job, final_attempt)
+    if job.status == FlushJob.Status.SUCCEEDED:
+        Adapter.objects.filter(pk=job.adapter_id).exclude(state=Adapter.State.DELETED).update(
+            state=Adapter.State.DELETED, deleted_at=timezone.now())
+    return job
 
 
 def job_fail(*, job_id: int, error: str) -> FlushJob:
@@ -382,7 +417,7 @@ def _finish(job: FlushJob, failed: list[str], verified: bool, figures: dict | No
         drops = [r for n, r in job.results.items() if ":drop:" in n]
         totals["objects_deleted"] = sum(int(r.get("objects", 0)) for r in drops)
         totals["bytes_deleted"] = sum(int(r.get("bytes", 0)) for r in drops)
-    if job.kind in (FlushJob.Kind.L3_DELETE, FlushJob.Kind.L3_EXPIRE):
+    if job.kind in (FlushJob.Kind.L3_DELETE, FlushJob.Kind.L3_EXPIRE, FlushJob.Kind.ADAPTER_DELETE):
         totals["objects_deleted"] = sum(int(r.get("tiers", {}).get("l3", 0)) for r in job.results.values())
         totals["bytes_deleted"] = sum(int(r.get("l3_bytes", 0)) for r in job.results.values())
     totals.update(figures or {})

@@ -59,8 +59,10 @@ class WorkerSpec:
 def revision_source(rev) -> dict:
     """The worker's ``revision`` dict of a registry ``ModelRevision``. A checkpoint revision carries the
     digest recorded at its creation: a worker refuses a directory whose bytes changed since."""
-    if rev.checkpoint_path:
-        return {"label": rev.label, "checkpoint_path": rev.checkpoint_path, "digest": rev.digest}
+    if rev.checkpoint_path:  # ``lora``: what a vLLM engine on it starts LoRA with (the reference engine ignores it)
+        return {"label": rev.label, "checkpoint_path": rev.checkpoint_path, "digest": rev.digest,
+                "lora": {"max_loras": int(getattr(settings, "STRATA_LORA_MAX_LORAS", 0)),
+                         "max_lora_rank": int(getattr(settings, "STRATA_LORA_MAX_RANK", 16))}}
     if rev.weights_path:
         return {"label": rev.label, "weights_path": rev.weights_path}
     return {"label": rev.label, "seed": rev.seed}

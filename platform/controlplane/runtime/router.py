@@ -120,7 +120,10 @@ class Router:
             return candidates[next(self._rr) % len(candidates)]
 
     def _hashes(self, req: dict, view: _ReplicaView) -> list[bytes]:
-        return hashes.request_hashes(view.namespace_fields, bytes(req["scope_salt"]), list(req["prompt"]),
+        fields = view.namespace_fields
+        if req.get("lora"):  # an adapter's request: its KV is keyed under the adapter's scope (lora_id)
+            fields = {**fields, "lora_id": req["lora"]["scope"]}
+        return hashes.request_hashes(fields, bytes(req["scope_salt"]), list(req["prompt"]),
                                      hashes.request_salt(req.get("cache_salt")))
 
     def _state(self, rep: Replica, view: _ReplicaView | None):

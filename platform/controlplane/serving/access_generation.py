@@ -4,7 +4,7 @@
 the key's state, the granted deployments with their active revisions) and serves it only while this
 number is what it was when the entry was read. The number is moved by database triggers, in the
 writer's own transaction, on every INSERT, UPDATE, DELETE (and TRUNCATE) of the tables that
-admission reads: tenants, share groups, grants, deployments and revisions, and API keys (an UPDATE
+admission reads: tenants, share groups, grants, deployments and revisions, LoRA adapters, and API keys (an UPDATE
 of a key only when its ``revoked_at``, hash, prefix or tenant is set: marking a key used does not
 move it). Any writer, in any process, through services, the Django admin, a bulk ``update()`` or
 raw SQL, moves it when its change commits; so a revoked key, a suspended tenant, a withdrawn grant or
@@ -29,17 +29,18 @@ API_KEY_COLUMNS = ("revoked_at", "key_hash", "prefix", "tenant_id")
 
 def watched() -> list[tuple[str, tuple[str, ...] | None]]:
     """The tables admission reads, with the columns whose UPDATE counts (None: every column)."""
+    from controlplane.adapters.models import Adapter
     from controlplane.registry.models import ModelDeployment, ModelRevision
     from controlplane.tenants.models import ApiKey, Grant, ShareGroup, Tenant
 
     return [(Tenant._meta.db_table, None), (ShareGroup._meta.db_table, None), (Grant._meta.db_table, None),
             (ModelDeployment._meta.db_table, None), (ModelRevision._meta.db_table, None),
-            (ApiKey._meta.db_table, API_KEY_COLUMNS)]
+            (ApiKey._meta.db_table, API_KEY_COLUMNS), (Adapter._meta.db_table, None)]
 
 
-def _postgresql(install: bool) -> list[str]:
+def _postgresql(install: bool, tables: list[tuple[str, tuple[str, ...] | None]]) -> list[str]:
     out = []
-    for table, columns in watched():
+    for table, columns in tables:
         out.append(f"DROP TRIGGER IF EXISTS {table}_access_changed ON {table}")
         if install:
             update = f"UPDATE OF {', '.join(columns)}" if columns else "UPDATE"
@@ -53,9 +54,9 @@ def _postgresql(install: bool) -> list[str]:
     return out
 
 
-def _sqlite(install: bool) -> list[str]:
+def _sqlite(install: bool, tables: list[tuple[str, tuple[str, ...] | None]]) -> list[str]:
     out = []
-    for table, columns in watched():
+    for table, columns in tables:
         for event in ("insert", "update", "delete"):
             name = f"{table}_access_{event}"
             out.append(f"DROP TRIGGER IF EXISTS {name}")
@@ -66,25 +67,27 @@ def _sqlite(install: bool) -> list[str]:
     return out
 
 
-def _statements(vendor: str, install: bool) -> list[str]:
-    if vendor == "postgresql":
-        return _postgresql(install)
-    if vendor == "sqlite":
-        return _sqlite(install)
-    return []
+def _statements(connection, install: bool) -> list[str]:
+    """The vendor's statements for the watched tables that exist (a table created by a later
+    migration gets its trigger from the install after ``migrate``)."""
+    if connection.vendor not in VENDORS:
+        return []
+    present = set(connection.introspection.table_names())
+    tables = [(t, c) for t, c in watched() if t in present]
+    return _postgresql(install, tables) if connection.vendor == "postgresql" else _sqlite(install, tables)
 
 
 def install(connection) -> None:
     """(Re)create every trigger on ``connection``; idempotent."""
     with connection.cursor() as cursor:
-        for sql in _statements(connection.vendor, install=True):
+        for sql in _statements(connection, install=True):
             cursor.execute(sql)
 
 
 def uninstall(connection) -> None:
     """Drop the triggers (reverse migration; tests that show what the cache would do without them)."""
     with connection.cursor() as cursor:
-        for sql in _statements(connection.vendor, install=False):
+        for sql in _statements(connection, install=False):
             cursor.execute(sql)
 
 

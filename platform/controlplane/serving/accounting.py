@@ -50,7 +50,7 @@ def account(prep, finished: dict, ledger: list[dict] | None = None) -> dict | No
             block_size=int(finished["usage"].get("block_size") or acc.block_size),
             revision=str(finished.get("revision") or acc.revision), persist=acc.persist,
             retention_seconds=acc.retention_seconds, usage=finished["usage"], parts=acc.parts),
-            flushes=_flushes(acc.tenant_id, prep.model))
+            flushes=_flushes(acc.tenant_id, prep.spec.deployment))  # an adapter's base deployment too
     except Exception:
         logger.exception("cache diagnosis failed")
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection
@@ -48,13 +48,32 @@ class Admission:
     deployments: dict[str, ModelDeployment]
     body_limit: int
     key_prefix: str = ""
+    adapters: dict[str, Any] = field(default_factory=dict)  # name -> adapters.selectors.AdapterRef it may use
 
     def deployment(self, name: str) -> ModelDeployment:
-        """The granted deployment ``name``; 404 alike for unknown and not granted (no enumeration)."""
+        """The granted deployment ``name``; 404 alike for unknown and not granted (no enumeration). An
+        adapter's name is a 404 here: only the paths that serve adapters resolve them (``resolve``)."""
         deployment = self.deployments.get(name)
         if deployment is None:
             raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
         return deployment
+
+    def resolve(self, name: str) -> tuple[ModelDeployment, Any]:
+        """``(deployment, adapter)``: the granted deployment ``name`` (adapter None), or the adapter
+        ``name`` this tenant may use (an ``adapters.selectors.AdapterRef``) with its base deployment;
+        404 alike for unknown, not granted and another tenant's adapter (no enumeration: the same
+        dictionary lookups and the same error, whatever the name is)."""
+        deployment, adapter = self.deployments.get(name), None
+        if deployment is None:
+            adapter = self.adapters.get(name)
+            deployment = self.deployments.get(adapter.deployment) if adapter is not None else None
+        if deployment is None:
+            raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
+        return deployment, adapter
+
+    def adapter(self, name: str):
+        """The ``AdapterRef`` when ``name`` is an adapter this tenant may use (None: a model's name)."""
+        return None if name in self.deployments else self.adapters.get(name)
 
 
 @dataclass
@@ -90,9 +109,11 @@ def authenticate_key(header: str, *, where: RequestSource, target: str):
     return _resolve(header, where=where, target=target)[0]
 
 
-def _resolve(header: str, *, where: RequestSource, target: str) -> tuple[Any, dict[str, ModelDeployment]]:
-    """``authenticate_key``, with the tenant's granted deployments: from ``access_cache`` while the access
-    generation read first is unchanged, else from the database (and kept, for an active key)."""
+def _resolve(header: str, *, where: RequestSource, target: str
+             ) -> tuple[Any, dict[str, ModelDeployment], dict[str, Any]]:
+    """``authenticate_key``, with the tenant's granted deployments and the adapters it may use: from
+    ``access_cache`` while the access generation read first is unchanged, else from the database (and
+    kept, for an active key)."""
     scheme, _, raw = header.partition(" ")
     if scheme.lower() != "bearer" or not raw.strip():
         raise Unauthenticated("missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
@@ -102,7 +123,7 @@ def _resolve(header: str, *, where: RequestSource, target: str) -> tuple[Any, di
     entry = access_cache.get(key_digest, generation)
     if entry is not None:  # an active key, nothing changed since: valid keys are never throttled
         tenant_services.api_key_mark_used(api_key=entry.result.api_key)
-        return entry.result, entry.deployments
+        return entry.result, entry.deployments, entry.adapters
     retry_after = keyguard.api_key_retry_after(where=where)  # failures throttled, valid keys never
     result = (tenant_selectors.tenant_authenticate(key)
               if keyguard.api_key_worth_checking(key, retry_after=retry_after) else None)
@@ -113,9 +134,10 @@ def _resolve(header: str, *, where: RequestSource, target: str) -> tuple[Any, di
         raise Forbidden("this tenant is suspended", code="tenant_suspended")
     tenant_services.api_key_mark_used(api_key=result.api_key)
     deployments = {d.name: d for d in _granted(result.tenant)}
+    adapters = _usable_adapters(result.tenant)
     if generation is not None:
-        access_cache.put(key_digest, access_cache.Entry(generation, result, deployments))
-    return result, deployments
+        access_cache.put(key_digest, access_cache.Entry(generation, result, deployments, adapters))
+    return result, deployments, adapters
 
 
 def authenticate(request: HttpRequest):
@@ -129,7 +151,7 @@ def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admis
     everything decided before the body is read, so requests refused later count too. A warm key: one
     read of the access generation; a cold one: the key lookup and the tenant's grants (which also
     resolve the request's model later)."""
-    result, deployments = _resolve(header, where=where, target=f"{method} {path}")
+    result, deployments, adapters = _resolve(header, where=where, target=f"{method} {path}")
     tenant = result.tenant
     try:
         ratelimit.count_request(tenant_id=tenant.pk, requests_per_minute=tenant.requests_per_minute)
@@ -138,7 +160,7 @@ def admit(header: str, *, where: RequestSource, method: str, path: str) -> Admis
         raise
     return Admission(tenant=tenant, deployments=deployments,
                      body_limit=body_limit_for(path, tenant, deployments.values(), method=method),
-                     key_prefix=result.api_key.prefix)
+                     key_prefix=result.api_key.prefix, adapters=adapters)
 
 
 def _gate_state(request: HttpRequest) -> Admission | Deferred | None:
@@ -219,6 +241,13 @@ def body_limit_for(path: str, tenant, deployments=None, *, method: str = "POST")
         else lambda facts: bounds.prompt_body_limit(facts, tenant.max_prompt_tokens))
     needed = [limit(model_facts(d)) for d in (_granted(tenant) if deployments is None else deployments)]
     return min(max(needed, default=bounds.BODY_SLACK), body_limit(path))
+
+
+def _usable_adapters(tenant: Tenant) -> dict[str, Any]:
+    """The LoRA adapters ``tenant`` may use, by name (``adapters.selectors.usable_for``: one query)."""
+    from controlplane.adapters.selectors import usable_for
+
+    return usable_for(tenant)
 
 
 def _granted(tenant: Tenant) -> list[ModelDeployment]:

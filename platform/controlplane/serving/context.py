@@ -52,6 +52,7 @@ class Accounting:
     retention_seconds: int
     diagnostics: bool  # the client asked (body or header)
     parts: ChatParts | None = None  # chats: which message holds a token (rendered on demand)
+    adapter: str | None = None  # the LoRA adapter the request named (its ``"model"``); None: the base model
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Prepared:
     tokens: list[int]
     worker_req: dict  # workers.protocol.WorkerRequest.to_dict()
     accounting: Accounting | None = None
+    adapter: str | None = None  # the LoRA adapter's name when the request named one (``model`` is then its name)
 
 
 DIAGNOSTICS_HEADER = "HTTP_X_STRATA_CACHE_DIAGNOSTICS"
@@ -73,8 +75,15 @@ INLINE_BODY = 8 * 1024  # completion bodies up to this are parsed and tokenized 
 
 
 def resolve_model(tenant, name: str) -> ModelDeployment:
-    """The granted deployment; 404 alike for unknown and not granted (no enumeration)."""
+    """The granted deployment, or the base deployment of an adapter the tenant may use
+    (``adapters.selectors.usable``); 404 alike for unknown, not granted and another tenant's adapter
+    (no enumeration)."""
     deployment = tenant_selectors.grant_get_deployment(tenant, name)
+    if deployment is None:
+        from controlplane.adapters.selectors import usable
+
+        adapter = usable(tenant, name)
+        deployment = tenant_selectors.grant_get_deployment(tenant, adapter.deployment) if adapter else None
     if deployment is None or deployment.active_revision is None:
         raise NotFound(f"model '{name}' does not exist or you do not have access to it", code="model_not_found")
     return deployment
@@ -127,7 +136,7 @@ async def prepare(request: HttpRequest, schema: type[BaseModel], early: EarlyCal
     tenant = admission.tenant
     deployment, facts, body, tokens = await render_pool.run(tenant.pk, _parse, request, schema, admission)
     return await db_threads.for_request(request, _then_start, early, _finish, tenant, deployment, facts, body,
-                                        tokens, _wants_diagnostics(request, body))
+                                        tokens, _wants_diagnostics(request, body), admission.adapter(body.model))
 
 
 def prepare_rendered(request: HttpRequest, tenant, deployment: ModelDeployment, facts: ModelFacts, body: BaseModel,
@@ -155,7 +164,7 @@ def _parse(request: HttpRequest, schema: type[BaseModel], admission: Admission
     """The body parsed within the admission's limit, its model resolved from the granted ones, bounded,
     validated and tokenized (``intake``): no database."""
     data = intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
+    deployment, _adapter = admission.resolve(intake.model_name(data))  # an adapter is served on its base
     facts = model_facts(deployment)
     body, tokens = intake.render(data, schema, facts, admission.tenant.max_prompt_tokens)
     return deployment, facts, body, tokens
@@ -166,19 +175,20 @@ def _prepare(request: HttpRequest, schema: type[BaseModel]) -> Prepared:
     a worker request directly."""
     admission = admitted(request)
     deployment, facts, body, tokens = _parse(request, schema, admission)
-    return _finish(admission.tenant, deployment, facts, body, tokens, _wants_diagnostics(request, body))
+    return _finish(admission.tenant, deployment, facts, body, tokens, _wants_diagnostics(request, body),
+                   admission.adapter(body.model))
 
 
 def _with_named_cache(tenant, deployment: ModelDeployment, facts: ModelFacts, body: BaseModel,
-                      tokens: list[int]) -> list[int]:
+                      tokens: list[int], adapter=None) -> list[int]:
     """The prompt with the named cache ``body.cache_id`` in front: its token ids before a completion's
     prompt, its messages before a chat's (rendered together, so the prefix is the cache's exactly as
     a template renders it). 404 for a cache that is not this tenant's live one."""
     from controlplane.caches.selectors import cache_get
 
     named = cache_get(tenant, body.cache_id)
-    if named is None or named.deployment_id != deployment.pk:
-        raise NotFound(f"cache '{body.cache_id}' does not exist for model '{deployment.name}'",
+    if named is None or named.deployment_id != deployment.pk or named.adapter_id != getattr(adapter, "id", None):
+        raise NotFound(f"cache '{body.cache_id}' does not exist for model '{body.model}'",
                        code="cache_not_found")
     chat = hasattr(body, "messages")
     if chat != (named.kind == "messages"):
@@ -206,11 +216,12 @@ def _parts(facts: ModelFacts, body: BaseModel, tokens: list[int], max_prompt_tok
 
 
 def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseModel, tokens: list[int],
-            diagnostics: bool = False) -> Prepared:
+            diagnostics: bool = False, adapter=None) -> Prepared:
     """The exact checks once the prompt is tokenized (vocabulary, tenant limit, context, tokens per
-    minute) and the worker request."""
+    minute) and the worker request. ``adapter``: the ``adapters.selectors.AdapterRef`` the request
+    named (its ``lora``: the adapter's scope is in every cache key of the request)."""
     if getattr(body, "cache_id", None):
-        tokens = _with_named_cache(tenant, deployment, config, body, tokens)
+        tokens = _with_named_cache(tenant, deployment, config, body, tokens, adapter)
     bad = next((t for t in tokens if t >= config.vocab_size), None)
     if bad is not None:
         raise BadRequest(f"token id {bad} is outside the vocabulary [0, {config.vocab_size})", code="invalid_prompt")
@@ -247,6 +258,7 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
         data_key=tenant_selectors.data_key_for_worker(tenant),
         expected_revision=spec.revision["label"],
         request_id=uuid.uuid4().hex,  # the gateway cancels it on the worker if the client goes away
+        lora=adapter.to_worker() if adapter is not None else None,
     ).to_dict()  # plain data through Ray; every engine reads it back with WorkerRequest.from_dict
     if body.prompt_cache_key:  # the router's stickiness key (scoped to the tenant there)
         worker_req["session"] = "pck:" + body.prompt_cache_key
@@ -256,9 +268,11 @@ def _finish(tenant, deployment: ModelDeployment, config: ModelFacts, body: BaseM
     accounting = Accounting(
         tenant_id=tenant.pk, tenant_salt=bytes(tenant.scope_salt), block_size=config.kv_layout.block_size,
         revision=spec.revision["label"], persist=worker_req["persist"],
-        retention_seconds=int(worker_req["retention_seconds"] or 0), diagnostics=diagnostics, parts=parts)
-    return Prepared(spec=spec, body=body, model=deployment.name, tokens=tokens, worker_req=worker_req,
-                    accounting=accounting)
+        retention_seconds=int(worker_req["retention_seconds"] or 0), diagnostics=diagnostics, parts=parts,
+        adapter=adapter.name if adapter is not None else None)
+    return Prepared(spec=spec, body=body, model=adapter.name if adapter is not None else deployment.name,
+                    tokens=tokens, worker_req=worker_req, accounting=accounting,
+                    adapter=adapter.name if adapter is not None else None)
 
 
 def _check_kv_tokens(tokens: list[int], deployment: ModelDeployment, tenant=None) -> None:
@@ -284,7 +298,7 @@ def _prepare_kv(request: HttpRequest, schema: type[BaseModel]) -> tuple[WorkerSp
     tenant's own salt: uploads are keyed under it alone (never the share group's)."""
     admission = admitted(request)  # counted, and the body bounded, before it is parsed
     tenant, data = admission.tenant, intake.decode_body(request, admission.body_limit)
-    deployment = admission.deployment(intake.model_name(data))
+    deployment = admission.deployment(intake.model_name(data))  # base models only: an adapter's name is a 404
     facts = model_facts(deployment)
     bounds.check_token_list(data.get("tokens"), facts)  # before pydantic looks at every id
     body = intake.validate(data, schema)
@@ -321,11 +335,16 @@ async def layout_spec(request: HttpRequest, model: str) -> WorkerSpec:
     return await db_threads.for_request(request, _layout_spec, request, model)
 
 
-def _models_for(request: HttpRequest) -> list[ModelDeployment]:
+def _models_for(request: HttpRequest) -> tuple[list[ModelDeployment], list]:
+    """The deployments granted to the request's tenant, and the adapters it may use
+    (``adapters.selectors.AdapterRef``, by name)."""
+    from controlplane.adapters.selectors import usable_for
+
     tenant = authenticate(request)
     grants = tenant_selectors.grant_list(tenant=tenant).select_related("deployment")
-    return [g.deployment for g in grants if g.deployment.active_revision_id is not None]
+    adapters = sorted(usable_for(tenant).values(), key=lambda a: a.name)
+    return [g.deployment for g in grants if g.deployment.active_revision_id is not None], adapters
 
 
-async def models_for(request: HttpRequest) -> list[ModelDeployment]:
+async def models_for(request: HttpRequest) -> tuple[list[ModelDeployment], list]:
     return await db_threads.for_request(request, _models_for, request)

@@ -49,10 +49,12 @@ def _api_view(methods: tuple[str, ...]):
 
 @_api_view(("GET",))
 async def models(request: HttpRequest):
-    deployments = await context.models_for(request)
+    deployments, adapters = await context.models_for(request)
     return JsonResponse({"object": "list", "data": [
-        {"id": d.name, "object": "model", "created": int(d.created.timestamp()), "owned_by": "strata"}
-        for d in deployments
+        *({"id": d.name, "object": "model", "created": int(d.created.timestamp()), "owned_by": "strata"}
+          for d in deployments),
+        *({"id": a.name, "object": "model", "created": a.created, "owned_by": "strata", "parent": a.deployment,
+           "root": a.deployment} for a in adapters),  # as vLLM lists its LoRA modules
     ]})
 
 

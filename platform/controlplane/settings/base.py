@@ -25,8 +25,8 @@ STRATA_HOME: Path = ENV.home
 # Subpackages owned by other parts of the platform; installed when they exist so that this
 # settings module never has to change when they land.
 OPTIONAL_APPS = ["controlplane.jobs", "controlplane.serving", "controlplane.runtime", "controlplane.ui",
-                 "controlplane.timeseries", "controlplane.caches", "controlplane.ledger", "controlplane.backups",
-                 "controlplane.conversations"]
+                 "controlplane.timeseries", "controlplane.adapters", "controlplane.caches", "controlplane.ledger",
+                 "controlplane.backups", "controlplane.conversations"]
 
 
 def _exists(module: str) -> bool:
@@ -185,6 +185,11 @@ STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
 STRATA_TRUSTED_PROXIES = ENV.trusted_proxies
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
+# LoRA adapters (controlplane.adapters): the largest rank registered, and what every vLLM replica's
+# engine is started with (workers.vllm_revision: enable_lora, max_loras adapters in one batch,
+# max_lora_rank); STRATA_LORA_MAX_LORAS = 0 starts vLLM without LoRA (and refuses registrations).
+STRATA_LORA_MAX_RANK = 64
+STRATA_LORA_MAX_LORAS = 4
 STRATA_REDIS_URL = ENV.redis_url
 # Caches. "default" holds what may be lost (audit aggregation tallies, Django's own). Limit state
 # has stores of its own that traffic cannot evict: "limits" (per-tenant rate windows: only

@@ -1,0 +1,1 @@
+"""Tenant LoRA adapters on a shared base deployment: the registry (models, services, selectors)."""

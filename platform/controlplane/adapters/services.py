@@ -1,0 +1,113 @@
+"""Adapter writes: register (``adapter_create``) and delete (``adapter_delete``: an ``adapter_delete``
+job, which marks the adapter deleted once its KV is gone: ``jobs.services``). Each is audited.
+
+Registration checks the PEFT directory against the base deployment's active checkpoint
+(``adapters.peft``): 422 ``invalid_adapter`` with the reason; 422 ``adapters_need_vllm`` on a deployment
+of the reference engine (vLLM serves LoRA; the reference engine does not); 409 ``adapter_exists`` for a
+name already registered (replace an adapter by deleting it, then registering the new files) and
+``name_taken`` for a deployment's name; 422 ``adapters_unsupported`` on a mixture of experts (served
+without LoRA: ``workers.vllm_revision.lora_settings``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from cachecore.model import peft
+from controlplane.adapters.models import Adapter
+from controlplane.audit.services import audit_record
+from controlplane.common.actor import Actor
+from controlplane.common.errors import Conflict, InvalidInput
+from controlplane.registry.models import ModelDeployment, name_validator
+
+DEFAULT_MAX_RANK = 64
+
+
+def max_rank() -> int:
+    return int(getattr(settings, "STRATA_LORA_MAX_RANK", DEFAULT_MAX_RANK))
+
+
+def _describe(a: Adapter) -> dict:
+    return {"name": a.name, "model": a.deployment.name, "tenant": a.tenant.slug if a.tenant_id else None,
+            "digest": a.digest, "rank": a.rank, "path": a.path}
+
+
+def _inspect(deployment: ModelDeployment, path) -> peft.AdapterInfo:
+    revision = deployment.active_revision
+    if revision is None or not revision.checkpoint_path:
+        raise InvalidInput(f"model {deployment.name!r} has no active checkpoint revision to adapt",
+                           code="invalid_adapter")
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidInput("path must be the adapter's directory", code="invalid_adapter")
+    root = settings.STRATA_WEIGHTS_ROOT
+    try:
+        config = json.loads((Path(revision.checkpoint_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and peft.is_moe(config):
+        raise InvalidInput(f"model {deployment.name!r} is a mixture of experts, which vLLM serves without LoRA here",
+                           code="adapters_unsupported")
+    try:
+        base = peft.base_shapes(Path(revision.checkpoint_path))
+        return peft.inspect_adapter(path, base=base, max_rank=max_rank(), root=Path(root) if root else None)
+    except (peft.AdapterError, ValueError) as exc:  # CheckpointError is a ValueError
+        raise InvalidInput(str(exc), code="invalid_adapter") from None
+
+
+def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, tenant=None) -> Adapter:
+    """Register adapter ``name`` (the PEFT directory ``path``) on ``deployment``, private to ``tenant``
+    (a Tenant) or, without one, usable by every tenant granted the deployment."""
+    if deployment.engine != ModelDeployment.Engine.VLLM:
+        raise InvalidInput(f"model {deployment.name!r} runs on the reference engine, which serves no LoRA "
+                           "adapters: serve the base checkpoint with engine 'vllm' to add adapters",
+                           code="adapters_need_vllm")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("name is required", code="invalid_name")
+    try:
+        name_validator(name)
+    except Exception:
+        raise InvalidInput("name: use 1-100 characters A-Z, a-z, 0-9, '.', '_' and '-'", code="invalid_name") from None
+    if ModelDeployment.objects.filter(name=name).exists():
+        raise Conflict(f"{name!r} is a model's name; an adapter needs a name of its own", code="name_taken")
+    if Adapter.objects.filter(name=name).exclude(state=Adapter.State.DELETED).exists():
+        raise Conflict(f"adapter {name!r} exists; to replace it, DELETE it and register the new files",
+                       code="adapter_exists")
+    info = _inspect(deployment, path)
+    try:
+        with transaction.atomic():
+            adapter = Adapter.objects.create(
+                name=name, deployment=deployment, tenant=tenant, path=info.path, digest=info.digest, rank=info.rank,
+                alpha=info.alpha, target_modules=list(info.target_modules), dtype=info.dtype)
+            audit_record(actor=actor, action="adapter.create", target=f"adapter:{name}",
+                         tenant=tenant.slug if tenant else "", new=_describe(adapter))
+    except IntegrityError:  # registered by a concurrent request meanwhile
+        raise Conflict(f"adapter {name!r} exists", code="adapter_exists") from None
+    return adapter
+
+
+def adapter_delete(*, actor: Actor, adapter: Adapter, reason: str = ""):
+    """Stop serving ``adapter`` now and queue the ``adapter_delete`` job that removes its KV from every
+    tier on every replica (and unloads it from vLLM), verified; the job marks it deleted. Returns the job."""
+    from controlplane.jobs.models import FlushJob
+    from controlplane.jobs.services import adapter_delete_request
+
+    with transaction.atomic():
+        locked = (Adapter.objects.select_for_update(of=("self",)).select_related("deployment", "tenant")
+                  .get(pk=adapter.pk))
+        if locked.state == Adapter.State.DELETED:
+            raise Conflict(f"adapter {adapter.name!r} is deleted", code="adapter_not_found")
+        pending = FlushJob.objects.filter(adapter=locked, kind=FlushJob.Kind.ADAPTER_DELETE).exclude(
+            status__in=FlushJob.FINAL).first()
+        if pending is not None:
+            return pending
+        locked.state = Adapter.State.DELETING
+        locked.save(update_fields=["state"])
+        audit_record(actor=actor, action="adapter.delete", target=f"adapter:{locked.name}",
+                     tenant=locked.tenant.slug if locked.tenant_id else "", old=_describe(locked),
+                     reason=reason or "adapter deleted")
+        return adapter_delete_request(actor=actor, adapter=locked, reason=reason or f"delete adapter {locked.name}")
+
