@@ -136,6 +136,16 @@ def test_deleting_an_inactive_revision_removes_its_kv_from_every_tier(platform, 
     refused = admin_client.delete(f"/api/admin/models/{model}/revisions/r1?reason=bad")
     assert refused.status_code == 409 and refused.json()["error"]["code"] == "revision_active"
     model_activate_revision(actor=actor, deployment=deployment, revision=r2)
+    # A LoRA adapter's KV of r1 (objects tagged ``r1~<adapter>``, as vLLM replicas write them) goes with
+    # r1, even where no replica would delete it (this reference-engine replica does not know the tag);
+    # an adapter's KV of r2 stays.
+    chunk = next(p for p in _l3_root().glob(f"*/{model}/r1/**/*") if p.is_file() and not p.name.startswith("."))
+    r1_dir = next(parent for parent in chunk.parents if parent.name == "r1")
+    variant, kept = (r1_dir.parent / f"{rev}%7Elora9-feedfeedfeedfeed" / chunk.relative_to(r1_dir)
+                     for rev in ("r1", "r2"))
+    for copy in (variant, kept):
+        copy.parent.mkdir(parents=True)
+        copy.write_bytes(chunk.read_bytes())
 
     celery_worker_factory()
     resp = admin_client.delete(f"/api/admin/models/{model}/revisions/r1?reason=bad%20weights")
@@ -144,7 +154,8 @@ def test_deleting_an_inactive_revision_removes_its_kv_from_every_tier(platform, 
     assert job["status"] == "succeeded" and job["verified"] is True, job
     row = next(r for r in job["results"] if r["worker"] == f"cache-worker:{model}:0")
     assert row["blocks_freed"] > 0 and row["tiers"]["l3"] >= 1
-    assert _l3_files(model, "r1") == (0, 0)
+    assert _l3_files(model, "r1") == (0, 0) and _l3_files(model, "r1%7E*") == (0, 0)
+    assert kept.is_file()
     assert [r["label"] for r in admin_client.get(f"/api/admin/models/{model}").json()["revisions"]] == ["r2"]
     figures = audit_events("revision_delete.complete")[-1].new_value
     assert figures["objects_deleted"] >= 1 and figures["bytes_deleted"] > 0
@@ -177,8 +188,19 @@ def test_a_model_with_no_replica_running_still_has_its_l3_objects_deleted(platfo
     objects_before, bytes_before = _l3_files(model)
     assert objects_before >= 2 and bytes_before > 1000
 
+    from controlplane.adapters.models import Adapter
+    from controlplane.adapters.selectors import usable
+    from controlplane.registry.models import ModelDeployment
+    from controlplane.tenants.models import Tenant
+
+    acme = Tenant.objects.get(slug="acme")  # an adapter of the model (registered as on a vLLM model)
+    Adapter.objects.create(name=f"{model}-support", deployment=ModelDeployment.objects.get(name=model), tenant=acme,
+                           path="/nowhere", digest="ab" * 32, rank=8, alpha=16.0, dtype="float32")
+    assert usable(acme, f"{model}-support") is not None
+
     monkeypatch.setattr(services, "_enqueue", lambda job: None)  # run here, in this process
     job_id = admin_client.delete(f"/api/admin/models/{model}?reason=retired").json()["id"]
+    assert usable(acme, f"{model}-support") is None  # at once, with its model
     job = _run_with_retries(services, job_id)  # as the task does: this process's handle of the replica is dead
     assert job.status == "succeeded" and job.verified, (job.error, job.steps)
     assert job.results[f"cache-worker:{model}:0"]["status"] == "not_running"
@@ -190,7 +212,8 @@ def test_a_model_with_no_replica_running_still_has_its_l3_objects_deleted(platfo
     assert _l3_files(model) == (0, 0)
     figures = audit_events("model_delete.complete")[-1].new_value
     assert figures["objects_deleted"] == objects_before - 1 and figures["disk_bytes_freed"] == bytes_before
-    assert figures["replicas_stopped"] == 0 and figures["grants_ended"] == 3
+    assert figures["replicas_stopped"] == 0 and figures["grants_ended"] == 3 and figures["adapters_ended"] == 1
+    assert Adapter.objects.get(name=f"{model}-support").state == Adapter.State.DELETED
     assert services.job_execute(job_id=job_id).status == "succeeded"  # final: a rerun changes nothing
 
 

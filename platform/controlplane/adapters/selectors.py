@@ -64,13 +64,13 @@ def name_in_use(name: str) -> bool:
 
 def usable_for(tenant) -> dict[str, AdapterRef]:
     rows = (Adapter.objects.filter(state=Adapter.State.LIVE, deployment__grants__tenant=tenant,
-                                   deployment__active_revision__isnull=False)
+                                   deployment__active_revision__isnull=False, deployment__deleted_at__isnull=True)
             .filter(Q(tenant__isnull=True) | Q(tenant=tenant)).select_related("deployment").order_by())
     return {a.name: AdapterRef.of(a) for a in rows}
 
 
 def usable(tenant, name: str) -> AdapterRef | None:
     rows = (Adapter.objects.filter(name=name, state=Adapter.State.LIVE, deployment__grants__tenant=tenant,
-                                   deployment__active_revision__isnull=False)
+                                   deployment__active_revision__isnull=False, deployment__deleted_at__isnull=True)
             .filter(Q(tenant__isnull=True) | Q(tenant=tenant)).select_related("deployment")[:1])
     return next((AdapterRef.of(a) for a in rows), None)

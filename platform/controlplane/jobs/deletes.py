@@ -16,12 +16,14 @@ as soon as it is known, a retry skips what is done, the last attempt records wha
 4. the model's L3 objects still in the store (where no replica ran, or written after a flush) are
    deleted from here (``jobs.model_l3``), and it must hold none, nor any byte of them on disk
    (step ``l3_deleted``);
-5. its grants end (``grant.delete`` each, audited; step ``grants_ended``);
+5. its grants end (``grant.delete`` each, audited; step ``grants_ended``), and its LoRA adapters
+   (tenants stopped resolving them when the model was marked deleted; step ``adapters_ended``);
 6. succeeded: the name is free again (``purged_at``). ``model_delete.complete`` carries the figures:
-   objects and bytes deleted, blocks freed, replicas stopped, grants and named caches ended.
+   objects and bytes deleted, blocks freed, replicas stopped, grants, adapters and named caches ended.
 
 ``revision_delete`` (scope revision): every replica flushes the revision (every tier), verified, then
-its L3 objects left in the store are deleted from here as in step 4.
+its L3 objects left in the store are deleted from here as in step 4, its adapters' (``<revision>~...``)
+included.
 
 A second DELETE of a model being deleted answers the same job while it runs, and queues a new one
 after a job that ended ``partial`` or ``failed`` (a retry); once one succeeded, the name is a 404.
@@ -34,6 +36,7 @@ import time
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from cachecore.errors import BackendUnavailable
 from controlplane.audit.services import audit_record
@@ -246,6 +249,20 @@ def _end_grants(job: FlushJob) -> int:
     return len(ended)
 
 
+def _end_adapters(job: FlushJob) -> int:
+    """Step 6: the model's LoRA adapters end with it (their KV went with the model's: every tier of
+    scope model, their ``<revision>~<adapter>`` L3 objects included); their names are free again."""
+    from controlplane.adapters.models import Adapter
+
+    ended = list(Adapter.objects.filter(deployment_id=job.deployment_id).exclude(state=Adapter.State.DELETED)
+                 .values_list("name", flat=True))
+    Adapter.objects.filter(deployment_id=job.deployment_id, name__in=ended).update(
+        state=Adapter.State.DELETED, deleted_at=timezone.now())
+    _step(job, "adapters_ended", adapters=ended)
+    _save(job, "steps")
+    return len(ended)
+
+
 def _figures(job: FlushJob) -> dict:
     """What the job removed, over every attempt: the replicas' flushes plus the steps recorded here."""
     flushes = [r for n, r in job.results.items() if n.count(":") == 2]  # cache-worker:<model>:<i>, no phase
@@ -259,6 +276,7 @@ def _figures(job: FlushJob) -> dict:
         "disk_bytes_freed": sum(int(s.get("disk_bytes", 0)) for s in l3_steps),
         "replicas_stopped": sum(1 for n, r in job.results.items() if n.endswith(":stop") and r.get("stopped")),
         "grants_ended": sum(len(s.get("tenants", ())) for s in job.steps if s.get("step") == "grants_ended"),
+        "adapters_ended": sum(len(s.get("adapters", ())) for s in job.steps if s.get("step") == "adapters_ended"),
         "named_caches_ended": int(requested.get("named_caches_ended", 0)),
     }
 
@@ -282,6 +300,7 @@ def execute_model_delete(job: FlushJob, final_attempt: bool) -> FlushJob:
     left = _stop_replicas(job, final_attempt)
     l3_clean = _purge_l3(job, final_attempt)
     _end_grants(job)
+    _end_adapters(job)
     # Every replica gone (its L1 and L2 with it) and no L3 object left: nothing of the model remains,
     # whatever a replica that did not answer its flush held.
     verified = not left and l3_clean

@@ -35,9 +35,11 @@ def open_store() -> Any:
 
 
 def _match(model: str, revision: str | None):
+    """Objects of ``model`` (of its ``revision`` and the revision's variants ``<revision>~...``: its
+    LoRA adapters' KV, which goes with it)."""
     from cachecore.tiers.remote.names import scope_matcher
 
-    return scope_matcher(None, model, revision, None)
+    return scope_matcher(None, model, revision, None, revision_variants=revision is not None)
 
 
 def _scope_dirs(backend: Any, model: str, revision: str | None) -> list[str]:
@@ -47,10 +49,20 @@ def _scope_dirs(backend: Any, model: str, revision: str | None) -> list[str]:
     root = getattr(backend, "root", None)
     if root is None or not os.path.isdir(root):
         return []
-    tail = os.path.join(enc(model), *([enc(revision)] if revision is not None else []))
+    from cachecore.tiers.remote.names import VARIANT
+
     with os.scandir(root) as tenants:
-        candidates = [os.path.join(t.path, tail) for t in tenants if t.is_dir(follow_symlinks=False)]
-    return [d for d in candidates if os.path.isdir(d)]
+        models = [os.path.join(t.path, enc(model)) for t in tenants if t.is_dir(follow_symlinks=False)]
+    models = [d for d in models if os.path.isdir(d)]
+    if revision is None:
+        return models
+    own, variants = enc(revision), enc(revision + VARIANT)  # the revision's and its variants' (adapters')
+    out = []
+    for directory in models:
+        with os.scandir(directory) as revisions:
+            out += [r.path for r in revisions if r.is_dir(follow_symlinks=False)
+                    and (r.name == own or r.name.startswith(variants))]
+    return out
 
 
 def count(backend: Any, *, model: str, revision: str | None = None) -> Usage:
