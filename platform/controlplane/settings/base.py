@@ -181,6 +181,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(ENV.max_body_bytes, ENV.admin_max_body_bytes)
 STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
 # Peers whose X-Forwarded-For names the client (common.sources); empty: the TCP peer is the source.
 STRATA_TRUSTED_PROXIES = ENV.trusted_proxies
+# Operator tokens expire this many days after creation unless made with another expiry.
+STRATA_OPERATOR_TOKEN_DAYS = 90
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
 STRATA_REDIS_URL = ENV.redis_url
