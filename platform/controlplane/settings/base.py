@@ -247,8 +247,13 @@ CELERY_ACCEPT_CONTENT = ["json"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "bare": {"format": "%(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "access": {"class": "logging.StreamHandler", "formatter": "bare",
+                            "stream": "ext://sys.stdout"}},
     "root": {"handlers": ["console"], "level": ENV.log_level},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {"django.db.backends": {"level": "WARNING"},
+                # common.access_log: one JSON object a line, one line per request (the web log)
+                "strata.access": {"handlers": ["access"], "level": "INFO", "propagate": False}},
 }
