@@ -8,6 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.serving.test_grafana_dashboard import VLLM_SERIES, dashboard_series
 from workers.vllm_engine_figures import EngineFigures
 
 pytest.importorskip("vllm")
@@ -53,6 +54,9 @@ def test_a_vllm_replica_reports_its_engine_figures_in_metrics_and_on_the_dashboa
                  "strata_vllm_requests_running", "strata_vllm_preemptions_total"):
         assert len(_series(text, name, deployment.name)) == 1, name
     assert not _series(text, "strata_vllm_requests_waiting", platform.model)  # Strata's engine: none
+    served = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    grafana = {name for name in dashboard_series() if name.startswith(VLLM_SERIES)}
+    assert len(grafana) == 4 and grafana <= served, sorted(grafana - served)  # the Grafana panels' series
 
     boss = django_user_model.objects.create_superuser("boss", "boss@example.com", "pw")
     ui = Client()
