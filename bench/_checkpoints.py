@@ -1,5 +1,6 @@
-"""Small random Hugging Face checkpoints for the parity tests and ``bench.model``, built with transformers
-(a test/bench-only dependency) and saved with ``save_pretrained`` like any checkpoint on disk.
+"""Small random Hugging Face checkpoints for the parity tests, ``bench.model`` and
+``bench.make_checkpoint``, built with transformers and saved with ``save_pretrained`` like any
+checkpoint on disk (the tests import them as ``tests.hf_checkpoints``).
 
 Each has a byte-level BPE tokenizer trained here with ``tokenizers`` and a ChatML chat template. The
 weights are drawn with a larger spread than transformers' init (std 0.02 gives near-flat logits, where
