@@ -37,6 +37,7 @@ from cachecore.model.hf_config import CheckpointError, weights_root
 from cachecore.model.peft import is_moe
 from cachecore.namespace import Namespace, canonical_encode
 from cachecore.routing.hashes import namespace_fields
+from workers.vllm_engine_figures import EngineFigures
 from workers.vllm_sizing import KVSizing, kv_sizing
 
 MAX_CPU_LORAS = 16  # adapters vLLM keeps loaded in host memory (LRU) beyond the max_loras of one batch
@@ -111,6 +112,7 @@ class VllmRevision:
     tier_events: object = None  # a second client, for the KV events (never queued behind a slow job call)
     connector: dict | None = None  # KVTransferConfig arguments (workers.kv_connector.connector_config)
     lora: dict | None = None  # {"max_loras", "max_lora_rank"}: vLLM's LoRA on (None: the engine serves no adapter)
+    figures: EngineFigures = field(default_factory=EngineFigures)  # vLLM's scheduler figures, as reported
 
     @classmethod
     def prepare(cls, deployment: str, revision: dict, *, device: str, l1_mb: int, dtype: str | None,
@@ -204,7 +206,9 @@ class VllmRevision:
         """Start vLLM on the running event loop (its output handler lives there)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device))
+        # vLLM's scheduler reports to its stat loggers: ours keeps its figures (KV usage, queues, preemptions)
+        self.engine = AsyncLLM.from_engine_args(self.engine_args(max_num_seqs=max_num_seqs, device=device),
+                                                stat_loggers=[self.figures.stat_logger])
         # the blocks vLLM allocated: its engine core reports them to the client at start-up (its ready
         # response, into the client's ``cache_config``); the estimate from the KV budget stands without it
         self.num_blocks = int(self.engine.vllm_config.cache_config.num_gpu_blocks or self.num_blocks)

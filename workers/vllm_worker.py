@@ -302,6 +302,7 @@ class VllmWorker:
         snap["router"] = self._router()
         snap["kv_events"] = self.events.stats()
         snap["scheduler"] = {"engine": "vllm", **self.gate.snapshot()}
+        snap["engine_figures"] = a.figures.snapshot()  # vLLM's own: KV usage, waiting, running, preemptions
         return snap
 
     def _l2_blocks(self) -> int:

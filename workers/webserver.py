@@ -25,7 +25,9 @@ is full;
 ``--timeout-keep-alive`` and no proxy-header handling: uvicorn would otherwise rewrite the client
 address from ``X-Forwarded-For`` of any peer in ``FORWARDED_ALLOW_IPS`` (127.0.0.1 by default), so a
 local client could choose its source. ``controlplane.common.sources`` believes the header only from
-``STRATA_TRUSTED_PROXIES``. Defaults come from ``strata_env.load`` (``STRATA_WEB_*``); flags override.
+``STRATA_TRUSTED_PROXIES``. Uvicorn's access log is off: the application writes its own, one JSON line
+per request with its ``X-Request-Id`` (``controlplane.common.access_log``). Defaults come from
+``strata_env.load`` (``STRATA_WEB_*``); flags override.
 """
 
 from __future__ import annotations
@@ -238,7 +240,9 @@ def uvicorn_config(args: argparse.Namespace, app=APP):
         app, host=args.host, port=args.port, lifespan=args.lifespan,
         http=guarded_protocol(header_timeout=args.timeout_header, body_timeout=args.timeout_body,
                               shares=ConnectionShares(args.max_connections_per_source, args.trusted_proxies)),
-        proxy_headers=False, limit_concurrency=args.limit_concurrency,
+        # the access log is the application's (controlplane.common.access_log: JSON lines with the
+        # request id, tenant, model, status and duration), so uvicorn's own is off
+        proxy_headers=False, access_log=False, limit_concurrency=args.limit_concurrency,
         timeout_keep_alive=args.timeout_keep_alive, timeout_graceful_shutdown=args.timeout_graceful_shutdown,
         log_level=args.log_level,
     )

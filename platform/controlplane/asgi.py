@@ -51,6 +51,7 @@ from django.db import close_old_connections, reset_queries  # noqa: E402
 from django.http import HttpResponseBase  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
+from controlplane.common.access_log import AccessLog  # noqa: E402
 from controlplane.common.asgi_limits import BodyLimit  # noqa: E402
 from controlplane.serving import admission  # noqa: E402
 from controlplane.serving.anthropic.asgi import AnthropicErrors  # noqa: E402
@@ -172,10 +173,14 @@ _serving = ServingMetrics(RequestGate(BodyLimit(ServingASGIHandler())))  # every
 _serving = AnthropicErrors(_serving)  # /v1/messages: the errors of the layers above in Anthropic's shape
 
 
-async def application(scope, receive, send):
+async def _route(scope, receive, send):
     if scope["type"] == "http" and scope.get("path", "").startswith(SERVING_PREFIX):
         return await _serving(scope, receive, send)
     return await _site(scope, receive, send)
+
+
+# Outermost: every response carries X-Request-Id and is one JSON line of the access log.
+application = AccessLog(_route)
 
 
 # The platform starts: every deployment's replicas start now, in the background (runtime.warm; where

@@ -40,8 +40,8 @@ def test_past_the_limit_a_source_gets_429_for_bad_tokens_and_malformed_ones_are_
     for _ in range(TOKEN_FAILURE_LIMIT):
         assert_error(attacker().get(URL), 401)
     checked = []
-    real = auth.operator_authenticate
-    monkeypatch.setattr(auth, "operator_authenticate", lambda token: checked.append(token) or real(token))
+    real = auth.operator_token_match
+    monkeypatch.setattr(auth, "operator_token_match", lambda token: checked.append(token) or real(token))
     response = attacker(header="Bearer not-even-shaped-like-a-token").get(URL)
     assert_error(response, 429, "auth_throttled")
     assert response.json()["error"]["type"] == "rate_limit_error" and 1 <= int(response["Retry-After"]) <= 60

@@ -77,3 +77,20 @@ def test_rotate_replaces_the_demo_secrets_and_revokes_the_old_ones():
     assert operator_authenticate(old["token"][0]) is None
     assert operator_authenticate(new["token"][0]) is not None
     assert ApiKey.objects.filter(revoked_at__isnull=True).count() == 2
+
+
+def test_demo_tenants_may_pin_and_the_rotate_recipe_names_the_state_in_use(monkeypatch, tmp_path):
+    run_demo()
+    assert all(t.max_pinned_tokens and t.max_pinned_tokens >= 1136 for t in Tenant.objects.all())
+    home = tmp_path / "demo home"
+    monkeypatch.setenv("STRATA_HOME", str(home))
+    monkeypatch.setenv("STRATA_DEMO_MODEL", "/srv/models/tiny")
+    out = run_demo("--model-path", "")
+    line = next(x for x in out.splitlines() if "--rotate" in x)
+    assert f"STRATA_HOME='{home}' " in line and "STRATA_DEMO_MODEL=/srv/models/tiny " in line
+    assert line.endswith(".venv/bin/python manage.py strata_demo --rotate")
+    monkeypatch.delenv("STRATA_HOME")
+    monkeypatch.delenv("STRATA_DEMO_MODEL")
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    line = next(x for x in run_demo().splitlines() if "--rotate" in x)
+    assert line == "New keys, token and password: .venv/bin/python manage.py strata_demo --rotate"

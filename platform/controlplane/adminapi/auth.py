@@ -3,7 +3,8 @@
 Accepted credentials, in order:
 
 1. ``Authorization: Bearer <operator token>`` (role from the token). A header that is present but
-   malformed or wrong is a 401 even if a session cookie is also sent.
+   malformed or wrong is a 401 even if a session cookie is also sent; a token that was revoked or
+   has expired is a 401 ``token_revoked`` / ``token_expired``.
 2. A logged-in Django session of a staff user (superuser = admin, other staff = viewer). CSRF is
    enforced for unsafe methods (403 ``csrf_failed``).
 
@@ -23,13 +24,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja.security import HttpBearer
 from ninja.utils import check_csrf
 
 from controlplane.audit.aggregate import audit_failure_record
 from controlplane.audit.services import audit_record
 from controlplane.common.actor import Actor
-from controlplane.common.errors import Forbidden, RateLimited
+from controlplane.common.errors import Forbidden, RateLimited, Unauthenticated
 from controlplane.common.sources import request_source
 from controlplane.common.tokens import secret_prefix
 from controlplane.operators.authguard import (
@@ -39,7 +41,7 @@ from controlplane.operators.authguard import (
     token_well_formed,
 )
 from controlplane.operators.models import OperatorToken
-from controlplane.operators.selectors import operator_authenticate
+from controlplane.operators.selectors import operator_token_match
 from controlplane.operators.services import operator_token_mark_used
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -81,8 +83,12 @@ class OperatorAuth(HttpBearer):
         return principal
 
     def authenticate(self, request: HttpRequest, token: str) -> Principal | None:
-        operator = operator_authenticate(token)
+        operator = operator_token_match(token)
         if operator is None:
+            return None
+        state = operator.state(timezone.now())
+        if state != "live":
+            request.strata_dead_token = state  # _from_header answers 401 token_<state> (or 429 when locked)
             return None
         operator_token_mark_used(token=operator)
         return Principal(Actor.at(operator.username, "token", request_source(request)), operator.role)
@@ -109,7 +115,12 @@ class OperatorAuth(HttpBearer):
                               reason="malformed Authorization header")
             return None
         shown = secret_prefix(token) if token.startswith(TOKEN_KIND) else "?"
-        token_auth_failed(where=where, presented=f"token:{shown}", target=target, reason="unknown or revoked token")
+        dead = getattr(request, "strata_dead_token", None)
+        token_auth_failed(where=where, presented=f"token:{shown}", target=target,
+                          reason=f"{dead} token" if dead else "unknown token")
+        if dead:
+            raise Unauthenticated(f"this operator token is {dead}; create a new one", code=f"token_{dead}",
+                                  headers={"WWW-Authenticate": "Bearer"})
         return None
 
     def _from_session(self, request: HttpRequest) -> Principal | None:

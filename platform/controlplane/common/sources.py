@@ -83,3 +83,10 @@ def request_source(request: HttpRequest) -> RequestSource:
         if not _trusted(address, networks):
             break
     return RequestSource(source=source[:ADDRESS_MAX], peer=peer, forwarded_for=chain)
+
+
+def peer_trusted(peer: str) -> bool:
+    """Whether the TCP peer ``peer`` is one of ``settings.STRATA_TRUSTED_PROXIES`` (whose headers
+    about the client, such as ``X-Request-Id``, are believed)."""
+    networks = _networks(tuple(getattr(settings, "STRATA_TRUSTED_PROXIES", ())))
+    return bool(networks) and _trusted(_parse(peer or ""), networks)

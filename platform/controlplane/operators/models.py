@@ -15,9 +15,18 @@ class OperatorToken(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     last_used = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # None: never (tokens made before expiry existed)
 
     class Meta:
         ordering = ["id"]
+
+    def state(self, now) -> str:
+        """``live``, ``revoked`` or ``expired`` at ``now`` (revocation wins: it was a decision)."""
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "live"
 
     def __str__(self) -> str:
         return f"{self.username} ({self.role}, {self.prefix}…)"

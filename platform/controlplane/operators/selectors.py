@@ -13,9 +13,9 @@ from controlplane.operators.models import OperatorToken
 LOCKOUT_EVENTS_READ = 500  # newest lockout events looked at: the log grows by a bounded number per minute
 
 
-def operator_authenticate(raw_token: str) -> OperatorToken | None:
-    """The live token matching ``raw_token`` (prefix lookup, constant-time digest compare) or
-    ``None`` for unknown and revoked tokens alike."""
+def operator_token_match(raw_token: str) -> OperatorToken | None:
+    """The token matching ``raw_token`` whatever its state (prefix lookup, constant-time digest
+    compare), or ``None`` when none does."""
     if not isinstance(raw_token, str) or not raw_token:
         return None
     match = None
@@ -23,7 +23,13 @@ def operator_authenticate(raw_token: str) -> OperatorToken | None:
     for token in candidates or [None]:
         if secret_matches(raw_token, token.token_hash if token else None) and match is None:
             match = token
-    if match is None or match.revoked_at is not None:
+    return match
+
+
+def operator_authenticate(raw_token: str) -> OperatorToken | None:
+    """The live token matching ``raw_token``, or ``None`` for unknown, revoked and expired tokens alike."""
+    match = operator_token_match(raw_token)
+    if match is None or match.state(timezone.now()) != "live":
         return None
     return match
 

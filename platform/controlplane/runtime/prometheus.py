@@ -29,6 +29,9 @@ from 0 so that the first failure is an increase); ``strata_audit_verify_ok``,
 ``strata_audit_verify_timestamp_seconds`` and ``strata_audit_verify_failures_total`` (the chain's
 last scheduled verification, ``audit.checks``; absent until one has finished).
 
+vLLM's engine figures per replica (KV cache usage, waiting and running requests, preemptions):
+``runtime.engine_metrics``.
+
 Every per-worker series carries a ``replica`` label (the replica index, at most the admin API's bound
 of 16 per model), so a restarted replica resets only its own counters; sum over ``replica`` for the
 model's figure.
@@ -47,6 +50,7 @@ from controlplane.audit.selectors import audit_head_status
 from controlplane.common.errors import ApplicationError, error_response
 from controlplane.jobs.models import FlushJob
 from controlplane.runtime import stats
+from controlplane.runtime.engine_metrics import EngineCollector
 
 USAGE_COUNTERS = {
     "query_tokens": "Prompt tokens presented to the cache",
@@ -218,8 +222,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     finished = {(row["kind"], row["status"]): row["n"] for row in FlushJob.objects.filter(
         status__in=FlushJob.FINAL).values("kind", "status").annotate(n=Count("id")).order_by()}
     registry = CollectorRegistry()
-    registry.register(_Collector(stats.cluster_stats(), jobs, dict(audit_head_status()), finished,
-                                 audit_check_status()))
+    snapshot = stats.cluster_stats()
+    registry.register(_Collector(snapshot, jobs, dict(audit_head_status()), finished, audit_check_status()))
+    registry.register(EngineCollector(snapshot["workers"]))  # vLLM's own figures per replica
     from controlplane.ledger.selectors import ledger_counters
 
     registry.register(_LedgerCollector(ledger_counters()))

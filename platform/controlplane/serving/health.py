@@ -11,10 +11,15 @@ before any view are counted too.
 - ``strata_request_seconds{route, model}``: end to end, from the request's arrival to its last byte.
 - ``strata_ttft_seconds{route, model}``: streamed requests, arrival to the first body chunk (the first
   token's event: the response starts when the prompt is computed).
+- ``strata_tenant_ttft_seconds{tenant, model}``: the same TTFT per tenant.
+- ``strata_tenant_queue_seconds{tenant, model}``: completions and chats per tenant, arrival until the
+  request is handed to a replica (the gate, the render threads' queue, parsing and templating); the
+  replica's own queue shows in its TTFT and, on vLLM, in ``strata_vllm_requests_waiting``.
 - Tokens in and out per tenant and model are the ledger's ``strata_ledger_tokens_total``.
 
 ``model`` and ``tenant`` come from the view and the gate through a holder in the ASGI scope's state
-(``NOTE``): empty when the request never got that far.
+(``NOTE``): empty when the request never got that far; they are also handed to the access log's
+``common.access_log.AccessNote``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import time
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from controlplane.common.access_log import access_note_of
 
 NOTE = "strata.metrics"  # the scope-state key of a request's ``Note``
 ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/kv/layout", "/v1/kv/lookup",
@@ -41,6 +48,11 @@ LATENCY = Histogram("strata_request_seconds", "Serving API requests, arrival to 
                     buckets=LATENCY_BUCKETS, registry=REGISTRY)
 TTFT = Histogram("strata_ttft_seconds", "Streamed serving requests, arrival to the first token's chunk",
                  ["route", "model"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+# tenants are authenticated rows and models their granted deployments: bounded label sets
+TENANT_TTFT = Histogram("strata_tenant_ttft_seconds", "Streamed serving requests per tenant, arrival to the "
+                        "first token's chunk", ["tenant", "model"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
+TENANT_QUEUE = Histogram("strata_tenant_queue_seconds", "Completions per tenant, arrival until handed to a "
+                         "replica", ["tenant", "model"], buckets=LATENCY_BUCKETS, registry=REGISTRY)
 
 
 @dataclass
@@ -50,6 +62,7 @@ class Note:
     tenant: str = ""
     model: str = ""
     stream: bool = False
+    dispatched: float | None = None  # perf_counter when the view handed the request to a replica
 
 
 def note_of(scope: dict) -> Note | None:
@@ -115,6 +128,14 @@ class ServingMetrics:
             TTFT.labels(route, note.model).observe(seen["first"] - start)
         if note.tenant:
             TENANT_REQUESTS.labels(note.tenant, note.model, code or "ok").inc()
+        if note.tenant and note.model:
+            if note.stream and seen["first"] is not None and status < 400:
+                TENANT_TTFT.labels(note.tenant, note.model).observe(seen["first"] - start)
+            if note.dispatched is not None:
+                TENANT_QUEUE.labels(note.tenant, note.model).observe(max(0.0, note.dispatched - start))
+        access = access_note_of(scope)
+        if access is not None:
+            access.tenant, access.model = note.tenant, note.model
 
 
 # ---------------------------------------------------------------------- reads (the console's)

@@ -167,6 +167,7 @@ async def _serve(request: HttpRequest, kind: str):
     note = health.note_of(getattr(request, "scope", {}))
     if note is not None:  # the serving metrics' model label, and whether first-byte time is a TTFT
         note.model, note.stream = prep.model, bool(prep.body.stream)
+        note.dispatched = time.perf_counter()  # prepared: its worker call starts now (or already has)
     # completions: logprobs is a count (0 = chosen token only); chat: a flag (+ top_logprobs)
     with_logprobs = prep.body.logprobs is not None and prep.body.logprobs is not False
     if prep.body.stream:

@@ -183,6 +183,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(ENV.max_body_bytes, ENV.admin_max_body_bytes)
 STRATA_JSON_ERROR_PREFIXES = ("/api/", "/v1/")
 # Peers whose X-Forwarded-For names the client (common.sources); empty: the TCP peer is the source.
 STRATA_TRUSTED_PROXIES = ENV.trusted_proxies
+# Operator tokens expire this many days after creation unless made with another expiry.
+STRATA_OPERATOR_TOKEN_DAYS = 90
 
 STRATA_WEIGHTS_ROOT = ENV.weights_root
 # LoRA adapters (controlplane.adapters): the largest rank registered, and what every vLLM replica's
@@ -259,8 +261,13 @@ CELERY_ACCEPT_CONTENT = ["json"]
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "bare": {"format": "%(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"},
+                 "access": {"class": "logging.StreamHandler", "formatter": "bare",
+                            "stream": "ext://sys.stdout"}},
     "root": {"handlers": ["console"], "level": ENV.log_level},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {"django.db.backends": {"level": "WARNING"},
+                # common.access_log: one JSON object a line, one line per request (the web log)
+                "strata.access": {"handlers": ["access"], "level": "INFO", "propagate": False}},
 }

@@ -158,12 +158,18 @@ class OperatorTokenForm(forms.Form):
 
     username = forms.CharField(max_length=150, widget=forms.TextInput(attrs={"placeholder": "ci-bot", "size": 18}))
     role = forms.ChoiceField(choices=OperatorToken.Role.choices, initial=OperatorToken.Role.VIEWER)
+    expires_days = forms.IntegerField(min_value=1, max_value=3650, label="Expires in (days)", required=False,
+                                      widget=forms.NumberInput(attrs={"size": 6}))
     nonce = forms.CharField(max_length=64, widget=forms.HiddenInput)
 
     def __init__(self, *args, **kwargs):
+        from django.conf import settings
+
         super().__init__(*args, **kwargs)
         self.fields["username"].help_text = "who or what will use it (audited as this name)"
         self.fields["role"].help_text = "viewer: read only; admin: may change everything"
+        self.fields["expires_days"].initial = settings.STRATA_OPERATOR_TOKEN_DAYS
+        self.fields["expires_days"].help_text = "it stops working after this (1-3650; empty: the default)"
 
 
 class ConfirmForm(forms.Form):

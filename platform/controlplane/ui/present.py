@@ -9,6 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from controlplane.adminapi.present import audit_event_out, model_out, tenant_out
 from controlplane.audit.models import AuditEvent
 from controlplane.jobs.models import FlushJob
@@ -272,6 +274,8 @@ def job_page(flush_job: FlushJob) -> dict[str, Any]:
 
 def operator_token_row(token) -> dict[str, Any]:
     """An operator token for the tokens page: never its hash, only the visible prefix."""
+    state = token.state(timezone.now())
     return {"id": token.pk, "username": token.username, "role": token.role, "prefix": token.prefix,
             "created": token.created, "last_used": token.last_used, "revoked_at": token.revoked_at,
-            "revoked": token.revoked_at is not None}
+            "expires_at": token.expires_at, "state": state, "revoked": state == "revoked",
+            "expired": state == "expired"}

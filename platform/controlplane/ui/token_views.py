@@ -1,6 +1,6 @@
 """Operator UI: operator tokens (``/ui/tokens/``) for the admin API.
 
-Everyone sees the list (prefix, user, role, created, last used, revoked); only admins get the
+Everyone sees the list (prefix, user, role, created, expiry, last used, state); only admins get the
 controls (``access.operator_view`` refuses and audits anyone else's POST). The calls are the same
 services as ``manage.py create_operator_token`` / ``revoke_operator_token`` (audited
 ``operator_token.create`` / ``.revoke`` with the operator's name, ``session`` and source).
@@ -84,7 +84,7 @@ def tokens(request: HttpRequest) -> HttpResponse:
                                 "token is never shown again. Create a new one if you need it.")
         return redirect("ui:tokens")
     created, status = submit(request, form, lambda d: operator_token_create(
-        actor=request.operator.actor, username=d["username"], role=d["role"]))
+        actor=request.operator.actor, username=d["username"], role=d["role"], expires_days=d["expires_days"]))
     if created is None:
         return _tokens_page(request, status, form=form)
     token, raw = created

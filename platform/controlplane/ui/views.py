@@ -90,10 +90,12 @@ def _actor(request: HttpRequest):
 def _dashboard() -> dict[str, Any]:
     """The live region's figures (the charts are outside it: charts.js refreshes them)."""
     from controlplane.health import processes
+    from controlplane.runtime.engine_metrics import engine_rows
 
     stats = cluster_stats()
     return {"stats": present.dashboard(stats), "capacity": live_figures.capacity_bars(stats),
-            "decisions": live_figures.decisions(stats), "processes": processes()}
+            "decisions": live_figures.decisions(stats), "processes": processes(),
+            "engines": engine_rows(stats["workers"])}
 
 
 @operator_view

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
@@ -81,6 +82,7 @@ async def messages(request: HttpRequest):
     note = health.note_of(getattr(request, "scope", {}))
     if note is not None:
         note.model, note.stream = prep.model, parsed.body.stream
+        note.dispatched = time.perf_counter()  # the tenant's queue time ends here (serving.health)
     if parsed.body.stream:
         return await _stream(request, admission, parsed, prep)
     tokens, finished = await views._collect(prep, started)

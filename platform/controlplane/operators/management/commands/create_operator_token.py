@@ -1,4 +1,4 @@
-"""``manage.py create_operator_token --username NAME --role admin|viewer``.
+"""``manage.py create_operator_token --username NAME --role admin|viewer [--expires-days N]``.
 
 Prints a short notice, then the new token alone on the last line (scripts take ``tail -n1``).
 """
@@ -19,14 +19,18 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--username", required=True)
         parser.add_argument("--role", required=True, choices=OperatorToken.Role.values)
+        parser.add_argument("--expires-days", type=int, default=None,
+                            help="days until it stops working (1-3650; default STRATA_OPERATOR_TOKEN_DAYS, 90)")
 
     def handle(self, *args, **options):
         try:
             token, raw = operator_token_create(
-                actor=Actor.cli(getpass.getuser()), username=options["username"], role=options["role"]
+                actor=Actor.cli(getpass.getuser()), username=options["username"], role=options["role"],
+                expires_days=options["expires_days"],
             )
         except ApplicationError as exc:
             raise CommandError(exc.message) from None
-        self.stdout.write(f"operator token for {token.username} (role {token.role}, prefix {token.prefix}); "
+        self.stdout.write(f"operator token for {token.username} (role {token.role}, prefix {token.prefix}, "
+                          f"expires {token.expires_at:%Y-%m-%d %H:%M} UTC); "
                           "store it now, it is not shown again:")
         self.stdout.write(raw)

@@ -28,6 +28,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.db.models import Q
+from django.utils import timezone
 
 import strata_env
 from controlplane.audit.services import audit_record
@@ -43,6 +45,8 @@ from controlplane.tenants.models import ApiKey, Grant, Tenant
 from controlplane.tenants.services import api_key_create, api_key_revoke, tenant_create
 
 TENANTS = (("acme", "Acme Corp"), ("globex", "Globex Corporation"))
+# Demo tenants may pin a named cache or two (the README's /v1/caches example); the default pins nothing.
+DEMO_QUOTAS = {"max_pinned_tokens": 4096}
 MODEL = {"name": "demo-small", "preset": "small", "revision": {"label": "r1", "seed": 1}}
 CHECKPOINT_MODEL = "demo-hf"
 OPERATOR = "demo-admin"
@@ -60,6 +64,20 @@ class Outcome:
     keys: dict[str, str] = field(default_factory=dict)  # slug -> raw key, created now
     prefixes: dict[str, str] = field(default_factory=dict)  # slug -> prefix of the live demo key
     created: list[str] = field(default_factory=list)
+
+
+def _manage_prefix() -> str:
+    """The variables a ``manage.py`` run needs in front of it to reach this platform's state and
+    demo (nothing on the defaults), the way the launcher prints its own recipes."""
+    env = strata_env.load()
+    parts = []
+    if env.home.resolve() != strata_env.home({}).resolve():
+        parts.append(f"STRATA_HOME={shlex.quote(str(env.home))}")
+    if env.database_url:
+        parts.append('DATABASE_URL="$DATABASE_URL"')
+    if env.demo_model:
+        parts.append(f"STRATA_DEMO_MODEL={shlex.quote(env.demo_model)}")
+    return " ".join(parts) + " " if parts else ""
 
 
 def _actor() -> Actor:
@@ -106,8 +124,9 @@ class Command(BaseCommand):
     # ------------------------------------------------------------------ steps
     def _operator_token(self, actor: Actor, out: Outcome, rotate: bool) -> None:
         def live():
-            return OperatorToken.objects.filter(username=OPERATOR, role=OperatorToken.Role.ADMIN,
-                                                revoked_at__isnull=True)
+            return OperatorToken.objects.filter(  # an expired demo token is replaced like a revoked one
+                Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()), username=OPERATOR,
+                role=OperatorToken.Role.ADMIN, revoked_at__isnull=True)
 
         if rotate:
             for token in live():
@@ -153,7 +172,7 @@ class Command(BaseCommand):
     def _tenant(self, actor: Actor, out: Outcome, slug: str, name: str) -> Tenant:
         tenant = Tenant.objects.filter(slug=slug).first()
         if tenant is None:
-            tenant = tenant_create(actor=actor, slug=slug, name=name)
+            tenant = tenant_create(actor=actor, slug=slug, name=name, quotas=DEMO_QUOTAS)
             out.created.append(f"tenant {slug}")
         elif not tenant.is_active:
             self.stderr.write(f"warning: tenant {slug} is {tenant.status}; its key will not work until it is active")
@@ -209,4 +228,4 @@ class Command(BaseCommand):
           f"r = c.completions.create(model='{name}', prompt='The cache remembers', max_tokens=16); "
           "print(r.choices[0].text, r.usage)\"")
         if not out.keys:
-            w("New keys, token and password: .venv/bin/python manage.py strata_demo --rotate")
+            w(f"New keys, token and password: {_manage_prefix()}.venv/bin/python manage.py strata_demo --rotate")
