@@ -1,5 +1,5 @@
 """The suite's name for ``bench._checkpoints`` (small random Hugging Face checkpoints), which
-``python -m bench.make_checkpoint`` also uses outside the tests), and ``sparse_llama_checkpoint``
+``python -m bench.make_checkpoint`` also uses outside the tests, and ``sparse_llama_checkpoint``
 (a large sparse checkpoint, for the background digest tests)."""
 
 from pathlib import Path
