@@ -173,6 +173,8 @@ class StrataEnv(_MasterKeyPaths):
     sampler: bool  # STRATA_SAMPLER: this process samples the cache counters (make run's web process)
     warm_replicas: bool  # STRATA_WARM_REPLICAS: replicas start with the platform and on create (default: with Ray)
     routing: str | None  # STRATA_ROUTING: round_robin turns the routing policies off
+    lora_max_loras: int  # STRATA_LORA_MAX_LORAS: adapters in one vLLM batch (0: vLLM starts without LoRA)
+    lora_max_rank: int  # STRATA_LORA_MAX_RANK: the largest adapter rank registered and vLLM starts with
     demo_model: str | None  # STRATA_DEMO_MODEL: the checkpoint directory strata_demo serves as demo-hf
     database_url: str | None  # DATABASE_URL: PostgreSQL instead of the embedded SQLite file
     redis_url: str | None  # REDIS_URL: shared L3 store
@@ -226,6 +228,8 @@ def load(environ: Mapping[str, str] | None = None) -> StrataEnv:
         sampler=sampler(src),
         warm_replicas=warm_replicas(src),
         routing=routing(src),
+        lora_max_loras=integer(src, "STRATA_LORA_MAX_LORAS", 4, minimum=0, maximum=64),
+        lora_max_rank=integer(src, "STRATA_LORA_MAX_RANK", 64, minimum=1, maximum=512),
         demo_model=string(src, "STRATA_DEMO_MODEL"),
         database_url=string(src, "DATABASE_URL"),
         redis_url=string(src, "REDIS_URL"),

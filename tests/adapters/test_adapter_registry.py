@@ -147,6 +147,14 @@ def test_the_reference_engine_refuses_adapters_and_says_to_use_vllm(admin_client
     assert "engine 'vllm'" in error["message"]
 
 
+def test_with_lora_off_a_registration_says_how_to_turn_it_on(admin_client, deployment, adapters_dir,
+                                                               vllm_checkpoint, settings):
+    settings.STRATA_LORA_MAX_LORAS = 0  # STRATA_LORA_MAX_LORAS=0: vLLM starts without LoRA
+    build_adapter(adapters_dir / "a", vllm_checkpoint[1], seed=1)
+    error = assert_error(_register(admin_client, adapters_dir / "a"), 422, "adapters_disabled")
+    assert "STRATA_LORA_MAX_LORAS" in error["message"]
+
+
 def test_a_private_adapter_is_its_tenant_s_alone_and_a_404_like_a_missing_model_for_others(
         admin_client, actor, deployment, adapters_dir, vllm_checkpoint):
     _, acme = _tenant(actor, "acme", deployment)

@@ -6,7 +6,8 @@ Registration checks the PEFT directory against the base deployment's active chec
 of the reference engine (vLLM serves LoRA; the reference engine does not); 409 ``adapter_exists`` for a
 name already registered (replace an adapter by deleting it, then registering the new files) and
 ``name_taken`` for a deployment's name; 422 ``adapters_unsupported`` on a mixture of experts (served
-without LoRA: ``workers.vllm_revision.lora_settings``).
+without LoRA: ``workers.vllm_revision.lora_settings``); 422 ``adapters_disabled`` where vLLM starts
+without LoRA (``STRATA_LORA_MAX_LORAS=0``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, ten
         raise InvalidInput(f"model {deployment.name!r} runs on the reference engine, which serves no LoRA "
                            "adapters: serve the base checkpoint with engine 'vllm' to add adapters",
                            code="adapters_need_vllm")
+    if int(getattr(settings, "STRATA_LORA_MAX_LORAS", 4)) <= 0:
+        raise InvalidInput("this platform starts vLLM without LoRA (STRATA_LORA_MAX_LORAS=0): set it above 0 "
+                           "and restart the replicas to serve adapters", code="adapters_disabled")
     if not isinstance(name, str) or not name:
         raise InvalidInput("name is required", code="invalid_name")
     try:

@@ -190,8 +190,8 @@ STRATA_WEIGHTS_ROOT = ENV.weights_root
 # LoRA adapters (controlplane.adapters): the largest rank registered, and what every vLLM replica's
 # engine is started with (workers.vllm_revision: enable_lora, max_loras adapters in one batch,
 # max_lora_rank); STRATA_LORA_MAX_LORAS = 0 starts vLLM without LoRA (and refuses registrations).
-STRATA_LORA_MAX_RANK = 64
-STRATA_LORA_MAX_LORAS = 4
+STRATA_LORA_MAX_RANK = ENV.lora_max_rank
+STRATA_LORA_MAX_LORAS = ENV.lora_max_loras
 STRATA_REDIS_URL = ENV.redis_url
 # Caches. "default" holds what may be lost (audit aggregation tallies, Django's own). Limit state
 # has stores of its own that traffic cannot evict: "limits" (per-tenant rate windows: only
