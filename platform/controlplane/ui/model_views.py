@@ -21,6 +21,8 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.adapters.selectors import adapters_by_deployment
+from controlplane.adminapi.adapters import adapter_out
 from controlplane.common.errors import ApplicationError
 from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_get, flush_job_list
@@ -40,6 +42,7 @@ from controlplane.ui.forms import (
     RevisionForm,
     RollbackForm,
     RolloutForm,
+    adapter_delete_form,
     delete_forms,
     form_error_text,
 )
@@ -92,8 +95,10 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
     rows = []
     deployments = list(model_list())
     capacity = capacity_by_model(deployments)  # the replicas' last samples: never waits on a replica
+    adapters = adapters_by_deployment(deployments)
     for deployment in deployments:
         row = present.model_page_row(deployment, rollouts)
+        row["adapters"] = [adapter_out(a) for a in adapters.get(deployment.pk, [])]
         row["stopped"] = deployment.replicas == 0
         row["replica_states"] = replica_states(deployment.name, deployment.replicas)  # never waits on a replica
         row["capacity"] = capacity_rows(capacity.get(deployment.name, []))
@@ -101,6 +106,7 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
             row.update(delete_forms(name, row["revisions"], row["active_revision"], bound))
+            row["delete_adapter_form"] = adapter_delete_form(name, row["adapters"], bound)
             labels = [r["label"] for r in row["revisions"]]
             at = labels.index(row["active_revision"]) if row["active_revision"] in labels else -1
             newer = list(reversed(row["revisions"][at + 1:]))  # newest first: the default is the newest
