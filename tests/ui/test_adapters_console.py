@@ -95,3 +95,34 @@ def test_the_tenant_page_lists_its_private_adapters_only(admin_ui, adapters):
     assert f"{private.digest[:12]}</code>" in section and "<td>8</td>" in section
     assert "tuned-pub" not in section
     assert 'id="h-adapters"' not in _html(admin_ui.get("/ui/tenants/globex/"))  # none of its own
+
+
+def test_each_adapter_shows_its_last_day_in_the_ledger_on_the_model_and_tenant_pages(admin_ui, adapters):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from controlplane.ledger.services import ledger_record
+    from controlplane.tenants.models import Tenant
+    from tests.controlplane.test_ledger import usage
+
+    acme, globex = Tenant.objects.get(slug="acme"), Tenant.objects.get(slug="globex")
+    ledger_record(tenant_id=acme.pk, model="tuned-acme", usage=usage(1200, 8, l1=640, l2=64, l3=32))
+    ledger_record(tenant_id=acme.pk, model="tuned-acme", usage=usage(100, 8))
+    ledger_record(tenant_id=acme.pk, model="tuned-pub", usage=usage(70, 4, l1=32))
+    ledger_record(tenant_id=globex.pk, model="tuned-pub", usage=usage(70, 4, l2=64))
+    ledger_record(tenant_id=acme.pk, model=BASE, usage=usage(5000, 4, l1=4000))  # the base model's own line
+    ledger_record(tenant_id=acme.pk, model="tuned-acme", usage=usage(9999, 1, l1=9000),
+                  at=timezone.now() - timedelta(days=2))  # older than the day shown
+
+    def row(html: str, name: str) -> list[str]:
+        tr = re.search(rf'<th scope="row">{name}</th>(.*?)</tr>', html, re.S)[1]
+        return [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+
+    card = _card(_html(admin_ui.get("/ui/models/")))
+    # tenant, rank, digest, created, then requests, prompt tokens, cached L1 · L2 · L3 over every tenant
+    assert row(card, "tuned-acme")[4:7] == ["2", "1,300", "640 · 64 · 32"]
+    assert row(card, "tuned-pub")[4:7] == ["2", "140", "32 · 64 · 0"]
+    section = re.search(r'aria-labelledby="h-adapters".*?</section>', _html(admin_ui.get("/ui/tenants/acme/")), re.S)[0]
+    # model, rank, digest, created, then the tenant's own figures
+    assert row(section, "tuned-acme")[4:7] == ["2", "1,300", "640 · 64 · 32"]

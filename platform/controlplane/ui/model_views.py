@@ -22,7 +22,6 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from controlplane.adapters.selectors import adapters_by_deployment
-from controlplane.adminapi.adapters import adapter_out
 from controlplane.common.errors import ApplicationError
 from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_get, flush_job_list
@@ -95,10 +94,12 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
     rows = []
     deployments = list(model_list())
     capacity = capacity_by_model(deployments)  # the replicas' last samples: never waits on a replica
-    adapters = adapters_by_deployment(deployments)
+    adapters: dict[str, list[dict]] = {}
+    for a in present.adapter_rows([a for group in adapters_by_deployment(deployments).values() for a in group]):
+        adapters.setdefault(a["model"], []).append(a)
     for deployment in deployments:
         row = present.model_page_row(deployment, rollouts)
-        row["adapters"] = [adapter_out(a) for a in adapters.get(deployment.pk, [])]
+        row["adapters"] = adapters.get(deployment.name, [])
         row["stopped"] = deployment.replicas == 0
         row["replica_states"] = replica_states(deployment.name, deployment.replicas)  # never waits on a replica
         row["capacity"] = capacity_rows(capacity.get(deployment.name, []))
