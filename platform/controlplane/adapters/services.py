@@ -1,13 +1,14 @@
 """Adapter writes: register (``adapter_create``) and delete (``adapter_delete``: an ``adapter_delete``
-job, which marks the adapter deleted once its KV is gone: ``jobs.services``). Each is audited.
+job, which marks the adapter deleted once its KV is gone: ``jobs.services``). Each is audited. A
+private adapter past its tenant's ``max_adapters`` (its live private adapters; public adapters count
+for no tenant) is a 409 ``quota_exceeded``.
 
 Registration checks the PEFT directory against the base deployment's active checkpoint
 (``adapters.peft``): 422 ``invalid_adapter`` with the reason; 422 ``adapters_need_vllm`` on a deployment
 of the reference engine (vLLM serves LoRA; the reference engine does not); 409 ``adapter_exists`` for a
 name already registered (replace an adapter by deleting it, then registering the new files) and
 ``name_taken`` for a deployment's name; 422 ``adapters_unsupported`` on a mixture of experts (served
-without LoRA: ``workers.vllm_revision.lora_settings``); 409 ``quota_exceeded`` for a private adapter past
-its tenant's ``max_adapters`` (its live private adapters; public adapters count for no tenant).
+without LoRA: ``workers.vllm_revision.lora_settings``).
 """
 
 from __future__ import annotations
