@@ -12,7 +12,7 @@ import pytest
 from django.test import Client
 
 from tests.adapters.lora_files import build_adapter
-from tests.controlplane.helpers import assert_error, audit_actions, post
+from tests.controlplane.helpers import assert_error, audit_actions, patch, post
 from tests.serving.conftest import ray_cluster  # noqa: F401  (re-exported fixture)
 
 pytest.importorskip("vllm")
@@ -209,3 +209,28 @@ def test_delete_is_a_job_that_stops_serving_at_once_and_frees_the_name(admin_cli
     assert {"adapter.delete", "adapter_delete.request", "adapter_delete.complete"} <= set(audit_actions())
     assert _register(admin_client, adapters_dir / "a").status_code == 201  # a new adapter: a new scope
     assert_error(admin_client.delete(f"/api/admin/models/{BASE}/adapters/nope"), 404, "adapter_not_found")
+
+
+def test_max_adapters_caps_a_tenant_s_live_private_adapters_and_public_ones_count_for_none(
+        admin_client, actor, deployment, adapters_dir, vllm_checkpoint):
+    _tenant(actor, "acme", deployment)
+    _tenant(actor, "globex", deployment)
+    assert patch(admin_client, "/api/admin/tenants/acme", {"quotas": {"max_adapters": 1}}).status_code == 200
+    assert admin_client.get("/api/admin/tenants/acme").json()["quotas"]["max_adapters"] == 1
+    build_adapter(adapters_dir / "a", vllm_checkpoint[1], seed=1)
+    assert _register(admin_client, adapters_dir / "a", name="acme-1", tenant="acme").status_code == 201
+    error = assert_error(_register(admin_client, adapters_dir / "a", name="acme-2", tenant="acme"), 409,
+                         "quota_exceeded")
+    assert "max_adapters" in error["message"] and "'acme'" in error["message"]
+    assert audit_actions().count("adapter.create") == 1  # the refusal registered nothing
+    # another tenant (no quota) and a public adapter are not acme's to count
+    assert _register(admin_client, adapters_dir / "a", name="globex-1", tenant="globex").status_code == 201
+    assert _register(admin_client, adapters_dir / "a", name="public-1").status_code == 201
+    # a deleted adapter (its job running) no longer counts; a raised quota makes room as well
+    assert admin_client.delete(f"/api/admin/models/{BASE}/adapters/acme-1").status_code == 202
+    assert _register(admin_client, adapters_dir / "a", name="acme-2", tenant="acme").status_code == 201
+    assert_error(_register(admin_client, adapters_dir / "a", name="acme-3", tenant="acme"), 409, "quota_exceeded")
+    assert patch(admin_client, "/api/admin/tenants/acme", {"quotas": {"max_adapters": None}}).status_code == 200
+    assert _register(admin_client, adapters_dir / "a", name="acme-3", tenant="acme").status_code == 201
+    states = {a["name"]: a["state"] for a in admin_client.get(f"/api/admin/models/{BASE}/adapters").json()}
+    assert states == {"acme-1": "deleting", "acme-2": "live", "acme-3": "live", "globex-1": "live", "public-1": "live"}

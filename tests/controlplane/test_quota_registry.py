@@ -173,7 +173,7 @@ def _messages(limited, model) -> dict[str, dict]:
     completion = _prepare(_request("/v1/completions", key, {"model": model.name, "prompt": "hi", "max_tokens": 1}),
                           CompletionRequest).worker_req
     kv = _prepare_kv(_request("/v1/kv/lookup", key, {"model": model.name, "tokens": [1, 2, 3]}), KVRequest)[2]
-    cache = cache_request(SimpleNamespace(tenant=tenant, token_ids=[1, 2, 3], cache_salt=None))
+    cache = cache_request(SimpleNamespace(tenant=tenant, token_ids=[1, 2, 3], cache_salt=None, adapter_id=None))
     return {"completion": completion, "kv": kv, "cache": cache}
 
 
@@ -238,7 +238,7 @@ def test_a_quota_added_to_the_registry_alone_is_validated_and_audited(extended):
         quotas.clean({"max_widgets": 0})
     with pytest.raises(InvalidInput, match=r"burst_ratio must be null \(unlimited\) or a number in \[1, 10\]"):
         quotas.clean({"burst_ratio": 10.5})
-    with pytest.raises(InvalidInput, match="known: .*max_pinned_tokens, max_widgets, burst_ratio"):
+    with pytest.raises(InvalidInput, match="known: .*max_pinned_tokens, max_adapters, max_widgets, burst_ratio"):
         quotas.clean({"max_gadgets": 1})
     assert quotas.audited({"max_widgets": None, "burst_ratio": None}) == {
         "max_widgets": None, "burst_ratio": None, "effective": {"max_widgets": "the default, 2 per worker"}}

@@ -16,7 +16,7 @@ def test_admin_creates_tenant_201_and_reads_it_back(admin_client):
     assert body["quotas"] == {"requests_per_minute": 60, "tokens_per_minute": None, "max_cached_tokens": None,
                               "max_prompt_tokens": None, "max_l3_bytes": None, "max_inflight_tokens": None,
                               "max_concurrent_requests": None, "share_weight": None,
-                              "max_pinned_tokens": None}
+                              "max_pinned_tokens": None, "max_adapters": None}
     assert len(body["scope_fingerprint"]) == 16
     fetched = admin_client.get(f"{URL}/acme")
     assert fetched.status_code == 200 and fetched.json() == body

@@ -113,7 +113,7 @@ def test_admin_creates_a_tenant_with_quotas_and_cache_policy(admin_ui):
     assert tenant.quotas == {"requests_per_minute": 60, "tokens_per_minute": None, "max_cached_tokens": 100000,
                              "max_prompt_tokens": 4096, "max_l3_bytes": 1048576, "max_inflight_tokens": 2048,
                              "max_concurrent_requests": 4, "share_weight": 2,
-                             "max_pinned_tokens": None}
+                             "max_pinned_tokens": None, "max_adapters": None}
     assert tenant.cache_policy == {"persist": False, "retention_seconds": 3600}
     assert _by_operator("tenant.create").new_value["quotas"]["requests_per_minute"] == 60
     assert _by_operator("tenant.cache_policy").new_value == {"persist": False, "retention_seconds": 3600}

@@ -5,6 +5,9 @@
 - ``usable_for(tenant)``: every adapter ``tenant`` may use, by name, as ``AdapterRef`` (one query:
   admission reads it with the tenant's grants and keeps it while the access generation stands).
 - ``usable(tenant, name)``: the ``AdapterRef`` of adapter ``name`` if ``tenant`` may use it, else None.
+- ``adapters_by_deployment(deployments)``: the adapters (not deleted) of several deployments, by
+  deployment id (one query: the console's models page).
+- ``tenant_adapters(tenant)``: ``tenant``'s private adapters that are not deleted (its page).
 
 A tenant may use an adapter that is live, on a deployment granted to the tenant with an active
 revision, and public (no tenant) or the tenant's own.
@@ -55,6 +58,19 @@ def adapter_get(*, deployment, name: str) -> Adapter:
     if adapter is None:
         raise NotFound(f"model {deployment.name!r} has no adapter {name!r}", code="adapter_not_found")
     return adapter
+
+
+def adapters_by_deployment(deployments) -> dict[int, list[Adapter]]:
+    out: dict[int, list[Adapter]] = {}
+    for a in (Adapter.objects.filter(deployment__in=deployments).exclude(state=Adapter.State.DELETED)
+              .select_related("deployment", "tenant").order_by("name")):
+        out.setdefault(a.deployment_id, []).append(a)
+    return out
+
+
+def tenant_adapters(tenant) -> QuerySet[Adapter]:
+    return (Adapter.objects.filter(tenant=tenant).exclude(state=Adapter.State.DELETED)
+            .select_related("deployment", "tenant").order_by("deployment__name", "name"))
 
 
 def name_in_use(name: str) -> bool:

@@ -1,5 +1,7 @@
 """Adapter writes: register (``adapter_create``) and delete (``adapter_delete``: an ``adapter_delete``
-job, which marks the adapter deleted once its KV is gone: ``jobs.services``). Each is audited.
+job, which marks the adapter deleted once its KV is gone: ``jobs.services``). Each is audited. A
+private adapter past its tenant's ``max_adapters`` (its live private adapters; public adapters count
+for no tenant) is a 409 ``quota_exceeded``.
 
 Registration checks the PEFT directory against the base deployment's active checkpoint
 (``adapters.peft``): 422 ``invalid_adapter`` with the reason; 422 ``adapters_need_vllm`` on a deployment
@@ -59,6 +61,21 @@ def _inspect(deployment: ModelDeployment, path) -> peft.AdapterInfo:
         raise InvalidInput(str(exc), code="invalid_adapter") from None
 
 
+def _check_quota(tenant) -> None:
+    """409 ``quota_exceeded`` when ``tenant`` has as many live private adapters as its ``max_adapters``.
+    The tenant's row stays locked until the caller's transaction ends (as ``caches.services.cache_create``
+    does for pins): concurrent registrations for one tenant take turns, so they never add up past it."""
+    from controlplane.tenants.models import Tenant
+
+    locked = Tenant.objects.select_for_update().only("pk", "slug", "max_adapters").get(pk=tenant.pk)
+    if locked.max_adapters is None:
+        return
+    used = Adapter.objects.filter(tenant=locked, state=Adapter.State.LIVE).count()
+    if used >= locked.max_adapters:
+        raise Conflict(f"tenant {locked.slug!r} has {used} private adapter(s), its max_adapters quota is "
+                       f"{locked.max_adapters}: delete one or raise the quota", code="quota_exceeded")
+
+
 def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, tenant=None) -> Adapter:
     """Register adapter ``name`` (the PEFT directory ``path``) on ``deployment``, private to ``tenant``
     (a Tenant) or, without one, usable by every tenant granted the deployment."""
@@ -83,6 +100,8 @@ def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, ten
     info = _inspect(deployment, path)
     try:
         with transaction.atomic():
+            if tenant is not None:
+                _check_quota(tenant)
             adapter = Adapter.objects.create(
                 name=name, deployment=deployment, tenant=tenant, path=info.path, digest=info.digest, rank=info.rank,
                 alpha=info.alpha, target_modules=list(info.target_modules), dtype=info.dtype)

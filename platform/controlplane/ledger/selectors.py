@@ -1,6 +1,6 @@
 """Reads of the ledger: hourly rows over a period (:func:`ledger_rows`), their sums
-(:func:`ledger_totals`: the same figures, added up) and the all-time counters ``/metrics`` exposes
-(:func:`ledger_counters`).
+(:func:`ledger_totals`: the same figures, added up), per-model sums over a period (:func:`model_sums`)
+and the all-time counters ``/metrics`` exposes (:func:`ledger_counters`).
 
 A period is whole hours: ``since`` floored to its hour, ``until`` rounded up to the next one; a row
 belongs to it when its hour starts inside ``[since, until)``. Defaults: ``until`` = now, ``since``
@@ -184,6 +184,21 @@ def ledger_totals(*, tenant: Tenant | None = None, model: str | None = None, sin
     if model is not None:
         total.model = model
     return total
+
+
+def model_sums(*, models: list[str], tenant: Tenant | None = None, since: datetime | None = None,
+               until: datetime | None = None, now: datetime | None = None) -> dict[str, dict[str, int]]:
+    """Per model of ``models`` (every tenant's, or ``tenant``'s), the period's sums of the request and
+    token counters (``requests`` and ``TOKEN_FIELDS``); a model without a row is left out. One query:
+    the console's adapter tables."""
+    _caught_up()
+    start, end = ledger_period(since=since, until=until, now=now or timezone.now())
+    hours = LedgerHour.objects.filter(hour__gte=start, hour__lt=end, model__in=list(models))
+    if tenant is not None:
+        hours = hours.filter(tenant=tenant)
+    fields = ("requests", *TOKEN_FIELDS)
+    sums = hours.values("model").annotate(**{f"sum_{f}": Sum(f) for f in fields}).order_by()
+    return {v["model"]: {f: v[f"sum_{f}"] or 0 for f in fields} for v in sums}
 
 
 def ledger_counters() -> list[LedgerRow]:

@@ -17,7 +17,11 @@ absent until a load was timed); per tenant, model and tier ``strata_resident_byt
 From the tenant cache ledger (its all-time sums, so counters survive worker restarts; tenants x
 models x fixed kinds): ``strata_ledger_tokens_total{tenant,model,kind}`` (kind = prompt, cached_l1,
 cached_l2, cached_l3, write, completion) and ``strata_ledger_miss_tokens_total{tenant,model,reason}``
-(the fixed miss reasons; ``other`` only once counted).
+(the fixed miss reasons; ``other`` only once counted). A request on a LoRA adapter is its own line:
+its ``model`` label is the adapter's name (as in the ledger and the serving series of
+``serving.health``), and ``strata_adapter_info{adapter,model,tenant}`` (1 per adapter that is not
+deleted; ``tenant`` empty for a public one) maps it to its base model. Adapters are registered rows,
+so the label set stays bounded.
 
 The alert rules (``deploy/prometheus/alerts.yml``) read these too, and a few series exist for them:
 ``strata_tier_breaker_open{tier,model,replica}`` (1 while the replica's L3 backend failed and has not
@@ -212,6 +216,21 @@ class _LedgerCollector:
         yield from (tokens, misses)
 
 
+class _AdapterCollector:
+    """``strata_adapter_info``: ``rows`` are (adapter, base model, tenant slug or "") of the adapters."""
+
+    def __init__(self, rows: list[tuple[str, str, str]]) -> None:
+        self.rows = rows
+
+    def collect(self):
+        info = GaugeMetricFamily("strata_adapter_info", "1 per LoRA adapter: its base model and its tenant (empty "
+                                 "for a public one); the adapter's name is the model label of its figures",
+                                 labels=["adapter", "model", "tenant"])
+        for row in self.rows:
+            info.add_metric(list(row), 1.0)
+        yield info
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
     try:
         if OperatorAuth()(request) is None:
@@ -228,6 +247,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
     from controlplane.ledger.selectors import ledger_counters
 
     registry.register(_LedgerCollector(ledger_counters()))
+    from controlplane.adapters.models import Adapter
+
+    registry.register(_AdapterCollector([
+        (name, model, tenant or "") for name, model, tenant in Adapter.objects.exclude(
+            state=Adapter.State.DELETED).order_by("name").values_list("name", "deployment__name", "tenant__slug")]))
     from controlplane.serving.health import REGISTRY as SERVING  # this web process's serving counters
 
     body = generate_latest(registry) + generate_latest(SERVING)

@@ -201,6 +201,12 @@ QUOTAS: tuple[QuotaSpec, ...] = (
         unit="tokens", default=0, null_means="0, no named cache is pinned", null_display="0", enforced="web",
         enforced_in=("controlplane/caches/services.py",),
     ),
+    QuotaSpec(
+        name="max_adapters", label="Private adapters", short="adapters", hint="LoRA adapters; blank = unlimited",
+        help="LoRA adapters registered for the tenant alone (live ones; public adapters do not count) "
+             "(409 quota_exceeded past it; null = unlimited)",
+        unit="adapters", bits=32, enforced="web", enforced_in=("controlplane/adapters/services.py",),
+    ),
 )
 
 

@@ -220,3 +220,32 @@ def delete_forms(name: str, revisions: list[dict], active: str | None, bound: di
             choices=[(r["label"], f"{r['label']} ({r.get('state', 'staged')})") for r in inactive])
         out["delete_revision_form"] = form
     return out
+
+
+class DeleteAdapterForm(forms.Form):
+    """Delete one of a model's adapters: said twice (the adapter's name typed, as a model's delete)."""
+
+    CONFIRM = "Type the adapter's name to confirm"
+
+    adapter = forms.CharField(max_length=100)
+    confirm = forms.CharField(max_length=200, label=CONFIRM, widget=forms.TextInput(attrs={"autocomplete": "off"}))
+    reason = forms.CharField(max_length=REASON_MAX, required=False,
+                             widget=forms.TextInput(attrs={"placeholder": "retired fine-tune"}))
+
+    def clean(self):
+        data = super().clean()
+        if data.get("adapter") and data.get("confirm", "").strip() != data["adapter"]:
+            self.add_error("confirm", f"type the adapter's name {data['adapter']!r} to confirm")
+        return data
+
+
+def adapter_delete_form(name: str, adapters: list[dict], bound: dict) -> DeleteAdapterForm | None:
+    """A model row's adapter delete control (a choice of its live adapters), or None when it has none;
+    the operator's bound form when a delete was refused (``bound`` key ``("delete-adapter", name)``)."""
+    live = [a for a in adapters if a["state"] == "live"]
+    if not live:
+        return None
+    form = bound.get(("delete-adapter", name)) or DeleteAdapterForm(auto_id=f"id_deladp_{name}_%s")
+    form.fields["adapter"].widget = forms.Select(
+        choices=[(a["name"], f"{a['name']} ({a['tenant'] or 'public'})") for a in live])
+    return form

@@ -21,6 +21,7 @@ from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.adapters.selectors import adapters_by_deployment
 from controlplane.common.errors import ApplicationError
 from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_get, flush_job_list
@@ -40,6 +41,7 @@ from controlplane.ui.forms import (
     RevisionForm,
     RollbackForm,
     RolloutForm,
+    adapter_delete_form,
     delete_forms,
     form_error_text,
 )
@@ -92,8 +94,12 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
     rows = []
     deployments = list(model_list())
     capacity = capacity_by_model(deployments)  # the replicas' last samples: never waits on a replica
+    adapters: dict[str, list[dict]] = {}
+    for a in present.adapter_rows([a for group in adapters_by_deployment(deployments).values() for a in group]):
+        adapters.setdefault(a["model"], []).append(a)
     for deployment in deployments:
         row = present.model_page_row(deployment, rollouts)
+        row["adapters"] = adapters.get(deployment.name, [])
         row["stopped"] = deployment.replicas == 0
         row["replica_states"] = replica_states(deployment.name, deployment.replicas)  # never waits on a replica
         row["capacity"] = capacity_rows(capacity.get(deployment.name, []))
@@ -101,6 +107,7 @@ def _models_page(request: HttpRequest, status: int = 200, bound: dict | None = N
             name = deployment.name
             row["revision_form"] = bound.get(("revision", name)) or RevisionForm(auto_id=_form_id("rev", name))
             row.update(delete_forms(name, row["revisions"], row["active_revision"], bound))
+            row["delete_adapter_form"] = adapter_delete_form(name, row["adapters"], bound)
             labels = [r["label"] for r in row["revisions"]]
             at = labels.index(row["active_revision"]) if row["active_revision"] in labels else -1
             newer = list(reversed(row["revisions"][at + 1:]))  # newest first: the default is the newest

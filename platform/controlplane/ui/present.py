@@ -11,10 +11,12 @@ from typing import Any
 
 from django.utils import timezone
 
+from controlplane.adminapi.adapters import adapter_out
 from controlplane.adminapi.present import audit_event_out, model_out, tenant_out
 from controlplane.audit.models import AuditEvent
 from controlplane.jobs.models import FlushJob
 from controlplane.jobs.selectors import flush_job_view
+from controlplane.ledger.selectors import model_sums
 from controlplane.registry.models import ModelDeployment
 from controlplane.tenants import quotas as quota_registry
 from controlplane.tenants.models import Tenant
@@ -279,3 +281,14 @@ def operator_token_row(token) -> dict[str, Any]:
             "created": token.created, "last_used": token.last_used, "revoked_at": token.revoked_at,
             "expires_at": token.expires_at, "state": state, "revoked": state == "revoked",
             "expired": state == "expired"}
+
+
+def adapter_rows(adapters, *, tenant: Tenant | None = None) -> list[dict[str, Any]]:
+    """Adapters as the admin API shows them, each with ``usage``: its last 24 hours in the ledger
+    (every tenant's, or ``tenant``'s: requests, prompt tokens, cached tokens by tier), None before a
+    request. One ledger query for all of them."""
+    rows = [adapter_out(a) for a in adapters]
+    sums = model_sums(models=[r["name"] for r in rows], tenant=tenant) if rows else {}
+    for row in rows:
+        row["usage"] = sums.get(row["name"])
+    return rows

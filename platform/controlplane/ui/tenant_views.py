@@ -29,6 +29,7 @@ from django.shortcuts import redirect, render
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from controlplane.adapters.selectors import tenant_adapters
 from controlplane.adminapi.datakeys import data_key_out
 from controlplane.adminapi.present import key_out, share_group_out
 from controlplane.adminapi.tenants import tenant_out
@@ -193,6 +194,7 @@ def _detail(request: HttpRequest, tenant: Tenant, status: int = 200, **bound: Fo
         # a tenant that cannot be served yet: its key and grant forms first (its charts are empty)
         next_steps=bool(forms) and usable and (not granted or all(k["revoked_at"] for k in keys)),
         jobs=_tenant_jobs(tenant),
+        adapters=present.adapter_rows(tenant_adapters(tenant), tenant=tenant),
         chartset=tenant_chartset(tenant.slug, request.GET.get("range")),
         usage=usage,
         usage_charts=chartset("cache-usage-charts", usage["charts"]),

@@ -47,6 +47,7 @@ urlpatterns = [
     path("ui/models/<str:name>/delete/", delete_views.model_delete, name="model-delete"),
     path("ui/models/<str:name>/revisions/delete/", delete_views.revision_delete, name="revision-delete"),
     path("ui/models/<str:name>/replicas/", model_views.replicas, name="replicas"),
+    path("ui/models/<str:name>/adapters/delete/", delete_views.adapter_delete, name="adapter-delete"),
     path("ui/jobs/", model_views.jobs, name="jobs"),
     path("ui/jobs/live/", model_views.jobs_live, name="jobs-live"),
     path("ui/jobs/<int:job_id>/", model_views.job_detail, name="job"),
