@@ -52,11 +52,11 @@ def test_workers_get_the_recorded_digest_and_refuse_a_checkpoint_changed_since(a
     assert _create(admin_client, tmp_path / "c", name="changing").status_code == 201
     spec = spec_for(ModelDeployment.objects.get(name="changing"))
     assert spec.revision["digest"] == ModelDeployment.objects.get(name="changing").active_revision.digest
-    loaded = load_model("changing", "", RevisionSpec(**spec.revision), device="cpu")
+    loaded = load_model("changing", "", RevisionSpec.from_dict(spec.revision), device="cpu")
     assert loaded.weight_digest == spec.revision["digest"]
     shutil.copy(dirs / "b" / "model.safetensors", tmp_path / "c" / "model.safetensors")  # weights swapped on disk
     with pytest.raises(CheckpointError, match="changed since revision"):
-        load_model("changing", "", RevisionSpec(**spec.revision), device="cpu")
+        load_model("changing", "", RevisionSpec.from_dict(spec.revision), device="cpu")
 
 
 def test_revision_with_the_same_layout_is_added_and_another_layout_is_422(admin_client, dirs):

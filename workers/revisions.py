@@ -41,10 +41,11 @@ def load_revision(deployment: str, preset: str, revision: dict, *, config: Worke
     of its own that ends with it (``cachecore.passing_thread``: the loop thread's thread pool stays the
     process's only one)."""
 
+    spec = RevisionSpec.from_dict(revision)
+
     def load() -> LoadedModel:
         with weights_root(config.weights_root):
-            return load_model(deployment, preset, RevisionSpec(**revision), device=device, block_size=block_size,
-                              dtype=dtype)
+            return load_model(deployment, preset, spec, device=device, block_size=block_size, dtype=dtype)
 
     return on_passing_thread(load, threads=config.compute_threads(), name="strata-load-revision")
 

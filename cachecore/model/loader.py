@@ -44,6 +44,12 @@ class RevisionSpec:
         if sum(x is not None for x in (self.seed, self.weights_path, self.checkpoint_path)) != 1:
             raise ValueError("a revision needs exactly one of seed, weights_path or checkpoint_path")
 
+    @classmethod
+    def from_dict(cls, revision: dict) -> RevisionSpec:
+        """The control plane's revision dict (``runtime.cluster.revision_source``); its ``lora`` (the
+        LoRA settings a vLLM engine on the checkpoint starts with) is not this engine's: ignored."""
+        return cls(**{k: v for k, v in revision.items() if k != "lora"})
+
 
 @dataclass
 class LoadedModel:
