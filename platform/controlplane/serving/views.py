@@ -128,11 +128,18 @@ async def _stream(request: HttpRequest, prep: context.Prepared, kind: str, with_
         await _close(chain, events)
         yield _sse("[DONE]")
 
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
+    return sse_response(body(), prep, lambda: ended)
+
+
+def sse_response(body, prep: context.Prepared, ended) -> StreamingHttpResponse:
+    """``body`` (an async iterator of SSE bytes) as an unbuffered event-stream response. When Django
+    closes it before ``ended()`` (the client went away mid-stream), the request is cancelled on its
+    worker, so it stops at its next step and releases its blocks."""
+    resp = StreamingHttpResponse(body, content_type="text/event-stream")
     rid = prep.worker_req.get("request_id")
 
     def cancel_unless_ended() -> None:
-        if not ended and rid:
+        if not ended() and rid:
             gateway.cancel_request(prep.spec, rid)
 
     resp._resource_closers.append(cancel_unless_ended)  # Django calls these from response.close()

@@ -127,14 +127,4 @@ async def _stream(request: HttpRequest, admission: Admission, parsed: prepare.Pa
                 break
         await views._close(chain, events)
 
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
-    rid = prep.worker_req.get("request_id")
-
-    def cancel_unless_ended() -> None:
-        if not ended and rid:
-            gateway.cancel_request(prep.spec, rid)
-
-    resp._resource_closers.append(cancel_unless_ended)  # Django calls these from response.close()
-    resp["Cache-Control"] = "no-cache"
-    resp["X-Accel-Buffering"] = "no"
-    return resp
+    return views.sse_response(body(), prep, lambda: ended)

@@ -21,7 +21,7 @@ from controlplane.common.errors import WorkerError
 from controlplane.runtime import gateway
 from controlplane.serving import responses as chat_shapes
 from controlplane.serving.openai_responses import shapes
-from controlplane.serving.views import _chain, _close
+from controlplane.serving.views import _chain, _close, sse_response
 
 logger = logging.getLogger("controlplane.serving")
 
@@ -90,14 +90,4 @@ async def respond(request: HttpRequest, prep, job) -> StreamingHttpResponse:
                 break
         await _close(chain, events)
 
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
-    rid = prep.worker_req.get("request_id")
-
-    def cancel_unless_ended() -> None:
-        if not ended and rid:
-            gateway.cancel_request(prep.spec, rid)
-
-    resp._resource_closers.append(cancel_unless_ended)  # Django calls these from response.close()
-    resp["Cache-Control"] = "no-cache"
-    resp["X-Accel-Buffering"] = "no"
-    return resp
+    return sse_response(body(), prep, lambda: ended)
