@@ -211,6 +211,39 @@ def test_delete_is_a_job_that_stops_serving_at_once_and_frees_the_name(admin_cli
     assert_error(admin_client.delete(f"/api/admin/models/{BASE}/adapters/nope"), 404, "adapter_not_found")
 
 
+def test_replacing_an_adapter_serves_the_new_files_in_a_new_scope_and_a_job_removes_the_old(
+        admin_client, actor, deployment, adapters_dir, vllm_checkpoint, ray_cluster):  # noqa: F811
+    from controlplane.adapters.models import Adapter
+    from controlplane.adapters.selectors import usable
+    from controlplane.jobs.services import job_execute
+    from controlplane.tenants.models import Tenant
+
+    _, acme = _tenant(actor, "acme", deployment)
+    build_adapter(adapters_dir / "a", vllm_checkpoint[1], seed=1)
+    build_adapter(adapters_dir / "b", vllm_checkpoint[1], seed=2)
+    first = _register(admin_client, adapters_dir / "a", tenant="acme").json()
+    old = usable(Tenant.objects.get(slug="acme"), "tuned")
+    url = f"/api/admin/models/{BASE}/adapters/tuned"
+    assert_error(admin_client.put(url, {"path": str(adapters_dir / "a")}, content_type="application/json"), 409,
+                 "adapter_unchanged")
+    response = admin_client.put(url, {"path": str(adapters_dir / "b"), "reason": "v2"}, content_type="application/json")
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["replacement"]["name"] == "tuned" and body["replacement"]["tenant"] == "acme"
+    assert body["replacement"]["digest"] != first["digest"] and body["kind"] == "adapter_delete"
+    new = usable(Tenant.objects.get(slug="acme"), "tuned")  # served at once, in a scope of its own
+    assert new.digest == body["replacement"]["digest"] and new.scope != old.scope
+    assert [m["id"] for m in acme.get("/v1/models").json()["data"]].count("tuned") == 1
+    assert [a["digest"] for a in admin_client.get(f"/api/admin/models/{BASE}/adapters").json()
+            if a["state"] == "live"] == [new.digest]
+    done = job_execute(job_id=body["id"], final_attempt=True)  # no replica started: nothing held anywhere
+    assert done.status == "succeeded", (done.steps, done.error)
+    assert Adapter.objects.get(pk=old.id).state == "deleted" and Adapter.objects.get(pk=new.id).state == "live"
+    assert "adapter.replace" in audit_actions()
+    assert_error(admin_client.put(f"/api/admin/models/{BASE}/adapters/nope", {"path": str(adapters_dir / "b")},
+                                  content_type="application/json"), 404, "adapter_not_found")
+
+
 def test_max_adapters_caps_a_tenant_s_live_private_adapters_and_public_ones_count_for_none(
         admin_client, actor, deployment, adapters_dir, vllm_checkpoint):
     _tenant(actor, "acme", deployment)

@@ -39,6 +39,10 @@ REVIEWED = {
         "the unique index on a deployment's name is replaced by one on names not purged, added first: the "
         "previous release's inserts leave purged_at NULL, so every name it writes stays unique; it deletes "
         "nothing, so it never meets a deleted row it would show",
+    ("adapters", "0002_live_name_unique"):
+        "an adapter's name is unique among live rows instead of rows not deleted, the new index added in the "
+        "same transaction as the old one goes: every name the previous release wrote is live or deleting, "
+        "and it never makes a second row of a name, so its rows satisfy both",
     ("tenants", "0003_data_keys_and_cache_policy"):
         "persist_kv and retention_seconds NOT NULL: the previous release's tenant creation failed during the "
         "window; the retention check holds for the default it gets (86400)",

@@ -1,7 +1,8 @@
 """Adapter: a LoRA adapter (a PEFT directory) served on a base deployment, public or one tenant's.
 
-``name`` is what a tenant sends as ``"model"``: unique among adapters that are not deleted (and never
-a deployment's name), so it names one adapter. ``digest`` (sha256 over the adapter's files) and the
+``name`` is what a tenant sends as ``"model"``: unique among live adapters (and never a deployment's
+name), so it names one adapter; a replaced adapter's old row is ``deleting`` beside its live successor
+until its KV is gone (``adapters.services.adapter_replace``). ``digest`` (sha256 over the adapter's files) and the
 row's id make its cache scope (``Adapter.scope``): a new registration of the same name, even with the
 same files, is a new scope and never reaches KV cached for the old one. ``state``: ``live`` (served),
 ``deleting`` (an ``adapter_delete`` job is removing its KV: no longer served), ``deleted``.
@@ -37,8 +38,8 @@ class Adapter(models.Model):
     class Meta:
         ordering = ["deployment_id", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["name"], condition=~models.Q(state="deleted"),
-                                    name="adapter_unique_name_not_deleted"),
+            models.UniqueConstraint(fields=["name"], condition=models.Q(state="live"),
+                                    name="adapter_unique_live_name"),
         ]
 
     def __str__(self) -> str:

@@ -54,7 +54,7 @@ def adapter_list(*, deployment) -> QuerySet[Adapter]:
 
 
 def adapter_get(*, deployment, name: str) -> Adapter:
-    adapter = adapter_list(deployment=deployment).filter(name=name).first()
+    adapter = adapter_list(deployment=deployment).filter(name=name).order_by("-id").first()  # a replacement first
     if adapter is None:
         raise NotFound(f"model {deployment.name!r} has no adapter {name!r}", code="adapter_not_found")
     return adapter

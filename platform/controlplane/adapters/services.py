@@ -95,7 +95,7 @@ def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, ten
     if ModelDeployment.objects.filter(name=name).exists():
         raise Conflict(f"{name!r} is a model's name; an adapter needs a name of its own", code="name_taken")
     if Adapter.objects.filter(name=name).exclude(state=Adapter.State.DELETED).exists():
-        raise Conflict(f"adapter {name!r} exists; to replace it, DELETE it and register the new files",
+        raise Conflict(f"adapter {name!r} exists; to replace its files, PUT them to it",
                        code="adapter_exists")
     info = _inspect(deployment, path)
     try:
@@ -110,6 +110,36 @@ def adapter_create(*, actor: Actor, deployment: ModelDeployment, name, path, ten
     except IntegrityError:  # registered by a concurrent request meanwhile
         raise Conflict(f"adapter {name!r} exists", code="adapter_exists") from None
     return adapter
+
+
+def adapter_replace(*, actor: Actor, adapter: Adapter, path, reason: str = ""):
+    """Serve new files under ``adapter``'s name (its tenant and model kept): the new registration is a
+    new scope, live at once, and the old one's KV leaves every tier through its ``adapter_delete`` job
+    (flushed on every replica, unloaded from vLLM, verified), which stops the old scope from serving;
+    requests already running on it finish on it. 409 ``adapter_unchanged`` for the same files.
+    Returns ``(new adapter, job)``."""
+    deployment = adapter.deployment
+    info = _inspect(deployment, path)
+    with transaction.atomic():
+        old = (Adapter.objects.select_for_update(of=("self",)).select_related("deployment", "tenant")
+               .get(pk=adapter.pk))
+        if old.state != Adapter.State.LIVE:
+            raise Conflict(f"adapter {old.name!r} is being deleted", code="adapter_not_found")
+        if old.digest == info.digest:
+            raise Conflict(f"adapter {old.name!r} already serves these files", code="adapter_unchanged")
+        old.state = Adapter.State.DELETING
+        old.save(update_fields=["state"])
+        new = Adapter.objects.create(
+            name=old.name, deployment=deployment, tenant=old.tenant, path=info.path, digest=info.digest,
+            rank=info.rank, alpha=info.alpha, target_modules=list(info.target_modules), dtype=info.dtype)
+        audit_record(actor=actor, action="adapter.replace", target=f"adapter:{old.name}",
+                     tenant=old.tenant.slug if old.tenant_id else "", old=_describe(old), new=_describe(new),
+                     reason=reason or "adapter replaced")
+        from controlplane.jobs.services import adapter_delete_request
+
+        job = adapter_delete_request(actor=actor, adapter=old,
+                                     reason=reason or f"adapter {old.name} replaced by new files")
+    return new, job
 
 
 def adapter_delete(*, actor: Actor, adapter: Adapter, reason: str = ""):

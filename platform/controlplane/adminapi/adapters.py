@@ -7,7 +7,7 @@ from ninja import Router, Status
 from controlplane.adapters import selectors, services
 from controlplane.adapters.models import Adapter
 from controlplane.adminapi.auth import actor_of
-from controlplane.adminapi.schemas import AdapterIn, AdapterOut
+from controlplane.adminapi.schemas import AdapterIn, AdapterOut, AdapterReplaceIn
 from controlplane.registry.selectors import model_get
 from controlplane.tenants.selectors import tenant_get
 
@@ -32,6 +32,20 @@ def create_adapter(request, name: str, payload: AdapterIn):
 @router.get("models/{name}/adapters", response=list[AdapterOut])
 def list_adapters(request, name: str):
     return [adapter_out(a) for a in selectors.adapter_list(deployment=model_get(name=name))]
+
+
+@router.put("models/{name}/adapters/{adapter}", response={202: dict})
+def replace_adapter(request, name: str, adapter: str, payload: AdapterReplaceIn):
+    """New files under the adapter's name: served at once in a new scope (``replacement``: the new
+    registration); the job (``adapter_delete`` of the old one) removes the old scope's KV from every
+    tier, verified."""
+    from controlplane.jobs.selectors import flush_job_view
+
+    found = selectors.adapter_get(deployment=model_get(name=name), name=adapter)
+    new, job = services.adapter_replace(actor=actor_of(request), adapter=found, path=payload.path,
+                                        reason=payload.reason)
+    return Status(202, {"replacement": adapter_out(new), "job": {"id": job.pk, "status": job.status},
+                        **flush_job_view(job)})
 
 
 @router.delete("models/{name}/adapters/{adapter}", response={202: dict})

@@ -397,6 +397,14 @@ class StatsOut(_StatsOut):
     stale_workers: int = 0
 
 
+class AdapterReplaceIn(StrictIn):
+    """New files for a registered adapter (same name, tenant and model): a new scope, served at once;
+    the old one's KV leaves every tier through its ``adapter_delete`` job."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    reason: str = Field(default="", max_length=2000)
+
+
 class AdapterIn(StrictIn):
     """A LoRA adapter to register on a model: ``path`` is a PEFT adapter directory under
     ``STRATA_WEIGHTS_ROOT``; ``tenant`` (a slug) makes it that tenant's alone."""
